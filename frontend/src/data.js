@@ -1,0 +1,112 @@
+// Fetching and parsing of the plugin's JSON routes (see tb_replica_plugin/http_api.md).
+// All URLs are relative: TensorBoard serves the tab from /data/plugin/replicas/.
+
+const NON_FINITE = { NaN: NaN, Infinity: Infinity, '-Infinity': -Infinity };
+
+/** A number from a JSON value: TensorBoard writes non-finite floats as strings. */
+export function toNumber(v) {
+  if (typeof v === 'number') return v;
+  if (v == null) return null;
+  if (typeof v === 'string' && v in NON_FINITE) return NON_FINITE[v];
+  const n = Number(v);
+  return Number.isNaN(n) ? NaN : n;
+}
+
+const numbers = (a) => (Array.isArray(a) ? a.map(toNumber) : []);
+const matrix = (a) => (Array.isArray(a) ? a.map(numbers) : []);
+const list = (a) => (Array.isArray(a) ? a : []);
+
+/** GET a JSON route; throws an Error with the server's message on failure. */
+export async function fetchJson(url, { signal } = {}) {
+  let res;
+  try {
+    res = await fetch(url, { signal, headers: { Accept: 'application/json' } });
+  } catch (e) {
+    if (e.name === 'AbortError') throw e;
+    throw new Error(`Could not reach ${url}: ${e.message}`);
+  }
+  const text = await res.text();
+  let body = null;
+  try {
+    body = text ? JSON.parse(text) : null;
+  } catch {
+    if (res.ok) throw new Error(`${url} did not answer JSON.`);
+  }
+  if (!res.ok) {
+    const why = body && typeof body.error === 'string' ? body.error : res.statusText;
+    throw new Error(`${url} answered ${res.status}: ${why}`);
+  }
+  return body ?? {};
+}
+
+const q = (params) => new URLSearchParams(params).toString();
+
+/** The runs that hold replica data. */
+export async function fetchRuns(opts) {
+  const body = await fetchJson('./runs', opts);
+  return list(body.runs).map((r) => ({
+    run: String(r.run),
+    replicas: list(r.replicas),
+    devices: list(r.devices),
+    source: r.source ?? '',
+    first_step: r.first_step ?? null,
+    last_step: r.last_step ?? null,
+    findings: r.findings ?? {},
+    notes: list(r.notes),
+  }));
+}
+
+/** Per-step, per-replica inputs of one run, non-finite values as JS numbers. */
+export async function fetchInputs(run, maxPoints, opts) {
+  const body = await fetchJson(`./inputs?${q({ run, max_points: maxPoints })}`, opts);
+  const batch = matrix(body.batch_size);
+  return {
+    run: String(body.run ?? run),
+    replicas: list(body.replicas),
+    devices: list(body.devices),
+    steps: numbers(body.steps),
+    batch_size: batch,
+    batch_size_min: body.batch_size_min ? matrix(body.batch_size_min) : batch,
+    batch_size_max: body.batch_size_max ? matrix(body.batch_size_max) : batch,
+    imbalance: numbers(body.imbalance),
+    downsampled: Boolean(body.downsampled),
+    shape_events: list(body.shape_events).map((ev) => ({
+      step: toNumber(ev.step),
+      inputs: list(ev.inputs).map((inp) => ({
+        name: String(inp.name ?? ''),
+        dtypes: list(inp.dtypes),
+        shapes: list(inp.shapes),
+        mismatch: Boolean(inp.mismatch),
+        mismatch_dims: list(inp.mismatch_dims),
+      })),
+    })),
+    notes: list(body.notes),
+  };
+}
+
+export const SEVERITIES = ['error', 'warning', 'info'];
+const rank = (s) => {
+  const i = SEVERITIES.indexOf(s);
+  return i < 0 ? SEVERITIES.length : i;
+};
+
+/** Findings of one run, sorted by severity then first step. */
+export async function fetchFindings(run, opts) {
+  const body = await fetchJson(`./findings?${q({ run })}`, opts);
+  return list(body.findings)
+    .map((f) => ({
+      kind: String(f.kind ?? ''),
+      severity: String(f.severity ?? 'info'),
+      run: String(f.run ?? run),
+      first_step: toNumber(f.first_step),
+      last_step: toNumber(f.last_step),
+      count: toNumber(f.count),
+      replicas: list(f.replicas),
+      input: f.input ?? null,
+      value: toNumber(f.value),
+      threshold: toNumber(f.threshold),
+      message: String(f.message ?? ''),
+      view: f.view ?? null,
+    }))
+    .sort((a, b) => rank(a.severity) - rank(b.severity) || (a.first_step ?? 0) - (b.first_step ?? 0));
+}

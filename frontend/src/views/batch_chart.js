@@ -1,0 +1,95 @@
+// Batch size per replica over steps: uPlot, one stepped line per replica.
+import { h, fmt, shortList } from '../dom.js';
+import { replicaColor } from '../colors.js';
+import { uPlot, axis, stepSeries, followZoom, xRange } from './uplot_common.js';
+
+const HEIGHT = 280;
+const finiteOrNull = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+
+/**
+ * Mounts the chart into `target`. When the data is downsampled each line shows the
+ * smallest batch of its bucket, so a single short or empty step stays visible.
+ */
+export function createBatchChart(target, { inputs, zoom, width }) {
+  const { steps, replicas, downsampled } = inputs;
+  const shown = downsampled ? inputs.batch_size_min : inputs.batch_size;
+  const columns = replicas.map((_, r) => steps.map((_, i) => finiteOrNull(shown[i]?.[r])));
+
+  const value = (r) => (u, v, si, idx) => {
+    if (idx == null) return '–';
+    if (!downsampled) return fmt(v);
+    const lo = inputs.batch_size_min[idx]?.[r];
+    const hi = inputs.batch_size_max[idx]?.[r];
+    return lo === hi ? fmt(lo) : `${fmt(lo)}–${fmt(hi)}`;
+  };
+
+  const tooltip = h('div', { class: 'chart-tooltip', hidden: true });
+  const stepped = uPlot.paths.stepped({ align: 1 });
+  const opts = {
+    width,
+    height: HEIGHT,
+    scales: {
+      x: { time: false, range: xRange },
+      y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] },
+    },
+    axes: [axis('step'), axis(downsampled ? 'examples (bucket min)' : 'examples per replica')],
+    series: [
+      stepSeries,
+      ...replicas.map((id, r) => ({
+        label: `replica ${id}`,
+        stroke: replicaColor(r),
+        width: 1.25,
+        paths: stepped,
+        points: { show: false },
+        value: value(r),
+      })),
+    ],
+    cursor: { drag: { x: true, y: false }, points: { show: replicas.length <= 16 } },
+    legend: { live: true },
+    hooks: { setCursor: [(u) => showTooltip(u)] },
+  };
+
+  function showTooltip(u) {
+    const { idx, left, top } = u.cursor;
+    if (idx == null || left == null || left < 0) {
+      tooltip.hidden = true;
+      return;
+    }
+    // Group the visible replicas by batch size: "4 examples: 62 replicas".
+    const groups = new Map();
+    replicas.forEach((id, r) => {
+      if (!u.series[r + 1].show) return;
+      const v = fmt(shown[idx]?.[r]);
+      if (!groups.has(v)) groups.set(v, []);
+      groups.get(v).push(id);
+    });
+    const rows = [...groups].sort((a, b) => b[1].length - a[1].length);
+    tooltip.replaceChildren(
+      h('div', { class: 'tt-title' }, `step ${steps[idx]}${downsampled ? ' (bucket)' : ''}`),
+      ...rows.map(([v, ids]) =>
+        h('div', {}, [
+          h('b', {}, `${v} ${downsampled ? 'min ' : ''}examples: `),
+          ids.length === 1 ? `replica ${ids[0]}` : `${ids.length} replicas (${shortList(ids, 8)})`,
+        ]),
+      ),
+    );
+    tooltip.hidden = false;
+    const flip = left > u.over.clientWidth / 2;
+    tooltip.style.left = flip ? '' : `${left + 12}px`;
+    tooltip.style.right = flip ? `${u.over.clientWidth - left + 12}px` : '';
+    tooltip.style.top = `${Math.max(0, top - 10)}px`;
+  }
+
+  const u = new uPlot(opts, [steps, ...columns], target);
+  u.over.appendChild(tooltip);
+  u.over.addEventListener('mouseleave', () => (tooltip.hidden = true));
+  const unfollow = followZoom(u, zoom);
+
+  return {
+    resize: (w) => u.setSize({ width: w, height: HEIGHT }),
+    destroy() {
+      unfollow();
+      u.destroy();
+    },
+  };
+}

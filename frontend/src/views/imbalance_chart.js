@@ -1,0 +1,87 @@
+// Imbalance (max / min batch size over replicas) per step. Infinite values (a replica got
+// nothing while another got examples) are drawn at a cap above the finite ones and marked.
+import { fmt } from '../dom.js';
+import { uPlot, axis, stepSeries, followZoom, xRange } from './uplot_common.js';
+
+const HEIGHT = 200;
+const EMPTY_COLOR = '#e53935';
+
+/** The y value at which infinite ratios are drawn: well above every finite one. */
+export function imbalanceCap(values) {
+  let top = 1;
+  for (const v of values) if (Number.isFinite(v) && v > top) top = v;
+  return Math.max(2, Math.ceil(top * 1.5));
+}
+
+export function createImbalanceChart(target, { inputs, zoom, width }) {
+  const { steps, imbalance } = inputs;
+  const cap = imbalanceCap(imbalance);
+  const line = imbalance.map((v) => (v === Infinity ? cap : Number.isFinite(v) ? v : null));
+  const empty = imbalance.map((v) => (v === Infinity ? cap : null));
+  const anyEmpty = empty.some((v) => v != null);
+
+  const opts = {
+    width,
+    height: HEIGHT,
+    scales: {
+      x: { time: false, range: xRange },
+      y: { range: () => [Math.max(0, 1 - (cap - 1) * 0.08), cap + (cap - 1) * 0.08] },
+    },
+    axes: [
+      axis('step'),
+      axis('max / min', { values: (u, ticks) => ticks.map((t) => (t >= cap ? '∞' : fmt(t, 2))) }),
+    ],
+    series: [
+      stepSeries,
+      {
+        label: 'imbalance',
+        stroke: '#1976d2',
+        width: 1.5,
+        paths: uPlot.paths.stepped({ align: 1 }),
+        points: { show: false },
+        value: (u, v, si, idx) => (idx == null ? '–' : fmt(imbalance[idx])),
+      },
+      {
+        label: `empty replica (∞, drawn at ${cap})`,
+        stroke: EMPTY_COLOR,
+        fill: EMPTY_COLOR,
+        width: 0,
+        paths: () => null,
+        points: { show: true, size: 7, fill: EMPTY_COLOR, stroke: EMPTY_COLOR },
+        value: (u, v) => (v == null ? '–' : 'yes'),
+        show: anyEmpty,
+      },
+    ],
+    cursor: { drag: { x: true, y: false } },
+    legend: { live: true },
+    hooks: {
+      // A dashed line at the cap, labelled, so "∞" reads as a ceiling and not a value.
+      drawAxes: [
+        (u) => {
+          const { ctx } = u;
+          const y = Math.round(u.valToPos(cap, 'y', true));
+          ctx.save();
+          ctx.strokeStyle = EMPTY_COLOR;
+          ctx.globalAlpha = 0.6;
+          ctx.setLineDash([4, 4]);
+          ctx.lineWidth = 1;
+          ctx.beginPath();
+          ctx.moveTo(u.bbox.left, y);
+          ctx.lineTo(u.bbox.left + u.bbox.width, y);
+          ctx.stroke();
+          ctx.restore();
+        },
+      ],
+    },
+  };
+
+  const u = new uPlot(opts, [steps, line, empty], target);
+  const unfollow = followZoom(u, zoom);
+  return {
+    resize: (w) => u.setSize({ width: w, height: HEIGHT }),
+    destroy() {
+      unfollow();
+      u.destroy();
+    },
+  };
+}

@@ -1,0 +1,146 @@
+"""ReplicaCallback: the probe wired into Keras `fit` with no change to model code.
+
+`fit` builds its train function before `on_train_begin`; the callback then wraps the model's
+`train_step` (an instance attribute, so subclasses that override `train_step` are wrapped too)
+with a probe call and rebuilds the train function. The wrapped step runs inside `strategy.run`,
+where the batch is the replica's local batch. `on_train_end` restores the model.
+"""
+
+import os
+import warnings
+
+import keras
+
+from tb_replica_plugin.collectors import inputs as inputs_collector
+from tb_replica_plugin.probe import ReplicaProbe
+
+UPDATE_FREQ_WORDS = ("batch", "epoch")
+
+
+class ReplicaCallback(keras.callbacks.Callback):
+    """Keras callback that records, per replica and step, what each replica of `fit` is fed.
+
+    Add it to `model.fit(..., callbacks=[...])` for a model built under a `tf.distribute`
+    strategy (or none). For every training step and every replica it records the batch size and
+    the shape and dtype of every input leaf (x, y, sample weights; nested dicts and tuples), to
+    the TensorBoard run `log_dir/run_name`, shown by the "Replicas" tab.
+
+    Args:
+      log_dir: the log directory, as for `keras.callbacks.TensorBoard` (the same one may be
+        shared with it).
+      run_name: sub-directory of `log_dir` this callback writes, i.e. the TensorBoard run name.
+      update_freq: `"epoch"` (default), `"batch"` or an integer N: how often the dense
+        batch-size series is written (every epoch end, every step, every N steps). Shape and
+        dtype changes, and so every odd batch, are written at the step they happen whatever this
+        is; the dense series keeps the per-window minimum and maximum of every replica.
+
+    Raises:
+      ValueError: if `update_freq` is not "epoch", "batch" or a positive integer.
+
+    Example:
+      ```python
+      strategy = tf.distribute.MirroredStrategy()
+      with strategy.scope():
+          model = make_model()
+          model.compile(optimizer="adam", loss="mse")
+      model.fit(dataset, epochs=3,
+                callbacks=[tb_replica_plugin.ReplicaCallback("logs")])
+      # tensorboard --logdir logs  → "Replicas" tab, run "replicas"
+      ```
+    """
+
+    def __init__(self, log_dir="logs", run_name="replicas", update_freq="epoch"):
+        super().__init__()
+        if update_freq == "batch":
+            update_freq = 1
+        if update_freq != "epoch" and (
+            isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1
+        ):
+            raise ValueError(
+                "`update_freq` must be 'epoch', 'batch' or a positive integer. "
+                f"Received: update_freq={update_freq!r}"
+            )
+        self.log_dir = os.fspath(log_dir)
+        self.run_name = run_name
+        self.update_freq = update_freq
+        self._probe = None
+        self._patched = None
+
+    @property
+    def probe(self):
+        """The `ReplicaProbe` this callback writes with (None before training starts)."""
+        return self._probe
+
+    def on_train_begin(self, logs=None):
+        if self._probe is None:
+            self._probe = ReplicaProbe(
+                os.path.join(self.log_dir, self.run_name),
+                strategy=self.model.distribute_strategy,
+                update_freq=self.update_freq if isinstance(self.update_freq, int) else 2**62,
+                source="fit",
+            )
+        try:
+            self._probe.set_step(self._initial_step())
+            self._instrument(self.model)
+        except Exception as error:  # noqa: BLE001 - never break the training it watches
+            warnings.warn(
+                "tb_replica_plugin: ReplicaCallback could not instrument the train step, "
+                f"training goes on without it: {type(error).__name__}: {error}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self._restore(self.model)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.update_freq == "epoch" and self._probe is not None:
+            self._probe.write_window()
+
+    def on_train_end(self, logs=None):
+        self._restore(self.model)
+        if self._probe is not None:
+            self._probe.flush()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _initial_step(self):
+        """Continues the step count of the optimizer (so a second `fit` continues the axis)."""
+        optimizer = getattr(self.model, "optimizer", None)
+        iterations = getattr(optimizer, "iterations", None)
+        if iterations is None:
+            return 0
+        return int(keras.ops.convert_to_numpy(iterations))
+
+    def _instrument(self, model):
+        had_own = "train_step" in model.__dict__
+        original = model.train_step
+        probe = self._probe
+
+        def train_step(data):
+            probe.observe_inputs(inputs_collector.name_fit_batch(data))
+            return original(data)
+
+        self._patched = (had_own, model.__dict__.get("train_step"), model.jit_compile)
+        if model.jit_compile:
+            warnings.warn(
+                "tb_replica_plugin: summaries cannot be written from XLA-compiled steps; "
+                "ReplicaCallback turns `jit_compile` off for this fit.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            model.jit_compile = False
+        model.train_step = train_step
+        model.make_train_function(force=True)
+
+    def _restore(self, model):
+        if self._patched is None:
+            return
+        had_own, own_step, jit_compile = self._patched
+        self._patched = None
+        if had_own:
+            model.train_step = own_step
+        else:
+            model.__dict__.pop("train_step", None)
+        if model.jit_compile != jit_compile:
+            model.jit_compile = jit_compile
+        # The next fit must build a train function without the probe.
+        model.train_function = None

@@ -1,0 +1,102 @@
+"""Plugin name, summary tags and the versioned summary metadata of tb_replica_plugin.
+
+Every summary this package writes carries `SummaryMetadata.plugin_data` with
+`plugin_name == PLUGIN_NAME` and a small JSON `content`:
+
+    {"version": 1, "kind": "batch_size"}
+
+`version` is the schema version of the tensor layout described in README ("Data written"). A
+reader that meets a newer version skips that series and says so instead of misreading it.
+
+This module imports no TensorFlow: it is shared by the writers and by the TensorBoard plugin.
+"""
+
+import json
+
+from tensorboard.compat.proto import summary_pb2
+
+PLUGIN_NAME = "replicas"
+
+# Version of the tensor layouts written by this package. Bump on any incompatible change and keep
+# readers able to read every older version.
+SCHEMA_VERSION = 1
+
+# Dense series, written every `update_freq` steps: int32 tensor [3, R] with rows
+# (batch size at this step, min over the window, max over the window); the window is every step
+# observed since the previous write of this tag, this step included.
+TAG_BATCH_SIZE = "inputs/batch_size"
+# Sparse series, written at the first observed step and at every step whose per-replica shapes or
+# dtypes differ from the previous observed step: a scalar string tensor holding JSON (see README).
+TAG_SHAPES = "inputs/shapes"
+
+KIND_BATCH_SIZE = "batch_size"
+KIND_SHAPES = "shapes"
+
+TAG_KINDS = {TAG_BATCH_SIZE: KIND_BATCH_SIZE, TAG_SHAPES: KIND_SHAPES}
+
+
+class UnsupportedSchemaError(ValueError):
+    """Raised when summary metadata was written by a newer (or unknown) schema."""
+
+
+def create_summary_metadata(kind, description=""):
+    """Creates the `SummaryMetadata` proto for one series of this plugin.
+
+    Args:
+      kind: one of the `KIND_*` constants, e.g. `KIND_BATCH_SIZE`.
+      description: optional human-readable description shown by TensorBoard.
+
+    Returns:
+      A `summary_pb2.SummaryMetadata` with `plugin_name == PLUGIN_NAME`, the JSON content and
+      `data_class` DATA_CLASS_TENSOR (needed by RustBoard and the data provider).
+
+    Raises:
+      ValueError: if `kind` is unknown.
+
+    Example:
+      >>> create_summary_metadata(KIND_SHAPES).plugin_data.plugin_name
+      'replicas'
+    """
+    if kind not in TAG_KINDS.values():
+        raise ValueError(
+            f"Unknown series kind {kind!r}; expected one of {sorted(TAG_KINDS.values())}."
+        )
+    content = json.dumps({"version": SCHEMA_VERSION, "kind": kind}, sort_keys=True)
+    return summary_pb2.SummaryMetadata(
+        summary_description=description,
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(
+            plugin_name=PLUGIN_NAME, content=content.encode("utf-8")
+        ),
+        data_class=summary_pb2.DATA_CLASS_TENSOR,
+    )
+
+
+def parse_plugin_content(content):
+    """Parses the `plugin_data.content` bytes written by `create_summary_metadata`.
+
+    Args:
+      content: the bytes of `SummaryMetadata.plugin_data.content`.
+
+    Returns:
+      A dict with at least `version` (int) and `kind` (str).
+
+    Raises:
+      UnsupportedSchemaError: if the content is not valid JSON of this plugin, or its version is
+        newer than `SCHEMA_VERSION` (upgrade tb_replica_plugin to read it).
+
+    Example:
+      >>> parse_plugin_content(b'{"kind": "shapes", "version": 1}')["kind"]
+      'shapes'
+    """
+    try:
+        parsed = json.loads(bytes(content).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as error:
+        raise UnsupportedSchemaError(f"Unreadable plugin metadata content: {error}") from None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("version"), int):
+        raise UnsupportedSchemaError(f"Plugin metadata content has no version: {parsed!r}")
+    if parsed["version"] > SCHEMA_VERSION:
+        raise UnsupportedSchemaError(
+            f"Series written with schema version {parsed['version']}, this tb_replica_plugin "
+            f"reads up to {SCHEMA_VERSION}; upgrade tb_replica_plugin to read it."
+        )
+    return parsed

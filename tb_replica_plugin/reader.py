@@ -1,0 +1,320 @@
+"""Reads this plugin's series through a TensorBoard data provider into numpy arrays.
+
+Used by the plugin routes (TensorBoard's provider: Python loader or RustBoard), by
+`tb-replica report` and by `tb_replica_plugin.load` (a local provider over a log dir that keeps
+every sample). Imports no TensorFlow.
+"""
+
+import dataclasses
+import fnmatch
+import json
+
+import numpy as np
+
+from tb_replica_plugin import metadata
+
+# More samples than any run writes: read_tensors must return every sample it kept.
+ALL_SAMPLES = 10_000_000
+# Largest step range reconstructed step by step; beyond it only recorded steps are kept.
+MAX_DENSE_STEPS = 5_000_000
+
+
+class RunNotFoundError(KeyError):
+    """Raised when a run has no data of this plugin."""
+
+
+@dataclasses.dataclass
+class InputsSeries:
+    """The inputs family of one run.
+
+    Attributes:
+      run: the run name.
+      replicas: global replica ids, the order of every per-replica axis.
+      devices: device of each replica.
+      source: "fit", "custom_loop" or "inspect_dataset".
+      steps: int64 array [S]: every step from the first to the last recorded one.
+      batch_size: int64 array [S, R]: batch size per step and replica, exact at every step
+        (rebuilt from the shape-change events, each holding until the next one).
+      shape_events: list of dicts `{"step", "inputs": [{"name", "dtypes", "shapes", "mismatch",
+        "mismatch_dims"}]}`, one per step where shapes or dtypes changed.
+      dense_steps: int64 array [D]: steps of the dense batch-size series.
+      dense: int64 array [D, 3, R]: (value, window min, window max) at those steps.
+      notes: plain-language problems met while reading.
+    """
+
+    run: str
+    replicas: list
+    devices: list
+    source: str
+    steps: np.ndarray
+    batch_size: np.ndarray
+    shape_events: list
+    dense_steps: np.ndarray
+    dense: np.ndarray
+    notes: list
+
+    @property
+    def num_replicas(self):
+        return len(self.replicas)
+
+
+def _mismatch_dims(dtypes, shapes):
+    """Which parts of one input disagree across replicas ("dtype", "rank", dim indices)."""
+    dims = []
+    if len(set(dtypes)) > 1:
+        dims.append("dtype")
+    ranks = {len(shape) for shape in shapes}
+    if len(ranks) > 1:
+        dims.append("rank")
+    else:
+        rank = ranks.pop() if ranks else 0
+        dims.extend(d for d in range(1, rank) if len({shape[d] for shape in shapes}) > 1)
+    return dims
+
+
+def parse_shape_event(step, document):
+    """Parses one shapes event (the JSON string written by the probe).
+
+    Args:
+      step: the event's step.
+      document: the JSON text (str or bytes).
+
+    Returns:
+      A dict with `step`, `inputs` (each with `mismatch` and `mismatch_dims` added), `devices`,
+      `replicas` and `source`.
+
+    Raises:
+      ValueError: if the document is not a shapes event.
+    """
+    if isinstance(document, bytes):
+        document = document.decode("utf-8")
+    parsed = json.loads(document)
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("inputs"), list):
+        raise ValueError("not a shapes event")
+    inputs = []
+    for entry in parsed["inputs"]:
+        dtypes = [str(d) for d in entry["dtypes"]]
+        shapes = [[int(d) for d in shape] for shape in entry["shapes"]]
+        dims = _mismatch_dims(dtypes, shapes)
+        inputs.append(
+            {
+                "name": str(entry["name"]),
+                "dtypes": dtypes,
+                "shapes": shapes,
+                "mismatch": bool(dims),
+                "mismatch_dims": dims,
+            }
+        )
+    return {
+        "step": int(step),
+        "inputs": inputs,
+        "devices": [str(d) for d in parsed.get("devices", [])],
+        "replicas": [int(r) for r in parsed.get("replicas", [])],
+        "source": str(parsed.get("source", "")),
+    }
+
+
+def event_batch_sizes(event):
+    """Per-replica batch size of a shapes event: leading dim of the first input of rank >= 1."""
+    for entry in event["inputs"]:
+        if entry["shapes"] and all(len(shape) >= 1 for shape in entry["shapes"]):
+            return [shape[0] for shape in entry["shapes"]]
+    return [1] * (len(event["inputs"][0]["shapes"]) if event["inputs"] else 0)
+
+
+def build_inputs_series(run, shape_events, dense_points, notes=()):
+    """Builds an `InputsSeries` from decoded samples (pure; no data provider needed).
+
+    Args:
+      run: the run name.
+      shape_events: parsed shapes events (`parse_shape_event`), any order.
+      dense_points: list of `(step, array [3, R])` of the dense batch-size series.
+      notes: notes collected so far.
+
+    Returns:
+      An `InputsSeries`.
+    """
+    notes = list(notes)
+    by_step = {}
+    for event in shape_events:
+        by_step[event["step"]] = event  # a later write at the same step wins
+    events = [by_step[s] for s in sorted(by_step)]
+    dense_points = sorted(
+        ((int(s), np.asarray(v, dtype=np.int64)) for s, v in dense_points), key=lambda p: p[0]
+    )
+    dense_steps = np.array([s for s, _ in dense_points], dtype=np.int64)
+    counts = {v.shape[-1] for _, v in dense_points if v.ndim == 2 and v.shape[0] == 3}
+    counts |= {len(event_batch_sizes(e)) for e in events}
+    if len(counts) > 1:
+        notes.append(
+            f"The replica count changes within this run ({sorted(counts)}); only data with "
+            f"{max(counts)} replicas is shown."
+        )
+    num_replicas = max(counts) if counts else 0
+    events = [e for e in events if len(event_batch_sizes(e)) == num_replicas]
+    dense_points = [
+        (s, v) for s, v in dense_points if v.shape == (3, num_replicas)
+    ]
+    dense_steps = np.array([s for s, _ in dense_points], dtype=np.int64)
+    dense = (
+        np.stack([v for _, v in dense_points])
+        if dense_points
+        else np.zeros((0, 3, num_replicas), np.int64)
+    )
+    last_event = events[-1] if events else None
+    replicas = (last_event or {}).get("replicas") or list(range(num_replicas))
+    devices = (last_event or {}).get("devices") or [""] * num_replicas
+    source = (last_event or {}).get("source", "")
+
+    if events:
+        event_steps = np.array([e["step"] for e in events], dtype=np.int64)
+        event_sizes = np.array([event_batch_sizes(e) for e in events], dtype=np.int64)
+        first = int(event_steps[0])
+        last = int(max(event_steps[-1], dense_steps[-1] if dense_steps.size else first))
+        if last - first + 1 <= MAX_DENSE_STEPS:
+            steps = np.arange(first, last + 1, dtype=np.int64)
+        else:
+            steps = np.union1d(event_steps, dense_steps[dense_steps >= first])
+            notes.append("Steps span too wide a range to rebuild every step; recorded steps only.")
+        index = np.searchsorted(event_steps, steps, side="right") - 1
+        batch_size = event_sizes[index]
+        if dense_steps.size:
+            at = np.searchsorted(steps, dense_steps)
+            ok = (at < steps.size) & (steps[np.minimum(at, steps.size - 1)] == dense_steps)
+            disagree = ok.copy()
+            disagree[ok] = np.any(batch_size[at[ok]] != dense[ok, 0], axis=1)
+            if np.any(disagree):
+                notes.append(
+                    "Some shape-change events are missing (TensorBoard keeps a sample of each "
+                    "series by default): start TensorBoard with --samples_per_plugin "
+                    f"{metadata.PLUGIN_NAME}=all to see every step exactly."
+                )
+                batch_size = batch_size.copy()
+                batch_size[at[disagree]] = dense[disagree, 0]
+    else:
+        steps = dense_steps
+        batch_size = dense[:, 0, :] if dense.size else np.zeros((0, num_replicas), np.int64)
+        if dense_steps.size:
+            notes.append("No shape events were found; batch sizes are shown at logged steps only.")
+    return InputsSeries(
+        run=run,
+        replicas=[int(r) for r in replicas],
+        devices=[str(d) for d in devices],
+        source=source,
+        steps=steps,
+        batch_size=batch_size,
+        shape_events=events,
+        dense_steps=dense_steps,
+        dense=dense,
+        notes=notes,
+    )
+
+
+def list_runs(provider, ctx, experiment_id):
+    """Runs with data of this plugin.
+
+    Args:
+      provider: a TensorBoard `DataProvider`.
+      ctx: the `RequestContext`.
+      experiment_id: the experiment id ("" for a local log dir).
+
+    Returns:
+      A dict `{run: {tag: TensorTimeSeries}}`, runs sorted by name.
+    """
+    mapping = provider.list_tensors(
+        ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME
+    )
+    return {run: mapping[run] for run in sorted(mapping)}
+
+
+def read_inputs(provider, ctx, experiment_id, run, tags_of_run=None):
+    """Reads the inputs family of one run.
+
+    Args:
+      provider: a TensorBoard `DataProvider`.
+      ctx: the `RequestContext`.
+      experiment_id: the experiment id.
+      run: the run name.
+      tags_of_run: `{tag: TensorTimeSeries}` of the run if already listed.
+
+    Returns:
+      An `InputsSeries`.
+
+    Raises:
+      RunNotFoundError: if the run has no data of this plugin.
+    """
+    from tensorboard.data import provider as provider_lib
+
+    if tags_of_run is None:
+        tags_of_run = list_runs(provider, ctx, experiment_id).get(run)
+    if not tags_of_run:
+        raise RunNotFoundError(run)
+    notes = []
+    readable = []
+    for tag, series in tags_of_run.items():
+        try:
+            content = metadata.parse_plugin_content(series.plugin_content)
+        except metadata.UnsupportedSchemaError as error:
+            notes.append(f"Series {tag!r} skipped: {error}")
+            continue
+        if metadata.TAG_KINDS.get(tag) == content.get("kind"):
+            readable.append(tag)
+    data = {}
+    if readable:
+        data = provider.read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=metadata.PLUGIN_NAME,
+            downsample=ALL_SAMPLES,
+            run_tag_filter=provider_lib.RunTagFilter(runs=[run], tags=readable),
+        ).get(run, {})
+    shape_events = []
+    bad = 0
+    for datum in data.get(metadata.TAG_SHAPES, []):
+        try:
+            shape_events.append(parse_shape_event(datum.step, np.asarray(datum.numpy).item()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            bad += 1
+    if bad:
+        notes.append(f"{bad} unreadable shapes event(s) skipped.")
+    dense_points = [(d.step, d.numpy) for d in data.get(metadata.TAG_BATCH_SIZE, [])]
+    return build_inputs_series(run, shape_events, dense_points, notes)
+
+
+def local_provider(logdir):
+    """A data provider over a local log dir that keeps every sample of this plugin.
+
+    Args:
+      logdir: the log directory (runs are its sub-directories holding event files).
+
+    Returns:
+      `(provider, ctx, experiment_id)` ready for `list_runs` / `read_inputs`.
+    """
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(
+        tensor_size_guidance={metadata.PLUGIN_NAME: 0}, max_reload_threads=1
+    )
+    multiplexer.AddRunsFromDirectory(logdir)
+    multiplexer.Reload()
+    return data_provider.MultiplexerDataProvider(multiplexer, logdir), context.RequestContext(), ""
+
+
+def read_log_dir(logdir, run_pattern=None):
+    """Reads every run of this plugin under a log dir, keeping every sample.
+
+    Args:
+      logdir: the log directory.
+      run_pattern: optional shell-style pattern (`fnmatch`) the run names must match.
+
+    Returns:
+      A dict `{run: InputsSeries}` sorted by run name.
+    """
+    provider, ctx, experiment_id = local_provider(logdir)
+    runs = list_runs(provider, ctx, experiment_id)
+    return {
+        run: read_inputs(provider, ctx, experiment_id, run, tags)
+        for run, tags in runs.items()
+        if run_pattern is None or fnmatch.fnmatchcase(run, run_pattern)
+    }
