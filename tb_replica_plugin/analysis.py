@@ -111,7 +111,9 @@ def _batch_findings(series, thresholds):
     uneven = mins != maxs
     patterns = collections.OrderedDict()
     for index in np.flatnonzero(uneven):
-        patterns.setdefault(tuple(int(v) for v in sizes[index]), []).append(int(series.steps[index]))
+        patterns.setdefault(tuple(int(v) for v in sizes[index]), []).append(
+            int(series.steps[index])
+        )
 
     first_row = sizes[0]
     if first_row.min() != first_row.max():
@@ -208,7 +210,9 @@ def _shape_findings(series):
             if found is None:
                 if dtype_problem:
                     majority = collections.Counter(entry["dtypes"]).most_common(1)[0][0]
-                    odd = [series.replicas[r] for r, d in enumerate(entry["dtypes"]) if d != majority]
+                    odd = [
+                        series.replicas[r] for r, d in enumerate(entry["dtypes"]) if d != majority
+                    ]
                     detail = ", ".join(
                         f"replica {series.replicas[r]}: {d}" for r, d in enumerate(entry["dtypes"])
                     )

@@ -177,7 +177,8 @@ class ReplicaProbe:
                 return
             merge = functools.partial(self._merge_inputs, names=names, step=step)
             replica_context = tf.distribute.get_replica_context()
-            if replica_context is not None:
+            distributed = any(isinstance(leaf, tf.distribute.DistributedValues) for leaf in leaves)
+            if replica_context is not None and not distributed:
                 # Only the leaves go through merge_call: it regroups them into PerReplica values.
                 replica_context.merge_call(merge, args=(leaves,))
             else:
@@ -247,7 +248,9 @@ class ReplicaProbe:
         state["last_step"].assign(step_value)
         state["win_min"].assign(win_min)
         state["win_max"].assign(win_max)
-        state["win_count"].assign(tf.where(write_dense, tf.constant(0, tf.int64), state["win_count"] + 1))
+        state["win_count"].assign(
+            tf.where(write_dense, tf.constant(0, tf.int64), state["win_count"] + 1)
+        )
 
     # ------------------------------------------------------------- host side
 

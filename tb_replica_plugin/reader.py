@@ -152,9 +152,7 @@ def build_inputs_series(run, shape_events, dense_points, notes=()):
         )
     num_replicas = max(counts) if counts else 0
     events = [e for e in events if len(event_batch_sizes(e)) == num_replicas]
-    dense_points = [
-        (s, v) for s, v in dense_points if v.shape == (3, num_replicas)
-    ]
+    dense_points = [(s, v) for s, v in dense_points if v.shape == (3, num_replicas)]
     dense_steps = np.array([s for s, _ in dense_points], dtype=np.int64)
     dense = (
         np.stack([v for _, v in dense_points])

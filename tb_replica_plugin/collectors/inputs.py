@@ -67,7 +67,9 @@ def name_fit_batch(data):
     """
     if isinstance(data, tuple) and not hasattr(data, "_fields") and 1 <= len(data) <= 3:
         return {
-            name: part for name, part in zip(FIT_BATCH_NAMES, data, strict=False) if part is not None
+            name: part
+            for name, part in zip(FIT_BATCH_NAMES, data, strict=False)
+            if part is not None
         }
     return {"x": data}
 

@@ -1,0 +1,186 @@
+"""Demo scenarios: a balanced run and the seed failures of the inputs family, each its own run.
+
+Every scenario trains (or inspects) on logical CPU replicas and writes `LOGDIR/<scenario>/...`:
+
+- `balanced`: Keras `fit`, 256 examples, global batch 32 over 4 replicas → [8, 8, 8, 8].
+- `empty_last_shard`: Keras `fit`, 66 examples, global batch 32 → the last batch is 2 examples,
+  [1, 1, 0, 0]: two replicas train on nothing at that step.
+- `batch_not_divisible`: global batch 30 over 4 replicas → [8, 8, 8, 6] (tf.distribute
+  splits 30 as 8+8+8+6). Keras 3 `fit` cannot run
+  this (its first batch splits unevenly), so it is a custom loop with `ReplicaProbe`, plus the
+  pre-flight inspector run that explains why `fit` would fail.
+- `shape_mismatch`: a custom loop whose per-replica preprocessing is inconsistent: replica 2
+  resizes images to 24×24 instead of 32×32, so `strategy.gather` of its features would fail.
+
+Call `configure_devices(n)` before anything else touches TensorFlow devices.
+"""
+
+import os
+
+import numpy as np
+
+SCENARIOS = ("balanced", "empty_last_shard", "batch_not_divisible", "shape_mismatch")
+
+
+def configure_devices(num_replicas=4):
+    """Splits the CPU into `num_replicas` logical devices (once per process).
+
+    Returns:
+      The device names, e.g. `["/cpu:0", "/cpu:1", ...]`.
+    """
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if tf.config.get_logical_device_configuration(cpu) is None:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * num_replicas
+        )
+    count = len(tf.config.list_logical_devices("CPU"))
+    if count < num_replicas:
+        raise RuntimeError(f"{num_replicas} CPU replicas wanted, {count} logical CPUs configured")
+    return [f"/cpu:{i}" for i in range(num_replicas)]
+
+
+def _mlp(strategy, features):
+    import keras
+
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((features,)),
+                keras.layers.Dense(16, activation="relu"),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def _regression_data(count, features=8, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(count, features)).astype("float32")
+    y = (x.sum(axis=1, keepdims=True) * 0.1).astype("float32")
+    return x, y
+
+
+def fit_run(strategy, logdir, examples, global_batch, epochs=2, update_freq="epoch"):
+    """Keras `fit` with `ReplicaCallback` on a `examples`-long dataset."""
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaCallback
+
+    x, y = _regression_data(examples)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+    model = _mlp(strategy, x.shape[1])
+    model.fit(
+        dataset,
+        epochs=epochs,
+        verbose=0,
+        callbacks=[ReplicaCallback(logdir, update_freq=update_freq)],
+    )
+    return model
+
+
+def custom_loop_run(strategy, logdir, examples, global_batch, epochs=1):
+    """A custom training loop with `ReplicaProbe` inside `strategy.run`."""
+    import keras
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaProbe
+
+    x, y = _regression_data(examples)
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+    )
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(1)])
+        optimizer = keras.optimizers.SGD(0.01)
+        optimizer.build(model.trainable_variables)
+    probe = ReplicaProbe(os.path.join(logdir, "replicas"), strategy, update_freq=1)
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(features, labels):
+            probe.observe_inputs({"x": features, "y": labels})
+            with tf.GradientTape() as tape:
+                error = model(features) - labels
+                loss = tf.reduce_sum(error * error) / global_batch
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        return strategy.run(step_fn, args=batch)
+
+    for _ in range(epochs):
+        for batch in dataset:
+            train_step(batch)
+    probe.close()
+
+
+def shape_mismatch_run(strategy, logdir, steps=6, per_replica_batch=4, odd_replica=2):
+    """Per-replica preprocessing that resizes images differently on one replica."""
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaProbe
+
+    num = strategy.num_replicas_in_sync
+    odd_replica = min(odd_replica, num - 1)
+
+    def make_inputs(context):
+        replica = context.replica_id_in_sync_group
+        size = 24 if replica == odd_replica else 32
+        images = tf.random.stateless_uniform([per_replica_batch, size, size, 3], seed=[replica, 0])
+        labels = tf.zeros([per_replica_batch], tf.int64)
+        return {"image": images, "label": labels}
+
+    probe = ReplicaProbe(os.path.join(logdir, "replicas"), strategy, update_freq=1)
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(inputs):
+            probe.observe_inputs(inputs)
+            return tf.reduce_mean(inputs["image"])
+
+        return strategy.run(step_fn, args=(batch,))
+
+    for _ in range(steps):
+        train_step(strategy.experimental_distribute_values_from_function(make_inputs))
+    probe.close()
+
+
+def run_scenario(name, logdir, strategy):
+    """Runs one demo scenario into `logdir/name`.
+
+    Args:
+      name: one of `SCENARIOS`.
+      logdir: the demo log directory.
+      strategy: the `MirroredStrategy` to train with. Use one strategy per device set in a
+        process: two strategies over the same devices reuse collective keys and clash.
+    """
+    import tensorflow as tf
+
+    from tb_replica_plugin import inspect_dataset
+
+    run_dir = os.path.join(logdir, name)
+    if name == "balanced":
+        fit_run(strategy, run_dir, examples=256, global_batch=32)
+    elif name == "empty_last_shard":
+        fit_run(strategy, run_dir, examples=66, global_batch=32)
+    elif name == "batch_not_divisible":
+        custom_loop_run(strategy, run_dir, examples=120, global_batch=30)
+        x, y = _regression_data(120)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(30)
+        inspect_dataset(strategy, dataset, run_dir, steps=4)
+    elif name == "shape_mismatch":
+        shape_mismatch_run(strategy, run_dir)
+    else:
+        raise ValueError(f"unknown scenario {name!r}; expected one of {SCENARIOS}")
+
+
+def run_all(logdir, num_replicas=4):
+    """Runs every scenario on `num_replicas` logical CPU replicas into `logdir`."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(configure_devices(num_replicas))
+    for name in SCENARIOS:
+        run_scenario(name, logdir, strategy)

@@ -1,0 +1,29 @@
+"""Trains every demo scenario into a log dir: `python -m demo.train [LOGDIR] [--replicas N]`."""
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("logdir", nargs="?", default="demo_logs")
+    parser.add_argument("--replicas", type=int, default=4)
+    args = parser.parse_args()
+
+    from demo import scenarios
+
+    devices = scenarios.configure_devices(args.replicas)
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(devices)
+    for name in scenarios.SCENARIOS:
+        start = time.perf_counter()
+        scenarios.run_scenario(name, args.logdir, strategy)
+        print(f"demo: {name} done in {time.perf_counter() - start:.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""`tb-replica`: the findings without a browser.
+
+    tb-replica report LOGDIR [--json] [--run PATTERN] [--fail-on error|warning|info]
+    tb-replica inspect MODULE:FUNCTION --logdir LOGDIR [--replicas N] [--steps N]
+
+Exit status: 0 on success, 1 when `--fail-on` is given and a finding at or above that severity
+exists, 2 on bad arguments or an unreadable log dir.
+"""
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+
+from tb_replica_plugin import analysis
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"tb-replica: error: {message}\n")
+
+
+def _build_parser():
+    parser = _Parser(prog="tb-replica", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    report = commands.add_parser("report", help="print per-run replica data and findings")
+    report.add_argument("logdir", help="log directory, as given to tensorboard --logdir")
+    report.add_argument("--json", action="store_true", help="print one JSON document")
+    report.add_argument("--run", help="only runs whose name matches this shell-style pattern")
+    report.add_argument(
+        "--fail-on",
+        choices=analysis.SEVERITIES,
+        help="exit with status 1 if a finding at or above this severity exists",
+    )
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="record per-replica shapes of a dataset's first batches, without training",
+    )
+    inspect.add_argument(
+        "dataset_fn",
+        help="MODULE:FUNCTION (or path/to/file.py:FUNCTION) returning a batched tf.data.Dataset",
+    )
+    inspect.add_argument("--logdir", required=True, help="log directory to write")
+    inspect.add_argument("--replicas", type=int, default=2, help="logical CPU replicas (>= 1)")
+    inspect.add_argument("--steps", type=int, default=10, help="batches to read (>= 1)")
+    inspect.add_argument("--run", default="inspect_dataset", help="run name to write")
+    inspect.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser
+
+
+def _load_function(spec):
+    module_name, _, function_name = spec.rpartition(":")
+    if not module_name or not function_name:
+        raise ValueError(f"expected MODULE:FUNCTION, got {spec!r}")
+    if module_name.endswith(".py"):
+        spec_obj = importlib.util.spec_from_file_location("_tb_replica_user", module_name)
+        if spec_obj is None or not os.path.isfile(module_name):
+            raise ValueError(f"no such file {module_name!r}")
+        module = importlib.util.module_from_spec(spec_obj)
+        spec_obj.loader.exec_module(module)
+    else:
+        sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(module_name)
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ValueError(f"{function_name!r} is not a function of {module_name!r}")
+    return function
+
+
+def _report(args):
+    from tb_replica_plugin import report as report_lib
+
+    try:
+        report = report_lib.load(args.logdir, run=args.run)
+    except report_lib.LogDirError as error:
+        print(f"tb-replica: error: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1, allow_nan=False, default=str))
+    else:
+        print(report.to_text())
+    if args.fail_on:
+        limit = analysis.SEVERITY_RANK[args.fail_on]
+        if any(analysis.SEVERITY_RANK[f.severity] <= limit for f in report.all_findings()):
+            return 1
+    return 0
+
+
+def _inspect(args):
+    if args.replicas < 1 or args.steps < 1:
+        print("tb-replica: error: --replicas and --steps must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        make_dataset = _load_function(args.dataset_fn)
+    except (ValueError, ImportError, OSError) as error:
+        print(f"tb-replica: error: cannot load {args.dataset_fn!r}: {error}", file=sys.stderr)
+        return 2
+    import tensorflow as tf
+
+    from tb_replica_plugin.preflight import inspect_dataset
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas
+    )
+    devices = [f"/cpu:{i}" for i in range(args.replicas)]
+    strategy = tf.distribute.MirroredStrategy(devices)
+    result = inspect_dataset(strategy, make_dataset(), args.logdir, args.steps, args.run)
+    if args.json:
+        body = {
+            "run_dir": result.run_dir,
+            "batch_sizes": result.batch_sizes,
+            "findings": [f.to_json() for f in result.findings],
+        }
+        print(json.dumps(body, indent=1, default=str))
+    else:
+        print(f"wrote {result.run_dir}")
+        for step, sizes in enumerate(result.batch_sizes):
+            print(f"  step {step}: {sizes}")
+        for finding in result.findings:
+            print(f"  [{finding.severity}] {finding.kind}: {finding.message}")
+    return 0
+
+
+def main(argv=None):
+    """Entry point of the `tb-replica` console script.
+
+    Args:
+      argv: the arguments (default: `sys.argv[1:]`).
+
+    Returns:
+      The exit status (0, 1 or 2).
+    """
+    args = _build_parser().parse_args(argv)
+    if args.command == "report":
+        return _report(args)
+    return _inspect(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

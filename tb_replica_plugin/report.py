@@ -1,0 +1,146 @@
+"""The report: every run of a log dir with its per-replica series and findings.
+
+`load` is the notebook-friendly read API; `tb-replica report` prints `Report.to_text()` or
+`Report.to_json()`. Imports no TensorFlow itself (TensorBoard's event reader may).
+"""
+
+import dataclasses
+import os
+
+from tb_replica_plugin import analysis, reader
+
+REPORT_SCHEMA_VERSION = 1
+
+
+class LogDirError(OSError):
+    """Raised when the log dir does not exist or cannot be read."""
+
+
+@dataclasses.dataclass
+class Report:
+    """Runs of a log dir, read with every sample kept.
+
+    Attributes:
+      logdir: the log directory read.
+      runs: `{run: reader.InputsSeries}`; e.g. `runs["fit/replicas"].batch_size` is an int
+        array [steps, replicas] and `.steps` its step axis.
+      findings: `{run: [analysis.Finding, ...]}`, most severe first.
+    """
+
+    logdir: str
+    runs: dict
+    findings: dict
+
+    def all_findings(self):
+        """Every finding of every run, most severe first."""
+        return analysis.sort_findings([f for fs in self.findings.values() for f in fs])
+
+    def to_json(self):
+        """The JSON document of `tb-replica report --json` (schema in README)."""
+        runs = []
+        for name, series in self.runs.items():
+            runs.append(
+                {
+                    "run": name,
+                    "source": series.source,
+                    "replicas": series.replicas,
+                    "devices": series.devices,
+                    "num_replicas": series.num_replicas,
+                    "first_step": int(series.steps[0]) if series.steps.size else None,
+                    "last_step": int(series.steps[-1]) if series.steps.size else None,
+                    "steps": series.steps.tolist(),
+                    "batch_size": series.batch_size.tolist(),
+                    "shape_events": [
+                        {"step": e["step"], "inputs": e["inputs"]} for e in series.shape_events
+                    ],
+                    "findings": [f.to_json() for f in self.findings[name]],
+                    "notes": series.notes,
+                }
+            )
+        findings = self.all_findings()
+        return {
+            "version": REPORT_SCHEMA_VERSION,
+            "logdir": self.logdir,
+            "runs": runs,
+            "summary": analysis.severity_counts(findings),
+        }
+
+    def to_text(self):
+        """Human-readable report, one block per run."""
+        lines = [f"tb-replica report: {self.logdir}"]
+        if not self.runs:
+            lines.append("No replica data found (write some with ReplicaCallback or ReplicaProbe).")
+        for name, series in self.runs.items():
+            lines.append("")
+            steps = (
+                f"steps {int(series.steps[0])}–{int(series.steps[-1])} ({series.steps.size})"
+                if series.steps.size
+                else "no steps"
+            )
+            lines.append(f"run {name}  [{series.source or 'unknown source'}]")
+            lines.append(f"  replicas: {series.num_replicas}   {steps}")
+            for replica, device in zip(series.replicas, series.devices, strict=False):
+                lines.append(f"    replica {replica}: {device}")
+            lines.append("  batch size per replica (step: sizes), at every change:")
+            for event in series.shape_events[:20]:
+                sizes = reader.event_batch_sizes(event)
+                lines.append(f"    step {event['step']}: {sizes}")
+                for entry in event["inputs"]:
+                    shapes = "  ".join(
+                        f"{list(s)}:{d}"
+                        for s, d in zip(entry["shapes"], entry["dtypes"], strict=False)
+                    )
+                    flag = "  <-- mismatch" if entry["mismatch"] else ""
+                    lines.append(f"      {entry['name']}: {shapes}{flag}")
+            if len(series.shape_events) > 20:
+                lines.append(f"    … {len(series.shape_events) - 20} more changes (see --json)")
+            for note in series.notes:
+                lines.append(f"  note: {note}")
+            findings = self.findings[name]
+            if not findings:
+                lines.append("  findings: none — no problems found in this run.")
+            else:
+                lines.append(f"  findings ({len(findings)}):")
+                for finding in findings:
+                    lines.append(f"    [{finding.severity}] {finding.kind}: {finding.message}")
+        counts = analysis.severity_counts(self.all_findings())
+        lines.append("")
+        lines.append(
+            f"{len(self.runs)} run(s): {counts['error']} error(s), {counts['warning']} "
+            f"warning(s), {counts['info']} info."
+        )
+        return "\n".join(lines)
+
+
+def load(logdir, run=None, thresholds=None):
+    """Reads a log dir into per-run per-replica numpy arrays and findings.
+
+    Args:
+      logdir: the log directory (as given to `tensorboard --logdir`).
+      run: optional shell-style pattern of run names to keep, e.g. `"*/replicas"`.
+      thresholds: `analysis.Thresholds` for the findings (default: `analysis.Thresholds()`).
+
+    Returns:
+      A `Report`.
+
+    Raises:
+      LogDirError: if `logdir` is not a readable directory.
+
+    Example:
+      ```python
+      report = tb_replica_plugin.load("logs")
+      series = report.runs["replicas"]
+      series.batch_size[:3]          # array([[4, 4], [4, 4], [1, 0]])
+      [f.message for f in report.findings["replicas"]]
+      ```
+    """
+    logdir = os.fspath(logdir)
+    if "://" not in logdir:
+        if not os.path.isdir(logdir):
+            raise LogDirError(f"log dir {logdir!r} does not exist or is not a directory")
+        if not os.access(logdir, os.R_OK | os.X_OK):
+            raise LogDirError(f"log dir {logdir!r} is not readable")
+    runs = reader.read_log_dir(logdir, run)
+    thresholds = thresholds or analysis.Thresholds()
+    findings = {name: analysis.find_inputs(series, thresholds) for name, series in runs.items()}
+    return Report(logdir=logdir, runs=runs, findings=findings)

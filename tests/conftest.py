@@ -1,0 +1,197 @@
+"""Shared test set-up: one TensorFlow per process, 4 logical CPU replicas, logs trained once.
+
+Logical devices can be configured only once per process, so this module configures them at
+import, before any test touches TensorFlow, and every test shares them. Strategies are cached per
+device set: two MirroredStrategy objects over the same devices reuse collective keys and clash.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from demo import scenarios  # noqa: E402
+
+DEVICES = scenarios.configure_devices(4)
+VENV_BIN = os.path.dirname(sys.executable)
+_STRATEGIES = {}
+
+
+def mirrored(num_replicas):
+    """The process-wide MirroredStrategy over the first `num_replicas` logical CPUs."""
+    import tensorflow as tf
+
+    if num_replicas not in _STRATEGIES:
+        _STRATEGIES[num_replicas] = tf.distribute.MirroredStrategy(DEVICES[:num_replicas])
+    return _STRATEGIES[num_replicas]
+
+
+def small_model(strategy, features, outputs=1):
+    import keras
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(outputs)])
+        model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def custom_loop_inputs(strategy, run_dir, batches, update_freq=1):
+    """Runs `ReplicaProbe.observe_inputs` inside `strategy.run` for each distributed batch."""
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaProbe
+
+    probe = ReplicaProbe(run_dir, strategy, update_freq=update_freq)
+
+    @tf.function
+    def step(batch):
+        def step_fn(inputs):
+            probe.observe_inputs(inputs)
+            return tf.constant(0.0)
+
+        return strategy.run(step_fn, args=(batch,))
+
+    for batch in batches:
+        step(batch)
+    probe.close()
+    return probe
+
+
+def build_unit_logs(logdir):
+    """The runs the value tests read back (2 replicas each)."""
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaCallback, inspect_dataset
+
+    strategy = mirrored(2)
+    # fit: 17 examples, global batch 8 → [4, 4], [4, 4], [1, 0].
+    x = np.arange(17 * 3, dtype="float32").reshape(17, 3)
+    y = np.ones((17, 1), "float32")
+    model = small_model(strategy, 3)
+    model.fit(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(8),
+        epochs=1,
+        verbose=0,
+        callbacks=[ReplicaCallback(os.path.join(logdir, "fit_17_8"))],
+    )
+    # custom loop: 15 examples, global batch 7 → [4, 3], [4, 3], [1, 0].
+    data = tf.data.Dataset.from_tensor_slices(
+        {"x": np.zeros((15, 2), "float32"), "y": np.zeros((15,), "int64")}
+    ).batch(7)
+    custom_loop_inputs(
+        strategy,
+        os.path.join(logdir, "loop_15_7", "replicas"),
+        strategy.experimental_distribute_dataset(data),
+    )
+    # pre-flight inspector on the batch-7 dataset.
+    inspect_dataset(
+        strategy,
+        tf.data.Dataset.from_tensor_slices(np.zeros((15, 2), "float32")).batch(7),
+        os.path.join(logdir, "inspect_7"),
+        steps=5,
+    )
+
+    # dict inputs whose per-replica shapes differ (replica 1 gets 5 features, not 4).
+    def make_inputs(context):
+        width = 4 + context.replica_id_in_sync_group
+        return {
+            "features": tf.ones([3, width]),
+            "ids": tf.zeros([3], tf.int32),
+        }
+
+    custom_loop_inputs(
+        strategy,
+        os.path.join(logdir, "dict_mismatch", "replicas"),
+        [strategy.experimental_distribute_values_from_function(make_inputs) for _ in range(2)],
+    )
+
+
+@pytest.fixture(scope="session")
+def unit_logs(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("unit_logs"))
+    build_unit_logs(logdir)
+    return logdir
+
+
+@pytest.fixture(scope="session")
+def demo_logs(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("demo_logs"))
+    strategy = mirrored(4)
+    for name in scenarios.SCENARIOS:
+        scenarios.run_scenario(name, logdir, strategy)
+    return logdir
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_get(url, timeout=10):
+    """GET `url`: `(status, body bytes, content type)`; HTTP errors are returned, not raised."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read(), response.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read(), error.headers.get("Content-Type", "")
+
+
+class TensorBoardServer:
+    """A real `tensorboard` process on a free localhost port, stopped by `stop()`."""
+
+    def __init__(self, logdir, load_fast=False, tensorboard=None, extra=()):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [
+            tensorboard or os.path.join(VENV_BIN, "tensorboard"),
+            "--logdir",
+            logdir,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            f"--load_fast={'true' if load_fast else 'false'}",
+            "--reload_interval",
+            "1",
+            *extra,
+        ]
+        self.log = open(os.path.join(logdir, f".tb_{self.port}.log"), "w")  # noqa: SIM115
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_for(self, path, predicate, timeout=120):
+        """Polls `path` until `predicate(status, body)` holds; returns the last body."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tensorboard exited with {self.process.returncode}")
+            try:
+                status, body, _ = http_get(self.url + path, timeout=5)
+                last = (status, body)
+                if predicate(status, body):
+                    return body
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"{path} not ready after {timeout}s, last answer {last!r}")
+
+    def stop(self):
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.log.close()
