@@ -46,9 +46,12 @@ def downsample_inputs(series, max_points):
         steps, sizes = steps[starts], sizes[starts]
     else:
         lows = highs = sizes
-    with np.errstate(divide="ignore", invalid="ignore"):
-        high, low = sizes.max(axis=1, initial=0), sizes.min(axis=1, initial=0)
-        imbalance = np.where(high == low, 1.0, high / low.astype(np.float64))
+    if sizes.size:
+        high, low = sizes.max(axis=1), sizes.min(axis=1).astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            imbalance = np.where(high == low, 1.0, high / low)
+    else:
+        imbalance = np.ones(steps.size)
     return {
         "run": series.run,
         "replicas": series.replicas,

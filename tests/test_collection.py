@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import custom_loop_inputs, mirrored, small_model
+from conftest import mirrored, small_model
 
 import tb_replica_plugin
 from tb_replica_plugin import ReplicaCallback, ReplicaProbe
