@@ -16,19 +16,9 @@ from conftest import REPO, TensorBoardServer, http_get
 
 
 def pip(venv, *args):
-    subprocess.run(
-        [
-            os.path.join(venv, "bin", "python"),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            *args,
-        ],
-        check=True,
-        timeout=600,
-    )
+    command = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_pip_install_into_fresh_venv_serves_plugin(tmp_path, unit_logs):
