@@ -9,4 +9,4 @@ rm -rf demo_logs
 TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python -m demo.train demo_logs --replicas 4
 .venv/bin/tb-replica report demo_logs || true
 echo "demo: open http://localhost:${PORT}/#replicas" >&2
-exec .venv/bin/tensorboard --logdir demo_logs --port "$PORT" --samples_per_plugin replicas=all
+exec .venv/bin/tensorboard --logdir demo_logs --port "$PORT" --samples_per_plugin replicas=0

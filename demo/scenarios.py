@@ -163,11 +163,11 @@ def run_scenario(name, logdir, strategy):
 
     run_dir = os.path.join(logdir, name)
     if name == "balanced":
-        fit_run(strategy, run_dir, examples=256, global_batch=32)
+        fit_run(strategy, run_dir, examples=256, global_batch=32, epochs=3)
     elif name == "empty_last_shard":
-        fit_run(strategy, run_dir, examples=66, global_batch=32)
+        fit_run(strategy, run_dir, examples=66, global_batch=32, epochs=5)
     elif name == "batch_not_divisible":
-        custom_loop_run(strategy, run_dir, examples=120, global_batch=30)
+        custom_loop_run(strategy, run_dir, examples=120, global_batch=30, epochs=3)
         x, y = _regression_data(120)
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(30)
         inspect_dataset(strategy, dataset, run_dir, steps=4)

@@ -185,7 +185,7 @@ def build_inputs_series(run, shape_events, dense_points, notes=()):
                 notes.append(
                     "Some shape-change events are missing (TensorBoard keeps a sample of each "
                     "series by default): start TensorBoard with --samples_per_plugin "
-                    f"{metadata.PLUGIN_NAME}=all to see every step exactly."
+                    f"{metadata.PLUGIN_NAME}=0 to see every step exactly."
                 )
                 batch_size = batch_size.copy()
                 batch_size[at[disagree]] = dense[disagree, 0]

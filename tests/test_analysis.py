@@ -34,7 +34,7 @@ def test_missing_change_events_are_noted_and_dense_values_win():
     dense = [(2, [[1, 0], [1, 0], [4, 4]])]
     series = reader.build_inputs_series("r", events, dense)
     assert series.batch_size.tolist() == [[4, 4], [4, 4], [1, 0]]
-    assert "samples_per_plugin replicas=all" in series.notes[0]
+    assert "samples_per_plugin replicas=0" in series.notes[0]
 
 
 def test_replica_count_change_is_noted():

@@ -1,7 +1,7 @@
 // Batch size per replica over steps: uPlot, one stepped line per replica.
 import { h, fmt, shortList } from '../dom.js';
 import { replicaColor } from '../colors.js';
-import { uPlot, axis, stepSeries, followZoom, xRange } from './uplot_common.js';
+import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis, steppedOrDense } from './uplot_common.js';
 
 const HEIGHT = 280;
 const finiteOrNull = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
@@ -24,15 +24,16 @@ export function createBatchChart(target, { inputs, zoom, width }) {
   };
 
   const tooltip = h('div', { class: 'chart-tooltip', hidden: true });
-  const stepped = uPlot.paths.stepped({ align: 1 });
+  const stepped = steppedOrDense();
   const opts = {
     width,
     height: HEIGHT,
+    padding: [8, PLOT_RIGHT, 0, 4],
     scales: {
-      x: { time: false, range: xRange },
+      x: { time: false, range: xRange(steps, zoom.full) },
       y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] },
     },
-    axes: [axis('step'), axis(downsampled ? 'examples (bucket min)' : 'examples per replica')],
+    axes: [stepAxis(), valueAxis(downsampled ? 'examples (bucket min)' : 'examples per replica')],
     series: [
       stepSeries,
       ...replicas.map((id, r) => ({

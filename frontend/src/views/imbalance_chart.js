@@ -1,7 +1,7 @@
 // Imbalance (max / min batch size over replicas) per step. Infinite values (a replica got
 // nothing while another got examples) are drawn at a cap above the finite ones and marked.
 import { fmt } from '../dom.js';
-import { uPlot, axis, stepSeries, followZoom, xRange } from './uplot_common.js';
+import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis, steppedOrDense } from './uplot_common.js';
 
 const HEIGHT = 200;
 const EMPTY_COLOR = '#e53935';
@@ -13,23 +13,41 @@ export function imbalanceCap(values) {
   return Math.max(2, Math.ceil(top * 1.5));
 }
 
+/** max / min of a set of batch sizes: Infinity when one is empty and another is not. */
+function ratio(hi, lo) {
+  if (!(hi >= 0) || !(lo >= 0)) return NaN;
+  if (hi === 0) return 1;
+  return lo === 0 ? Infinity : hi / lo;
+}
+
+/** Per bucket: largest batch of any replica over smallest batch of any replica in the bucket. */
+export function bucketBound(inputs) {
+  return inputs.steps.map((_, i) => {
+    const hi = Math.max(...(inputs.batch_size_max[i] || []).filter(Number.isFinite));
+    const lo = Math.min(...(inputs.batch_size_min[i] || []).filter(Number.isFinite));
+    return ratio(hi, lo);
+  });
+}
+
 export function createImbalanceChart(target, { inputs, zoom, width }) {
-  const { steps, imbalance } = inputs;
-  const cap = imbalanceCap(imbalance);
-  const line = imbalance.map((v) => (v === Infinity ? cap : Number.isFinite(v) ? v : null));
+  const { steps, imbalance, downsampled } = inputs;
+  const bound = downsampled ? bucketBound(inputs) : null;
+  const cap = imbalanceCap(bound ? imbalance.concat(bound) : imbalance);
+  const capped = (values) => values.map((v) => (v === Infinity ? cap : Number.isFinite(v) ? v : null));
+  const line = capped(imbalance);
   const empty = imbalance.map((v) => (v === Infinity ? cap : null));
-  const anyEmpty = empty.some((v) => v != null);
 
   const opts = {
     width,
     height: HEIGHT,
+    padding: [8, PLOT_RIGHT, 0, 4],
     scales: {
-      x: { time: false, range: xRange },
+      x: { time: false, range: xRange(steps, zoom.full) },
       y: { range: () => [Math.max(0, 1 - (cap - 1) * 0.08), cap + (cap - 1) * 0.08] },
     },
     axes: [
-      axis('step'),
-      axis('max / min', { values: (u, ticks) => ticks.map((t) => (t >= cap ? '∞' : fmt(t, 2))) }),
+      stepAxis(),
+      valueAxis('max / min', { values: (u, ticks) => ticks.map((t) => (t >= cap ? '∞' : fmt(t, 2))) }),
     ],
     series: [
       stepSeries,
@@ -37,10 +55,23 @@ export function createImbalanceChart(target, { inputs, zoom, width }) {
         label: 'imbalance',
         stroke: '#1976d2',
         width: 1.5,
-        paths: uPlot.paths.stepped({ align: 1 }),
+        paths: steppedOrDense(),
         points: { show: false },
         value: (u, v, si, idx) => (idx == null ? '–' : fmt(imbalance[idx])),
       },
+      ...(bound
+        ? [
+            {
+              label: 'bucket upper bound',
+              stroke: '#90caf9',
+              dash: [4, 3],
+              width: 1,
+              paths: steppedOrDense(),
+              points: { show: false },
+              value: (u, v, si, idx) => (idx == null ? '–' : fmt(bound[idx])),
+            },
+          ]
+        : []),
       {
         label: `empty replica (∞, drawn at ${cap})`,
         stroke: EMPTY_COLOR,
@@ -49,7 +80,6 @@ export function createImbalanceChart(target, { inputs, zoom, width }) {
         paths: () => null,
         points: { show: true, size: 7, fill: EMPTY_COLOR, stroke: EMPTY_COLOR },
         value: (u, v) => (v == null ? '–' : 'yes'),
-        show: anyEmpty,
       },
     ],
     cursor: { drag: { x: true, y: false } },
@@ -75,7 +105,7 @@ export function createImbalanceChart(target, { inputs, zoom, width }) {
     },
   };
 
-  const u = new uPlot(opts, [steps, line, empty], target);
+  const u = new uPlot(opts, bound ? [steps, line, capped(bound), empty] : [steps, line, empty], target);
   const unfollow = followZoom(u, zoom);
   return {
     resize: (w) => u.setSize({ width: w, height: HEIGHT }),

@@ -7,9 +7,23 @@ const FONT = '11px Roboto, sans-serif';
 const GRID = { stroke: '#eee', width: 1 };
 const TICKS = { stroke: '#ccc', width: 1, size: 4 };
 
-export function axis(label, extra = {}) {
-  return { label, font: FONT, labelFont: FONT, labelSize: 18, stroke: '#616161', grid: GRID, ticks: TICKS, ...extra };
-}
+/** Plot area offsets shared by the charts and the heatmap, so their step axes line up. */
+export const PLOT_LEFT = 80;
+export const PLOT_RIGHT = 16;
+const Y_AXIS_SIZE = PLOT_LEFT - 18 - 4;
+
+/** Whole-number ticks for step axes. */
+const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500].flatMap((x) => [x, x * 1e3, x * 1e6]).sort((a, b) => a - b);
+
+const axis = (label, extra = {}) => ({
+  label, font: FONT, labelFont: FONT, labelSize: 18, stroke: '#616161', grid: GRID, ticks: TICKS, ...extra,
+});
+
+/** A y axis of fixed width, so every chart's plot area starts at PLOT_LEFT. */
+export const valueAxis = (label, extra = {}) => axis(label, { size: Y_AXIS_SIZE, ...extra });
+
+/** The x axis: steps, whole numbers only. */
+export const stepAxis = () => axis('step', { incrs: STEP_INCRS });
 
 /** Step series (x) shown in the legend as "step N". */
 export const stepSeries = { label: 'step', value: (u, v) => (v == null ? '–' : `step ${v}`) };
@@ -26,8 +40,26 @@ export function followZoom(u, zoom) {
   return zoom.subscribe(apply);
 }
 
-/** Range of data for the x scale, widened when there is a single step. */
-export function xRange(u, min, max) {
-  if (min == null || max == null) return [0, 1];
-  return min === max ? [min - 1, max + 1] : [min, max];
+/**
+ * Stepped lines while there are fewer points than pixels; beyond that uPlot's linear builder,
+ * which keeps each pixel column's min and max (so a single odd step stays visible) and is far
+ * cheaper than 10k-step paths for every replica.
+ */
+export function steppedOrDense() {
+  const stepped = uPlot.paths.stepped({ align: 1, extend: true });
+  const linear = uPlot.paths.linear();
+  return (u, si, i0, i1) => (i1 - i0 > u.bbox.width / 2 ? linear : stepped)(u, si, i0, i1);
+}
+
+/**
+ * The x scale: the run's full range (last step included, [first, last + 1)) when uPlot
+ * auto-ranges (first draw, double-click), else the range asked for.
+ */
+export function xRange(steps, full) {
+  const first = steps[0];
+  const last = steps[steps.length - 1];
+  return (u, min, max) => {
+    if (min == null || max == null || first === last || (min === first && max === last)) return [...full];
+    return [min, max];
+  };
 }

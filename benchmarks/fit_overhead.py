@@ -1,0 +1,110 @@
+"""Training overhead of ReplicaCallback against no callback and Keras's TensorBoard callback.
+
+The same Keras MLP (64 → 256 → 256 → 1) trains on 4 logical CPU replicas with global batch 256.
+Variants are alternated (A B C D A B C D …) so drift of the machine hits them alike; each round
+fits one warm-up epoch (tracing) and times the following epochs. Prints one JSON document with
+the median seconds per step of each variant and its ratio to the no-callback baseline.
+
+    python -m benchmarks.fit_overhead [--steps-per-epoch 100] [--epochs 3] [--rounds 3]
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+class EpochTimer:
+    """Wall time of every epoch (no per-batch hooks, so it adds no per-step host work)."""
+
+    def __new__(cls):
+        import keras
+
+        class _Timer(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.times = []
+
+            def on_epoch_begin(self, epoch, logs=None):
+                self._start = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.times.append(time.perf_counter() - self._start)
+
+        return _Timer()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps-per-epoch", type=int, default=100)
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--replicas", type=int, default=4)
+    args = parser.parse_args()
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from demo.scenarios import configure_devices
+    from tb_replica_plugin import ReplicaCallback
+
+    strategy = tf.distribute.MirroredStrategy(configure_devices(args.replicas))
+    batch = 256
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch * args.steps_per_epoch, 64)).astype("float32")
+    y = rng.normal(size=(batch * args.steps_per_epoch, 1)).astype("float32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache().prefetch(2)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((64,)),
+                keras.layers.Dense(256, activation="relu"),
+                keras.layers.Dense(256, activation="relu"),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer="adam", loss="mse")
+    workdir = tempfile.mkdtemp(prefix="tb_replica_bench_")
+    variants = {
+        "no_callback": lambda d: [],
+        "keras_tensorboard_update_freq_1": lambda d: [
+            keras.callbacks.TensorBoard(d, update_freq=1)
+        ],
+        "replica_callback_default": lambda d: [ReplicaCallback(d)],
+        "replica_callback_every_step": lambda d: [ReplicaCallback(d, update_freq=1)],
+    }
+    per_step = {name: [] for name in variants}
+    for round_index in range(args.rounds):
+        for name, make_callbacks in variants.items():
+            timer = EpochTimer()
+            logdir = os.path.join(workdir, f"{name}_{round_index}")
+            model.fit(
+                dataset,
+                epochs=1 + args.epochs,
+                verbose=0,
+                callbacks=[*make_callbacks(logdir), timer],
+            )
+            per_step[name].extend(t / args.steps_per_epoch for t in timer.times[1:])
+    base = statistics.median(per_step["no_callback"])
+    result = {
+        "benchmark": "fit_overhead",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "replicas": args.replicas,
+        "global_batch": batch,
+        "timed_steps_per_variant": args.rounds * args.epochs * args.steps_per_epoch,
+        "median_seconds_per_step": {k: round(statistics.median(v), 6) for k, v in per_step.items()},
+        "ratio_to_no_callback": {
+            k: round(statistics.median(v) / base, 4) for k, v in per_step.items()
+        },
+    }
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+// The findings panel: each finding of the run, most severe first; click one to see it.
+import { h, shortList, fmt } from '../dom.js';
+
+function stepsText({ first_step: a, last_step: b, count }) {
+  if (a == null || Number.isNaN(a)) return null;
+  const range = b == null || b === a ? `step ${a}` : `steps ${a}–${b}`;
+  return count > 1 ? `${range} (${count} times)` : range;
+}
+
+function replicasText(replicas) {
+  if (!replicas.length) return null;
+  return replicas.length === 1 ? `replica ${replicas[0]}` : `replicas ${shortList(replicas, 10)}`;
+}
+
+export function createFindings(target, { findings, onSelect }) {
+  if (!findings.length) {
+    target.append(h('p', { class: 'no-findings' }, 'No problems found in this run.'));
+    return {};
+  }
+  const counts = {};
+  for (const f of findings) counts[f.severity] = (counts[f.severity] || 0) + 1;
+  target.append(
+    h('p', { class: 'muted' }, [
+      Object.entries(counts)
+        .map(([s, c]) => `${c} ${s}${c === 1 ? '' : s === 'error' || s === 'warning' ? 's' : ''}`)
+        .join(' · '),
+      ' — click a finding to see it.',
+    ]),
+  );
+  for (const f of findings) {
+    const select = () => onSelect(f);
+    const meta = [
+      stepsText(f),
+      replicasText(f.replicas),
+      f.input != null ? `input ${f.input}` : null,
+      f.value != null && !Number.isNaN(f.value) ? `value ${fmt(f.value)}` : null,
+    ].filter(Boolean);
+    target.append(
+      h(
+        'div',
+        {
+          class: 'finding',
+          dataset: { severity: f.severity, kind: f.kind },
+          role: 'button',
+          tabindex: 0,
+          title: 'Show in the charts',
+          onclick: select,
+          onkeydown: (e) => (e.key === 'Enter' || e.key === ' ') && (e.preventDefault(), select()),
+        },
+        [
+          h('div', { class: 'finding-head' }, [
+            h('span', { class: 'severity' }, f.severity),
+            h('span', { class: 'kind' }, f.kind),
+            h('span', { class: 'meta' }, meta.join(' · ')),
+          ]),
+          h('div', { class: 'message' }, f.message),
+        ],
+      ),
+    );
+  }
+  return {};
+}

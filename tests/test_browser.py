@@ -1,0 +1,140 @@
+"""The "Replicas" tab in headless Debian Chromium, on TensorBoard serving the demo log dir.
+
+Playwright drives `/usr/bin/chromium` (Debian package; no browser download). The test fails on
+any console error of the page or the tab's iframe, and saves a screenshot to tests/artifacts/
+(`UPDATE_SCREENSHOT=1` also copies it to demo/screenshot.png for the README).
+"""
+
+import json
+import os
+import shutil
+
+import pytest
+from conftest import REPO, TensorBoardServer
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = os.path.join(REPO, "tests", "artifacts")
+
+
+@pytest.fixture(scope="module")
+def demo_server(demo_logs):
+    server = TensorBoardServer(demo_logs, extra=("--samples_per_plugin", "replicas=0"))
+    try:
+        server.wait_for(
+            "/data/plugin/replicas/runs",
+            lambda status, body: status == 200 and len(json.loads(body)["runs"]) == 5,
+        )
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert os.path.exists(CHROMIUM), "Debian chromium missing: run .ci/setup.sh"
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        yield chromium
+        chromium.close()
+
+
+def tab_frame(page):
+    for frame in page.frames:
+        if "plugin_entry.html" in frame.url and "name=replicas" in frame.url:
+            return frame
+    return None
+
+
+def wait_ready(frame):
+    frame.wait_for_function(
+        "document.body && ['ready', 'error'].includes(document.body.dataset.state)",
+        timeout=30_000,
+    )
+    assert frame.evaluate("document.body.dataset.state") == "ready"
+
+
+def test_tab_shows_every_replica_and_the_imbalance_note(demo_server, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(demo_server.url + "/#replicas", wait_until="load")
+    page.wait_for_function(
+        "[...document.querySelectorAll('iframe')].some(f => f.src.includes('name=replicas'))",
+        timeout=30_000,
+    )
+    page.wait_for_timeout(200)
+    frame = None
+    for _ in range(100):
+        frame = tab_frame(page)
+        if frame:
+            break
+        page.wait_for_timeout(100)
+    assert frame is not None, [f.url for f in page.frames]
+    wait_ready(frame)
+
+    runs = frame.eval_on_selector_all("#run-select option", "els => els.map(e => e.value)")
+    assert sorted(runs) == [
+        "balanced/replicas",
+        "batch_not_divisible/inspect_dataset",
+        "batch_not_divisible/replicas",
+        "empty_last_shard/replicas",
+        "shape_mismatch/replicas",
+    ]
+
+    frame.select_option("#run-select", "batch_not_divisible/replicas")
+    wait_ready(frame)
+    legend = frame.inner_text('[data-view="batch"]')
+    for replica in range(4):
+        assert f"replica {replica}" in legend
+    notes = frame.inner_text('[data-view="notes"]')
+    assert "global batch 30 is not divisible by 4 replicas" in notes
+    assert "Replica 3 got 6 examples, replica 0 got 8" in notes
+    severities = frame.eval_on_selector_all(
+        '[data-view="findings"] .finding', "els => els.map(e => e.dataset.severity)"
+    )
+    assert severities == ["error", "warning"]
+    assert frame.is_visible('[data-view="heatmap"] canvas')
+
+    frame.select_option("#run-select", "shape_mismatch/replicas")
+    wait_ready(frame)
+    mismatched = frame.eval_on_selector_all(
+        '[data-view="shapes"] tr.mismatch', "els => els.map(e => e.textContent)"
+    )
+    assert len(mismatched) == 1 and "image" in mismatched[0]
+    assert (
+        "[4, 24, 24, 3]" in mismatched[0] or "4×24×24×3" in mismatched[0] or "24" in mismatched[0]
+    )
+
+    frame.select_option("#run-select", "empty_last_shard/replicas")
+    wait_ready(frame)
+    assert "Replicas 2, 3 got 0 examples" in frame.inner_text('[data-view="notes"]')
+
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    shot = os.path.join(ARTIFACTS, "replicas_tab.png")
+    page.set_viewport_size({"width": 1400, "height": 2000})
+    wait_ready(frame)
+    page.wait_for_timeout(300)
+    page.screenshot(path=shot, full_page=True)
+    if os.environ.get("UPDATE_SCREENSHOT"):
+        shutil.copy(shot, os.path.join(REPO, "demo", "screenshot.png"))
+    assert errors == []
+
+    frame.select_option("#run-select", "balanced/replicas")
+    wait_ready(frame)
+    assert "No problems found in this run." in frame.inner_text('[data-view="findings"]')
+    assert errors == []
+    page.close()
