@@ -136,6 +136,8 @@ def main(argv=None):
     Returns:
       The exit status (0, 1 or 2).
     """
+    # TensorFlow (imported by TensorBoard's event reader) logs device set-up noise otherwise.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = _build_parser().parse_args(argv)
     if args.command == "report":
         return _report(args)

@@ -23,7 +23,7 @@ sys.path.insert(0, REPO)
 
 from demo import scenarios  # noqa: E402
 
-DEVICES = scenarios.configure_devices(4)
+DEVICES = scenarios.configure_devices(4)  # the unit tests use 2 of them, the demo all 4
 VENV_BIN = os.path.dirname(sys.executable)
 _STRATEGIES = {}
 
@@ -32,6 +32,11 @@ def mirrored(num_replicas):
     """The process-wide MirroredStrategy over the first `num_replicas` logical CPUs."""
     import tensorflow as tf
 
+    if _STRATEGIES and num_replicas not in _STRATEGIES:
+        raise RuntimeError(
+            "one MirroredStrategy size per test process: collective group keys of a second "
+            "strategy clash with the first (run it in a subprocess, as demo_logs does)"
+        )
     if num_replicas not in _STRATEGIES:
         _STRATEGIES[num_replicas] = tf.distribute.MirroredStrategy(DEVICES[:num_replicas])
     return _STRATEGIES[num_replicas]
@@ -126,10 +131,20 @@ def unit_logs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_logs(tmp_path_factory):
+    """The demo, trained by its own entry point in a subprocess (4 replicas).
+
+    A subprocess because collective group keys are allocated per MirroredStrategy: a 4-replica
+    strategy and the 2-replica one of the other tests cannot share a process.
+    """
     logdir = str(tmp_path_factory.mktemp("demo_logs"))
-    strategy = mirrored(4)
-    for name in scenarios.SCENARIOS:
-        scenarios.run_scenario(name, logdir, strategy)
+    result = subprocess.run(
+        [sys.executable, "-m", "demo.train", logdir, "--replicas", "4"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
     return logdir
 
 
