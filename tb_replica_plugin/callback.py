@@ -76,7 +76,7 @@ class ReplicaCallback(keras.callbacks.Callback):
             self._probe = ReplicaProbe(
                 os.path.join(self.log_dir, self.run_name),
                 strategy=self.model.distribute_strategy,
-                update_freq=self.update_freq if isinstance(self.update_freq, int) else 2**62,
+                update_freq=None if self.update_freq == "epoch" else self.update_freq,
                 source="fit",
             )
         try:

@@ -144,24 +144,30 @@ class ReplicasPlugin(base_plugin.TBPlugin):
 
     # -------------------------------------------------------------------- data
 
-    def _context(self, request):
+    def _read_runs(self, request, run=None):
+        """`{run: InputsSeries}` of every run, or of `run` only.
+
+        Raises:
+          reader.RunNotFoundError: if `run` is given and has no data of this plugin.
+        """
         from tensorboard import plugin_util
 
-        return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
-
-    def _read(self, request, run):
-        ctx, experiment_id = self._context(request)
+        ctx = plugin_util.context(request.environ)
+        experiment_id = plugin_util.experiment_id(request.environ)
         runs = reader.list_runs(self._provider, ctx, experiment_id)
-        if run not in runs:
-            raise reader.RunNotFoundError(run)
-        return reader.read_inputs(self._provider, ctx, experiment_id, run, runs[run])
+        if run is not None:
+            if run not in runs:
+                raise reader.RunNotFoundError(run)
+            runs = {run: runs[run]}
+        return {
+            name: reader.read_inputs(self._provider, ctx, experiment_id, name, tags)
+            for name, tags in runs.items()
+        }
 
     @wrappers.Request.application
     def _serve_runs(self, request):
-        ctx, experiment_id = self._context(request)
         result = []
-        for run, tags in reader.list_runs(self._provider, ctx, experiment_id).items():
-            series = reader.read_inputs(self._provider, ctx, experiment_id, run, tags)
+        for run, series in self._read_runs(request).items():
             result.append(
                 {
                     "run": run,
@@ -183,7 +189,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             return _error(request, 400, "missing argument 'run'")
         try:
             max_points = parse_max_points(request.args.get("max_points"))
-            body = downsample_inputs(self._read(request, run), max_points)
+            body = downsample_inputs(self._read_runs(request, run)[run], max_points)
         except BadRequestError as error:
             return _error(request, 400, str(error))
         except reader.RunNotFoundError:
@@ -193,15 +199,10 @@ class ReplicasPlugin(base_plugin.TBPlugin):
     @wrappers.Request.application
     def _serve_findings(self, request):
         run = request.args.get("run")
-        ctx, experiment_id = self._context(request)
-        runs = reader.list_runs(self._provider, ctx, experiment_id)
-        if run is not None:
-            if run not in runs:
-                return _error(request, 404, f"no replica data for run {run!r}")
-            runs = {run: runs[run]}
-        findings = []
-        for name, tags in runs.items():
-            series = reader.read_inputs(self._provider, ctx, experiment_id, name, tags)
-            findings.extend(analysis.find_inputs(series))
+        try:
+            runs = self._read_runs(request, run)
+        except reader.RunNotFoundError:
+            return _error(request, 404, f"no replica data for run {run!r}")
+        findings = [f for series in runs.values() for f in analysis.find_inputs(series)]
         body = {"findings": [f.to_json() for f in analysis.sort_findings(findings)]}
         return http_util.Respond(request, body, "application/json")

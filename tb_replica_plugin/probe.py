@@ -48,7 +48,8 @@ class ReplicaProbe:
       log_dir: directory of the run to write, e.g. `"logs/replicas"`.
       strategy: the `tf.distribute.Strategy`; defaults to the current one
         (`tf.distribute.get_strategy()`).
-      update_freq: write the dense batch-size series every this many steps (int >= 1). Shape and
+      update_freq: write the dense batch-size series every this many steps (int >= 1), or only
+        from the host (`write_window`, `flush`, `close`) with None. Shape and
         dtype changes, and so every odd batch, are written at the step they happen whatever
         this is, and the dense series keeps per-window minima and maxima.
       source: what drives the probe, stored with the data: "custom_loop" (default), "fit" or
@@ -76,8 +77,12 @@ class ReplicaProbe:
     """
 
     def __init__(self, log_dir, strategy=None, update_freq=100, source="custom_loop"):
-        if isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1:
-            raise ValueError(f"`update_freq` must be an integer >= 1. Received: {update_freq!r}")
+        if update_freq is not None and (
+            isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1
+        ):
+            raise ValueError(
+                f"`update_freq` must be an integer >= 1 or None. Received: {update_freq!r}"
+            )
         if source not in SOURCES:
             raise ValueError(f"`source` must be one of {SOURCES}. Received: {source!r}")
         self.log_dir = os.fspath(log_dir)
@@ -136,12 +141,6 @@ class ReplicaProbe:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
             logger.warning(message)
 
-    @property
-    def num_replicas(self):
-        """Number of local replicas the probe records (builds the probe if needed)."""
-        self._build()
-        return len(self._static["devices"]) if self._state is not None else 0
-
     def set_step(self, step):
         """Sets the step the next `observe_inputs` call without `step=` records at.
 
@@ -184,18 +183,21 @@ class ReplicaProbe:
             else:
                 merge(self.strategy, leaves)
         except Exception as error:  # noqa: BLE001 - must never break training
-            self._warn_once(
-                "inputs",
-                "tb_replica_plugin: could not record inputs, training goes on without them: "
-                f"{type(error).__name__}: {error}",
-            )
+            self._warn_inputs_failed(error)
+
+    def _warn_inputs_failed(self, error):
+        self._warn_once(
+            "inputs",
+            "tb_replica_plugin: could not record inputs, training goes on without them: "
+            f"{type(error).__name__}: {error}",
+        )
 
     def _merge_inputs(self, strategy, leaves, *, names, step):
         """Cross-replica part of `observe_inputs`: stats, change detection, summary writes."""
         try:
-            per_replica = [list(strategy.experimental_local_results(leaf)) for leaf in leaves]
             per_replica = [
-                [tf.convert_to_tensor(t) for t in leaf_values] for leaf_values in per_replica
+                [tf.convert_to_tensor(t) for t in strategy.experimental_local_results(leaf)]
+                for leaf in leaves
             ]
             if len(per_replica[0]) != len(self._static["devices"]):
                 raise ValueError(
@@ -205,11 +207,7 @@ class ReplicaProbe:
             stats = inputs_collector.InputsStats(names, per_replica)
             self._write_inputs(stats, step)
         except Exception as error:  # noqa: BLE001 - must never break training
-            self._warn_once(
-                "inputs",
-                "tb_replica_plugin: could not record inputs, training goes on without them: "
-                f"{type(error).__name__}: {error}",
-            )
+            self._warn_inputs_failed(error)
 
     def _write_inputs(self, stats, step):
         state = self._state
@@ -225,32 +223,39 @@ class ReplicaProbe:
         window_empty = tf.equal(state["win_count"], 0)
         win_min = tf.where(window_empty, batch_size, tf.minimum(state["win_min"], batch_size))
         win_max = tf.where(window_empty, batch_size, tf.maximum(state["win_max"], batch_size))
-        write_dense = tf.equal(step_value % self.update_freq, 0)
         static = self._static
-        with self._writer.as_default():
-            with tf.summary.record_if(changed):
-                tf.summary.write(
-                    metadata.TAG_SHAPES,
-                    lambda: stats.shapes_json(static),
-                    step=step_value,
-                    metadata=metadata.create_summary_metadata(metadata.KIND_SHAPES),
-                )
+        with self._writer.as_default(), tf.summary.record_if(changed):
+            tf.summary.write(
+                metadata.TAG_SHAPES,
+                lambda: stats.shapes_json(static),
+                step=step_value,
+                metadata=metadata.create_summary_metadata(metadata.KIND_SHAPES),
+            )
+        if self.update_freq is None:
+            # Host-written only (e.g. at epoch ends): no dense write op in the step's graph.
+            next_count = state["win_count"] + 1
+        else:
+            write_dense = tf.equal(step_value % self.update_freq, 0)
             with tf.summary.record_if(write_dense):
-                tf.summary.write(
-                    metadata.TAG_BATCH_SIZE,
-                    lambda: tf.stack([batch_size, win_min, win_max]),
-                    step=step_value,
-                    metadata=metadata.create_summary_metadata(metadata.KIND_BATCH_SIZE),
-                )
+                self._write_dense(lambda: tf.stack([batch_size, win_min, win_max]), step_value)
+            next_count = tf.where(write_dense, tf.constant(0, tf.int64), state["win_count"] + 1)
         state["has_prev"].assign(True)
         state["prev_fp"].assign(stats.fingerprint)
         state["last"].assign(batch_size)
         state["last_step"].assign(step_value)
         state["win_min"].assign(win_min)
         state["win_max"].assign(win_max)
-        state["win_count"].assign(
-            tf.where(write_dense, tf.constant(0, tf.int64), state["win_count"] + 1)
-        )
+        state["win_count"].assign(next_count)
+
+    def _write_dense(self, value, step):
+        """Writes one sample of the dense batch-size series (in-graph or eagerly)."""
+        with self._writer.as_default():
+            tf.summary.write(
+                metadata.TAG_BATCH_SIZE,
+                value,
+                step=step,
+                metadata=metadata.create_summary_metadata(metadata.KIND_BATCH_SIZE),
+            )
 
     # ------------------------------------------------------------- host side
 
@@ -265,14 +270,10 @@ class ReplicaProbe:
             state = self._state
             if int(state["win_count"].numpy()) == 0:
                 return
-            value = tf.stack([state["last"], state["win_min"], state["win_max"]])
-            with self._writer.as_default():
-                tf.summary.write(
-                    metadata.TAG_BATCH_SIZE,
-                    value,
-                    step=state["last_step"].read_value(),
-                    metadata=metadata.create_summary_metadata(metadata.KIND_BATCH_SIZE),
-                )
+            self._write_dense(
+                tf.stack([state["last"], state["win_min"], state["win_max"]]),
+                state["last_step"].read_value(),
+            )
             state["win_count"].assign(0)
         except Exception as error:  # noqa: BLE001
             self._warn_once("window", f"tb_replica_plugin: could not write window: {error}")

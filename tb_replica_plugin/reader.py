@@ -139,19 +139,21 @@ def build_inputs_series(run, shape_events, dense_points, notes=()):
     for event in shape_events:
         by_step[event["step"]] = event  # a later write at the same step wins
     events = [by_step[s] for s in sorted(by_step)]
+    sizes_of = [event_batch_sizes(e) for e in events]
     dense_points = sorted(
         ((int(s), np.asarray(v, dtype=np.int64)) for s, v in dense_points), key=lambda p: p[0]
     )
-    dense_steps = np.array([s for s, _ in dense_points], dtype=np.int64)
     counts = {v.shape[-1] for _, v in dense_points if v.ndim == 2 and v.shape[0] == 3}
-    counts |= {len(event_batch_sizes(e)) for e in events}
+    counts |= {len(sizes) for sizes in sizes_of}
     if len(counts) > 1:
         notes.append(
             f"The replica count changes within this run ({sorted(counts)}); only data with "
             f"{max(counts)} replicas is shown."
         )
     num_replicas = max(counts) if counts else 0
-    events = [e for e in events if len(event_batch_sizes(e)) == num_replicas]
+    kept = [i for i, sizes in enumerate(sizes_of) if len(sizes) == num_replicas]
+    events = [events[i] for i in kept]
+    sizes_of = [sizes_of[i] for i in kept]
     dense_points = [(s, v) for s, v in dense_points if v.shape == (3, num_replicas)]
     dense_steps = np.array([s for s, _ in dense_points], dtype=np.int64)
     dense = (
@@ -166,7 +168,7 @@ def build_inputs_series(run, shape_events, dense_points, notes=()):
 
     if events:
         event_steps = np.array([e["step"] for e in events], dtype=np.int64)
-        event_sizes = np.array([event_batch_sizes(e) for e in events], dtype=np.int64)
+        event_sizes = np.array(sizes_of, dtype=np.int64)
         first = int(event_steps[0])
         last = int(max(event_steps[-1], dense_steps[-1] if dense_steps.size else first))
         if last - first + 1 <= MAX_DENSE_STEPS:
