@@ -45,7 +45,8 @@ class Finding:
       run: the run name.
       first_step, last_step, count: the steps where it holds (first, last, how many).
       replicas: replica ids involved.
-      input: the input name, for shape and dtype rules.
+      name: what it is about: the input name (shape and dtype rules), the variable or layer
+        name (gradient and drift rules), None when it concerns the whole batch.
       value: the measured value (e.g. imbalance ratio), threshold: what it was compared with.
       message: one or two sentences with the likely cause and the fix.
       view: the part of the tab that shows it ("batch" or "shapes").
@@ -58,7 +59,7 @@ class Finding:
     last_step: int
     count: int
     replicas: list
-    input: str | None
+    name: str | None
     value: float | int | None
     threshold: float | int | None
     message: str
@@ -127,7 +128,7 @@ def _batch_findings(series, thresholds):
                 last_step=int(series.steps[0]),
                 count=1,
                 replicas=[replicas[i] for i in np.flatnonzero(first_row != first_row.max())],
-                input=None,
+                name=None,
                 value=[int(v) for v in first_row],
                 threshold=None,
                 message=(
@@ -149,7 +150,7 @@ def _batch_findings(series, thresholds):
             first_step=steps[0],
             last_step=steps[-1],
             count=len(steps),
-            input=None,
+            name=None,
             view="batch",
         )
         if low == 0:
@@ -243,7 +244,7 @@ def _shape_findings(series):
                     last_step=end,
                     count=end - event["step"] + 1,
                     replicas=odd,
-                    input=entry["name"],
+                    name=entry["name"],
                     value=None,
                     threshold=None,
                     message=message,
@@ -275,6 +276,24 @@ def find_inputs(series, thresholds=Thresholds()):
       ['empty_shard']
     """
     return sort_findings(_batch_findings(series, thresholds) + _shape_findings(series))
+
+
+def find_run(run_data, thresholds=Thresholds()):
+    """Findings of every family of one run.
+
+    Args:
+      run_data: a `reader.RunData`.
+      thresholds: the `Thresholds` to apply.
+
+    Returns:
+      A list of `Finding`, most severe first.
+
+    Example:
+      >>> [f.kind for f in find_run(run_data)]   # 17 examples, batch 8, 2 replicas
+      ['empty_shard']
+    """
+    findings = list(find_inputs(run_data.inputs, thresholds))
+    return sort_findings(findings)
 
 
 def severity_counts(findings):

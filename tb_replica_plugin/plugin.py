@@ -145,7 +145,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
     # -------------------------------------------------------------------- data
 
     def _read_runs(self, request, run=None):
-        """`{run: InputsSeries}` of every run, or of `run` only.
+        """`{run: reader.RunData}` of every run, or of `run` only.
 
         Raises:
           reader.RunNotFoundError: if `run` is given and has no data of this plugin.
@@ -160,14 +160,15 @@ class ReplicasPlugin(base_plugin.TBPlugin):
                 raise reader.RunNotFoundError(run)
             runs = {run: runs[run]}
         return {
-            name: reader.read_inputs(self._provider, ctx, experiment_id, name, tags)
+            name: reader.read_run(self._provider, ctx, experiment_id, name, tags)
             for name, tags in runs.items()
         }
 
     @wrappers.Request.application
     def _serve_runs(self, request):
         result = []
-        for run, series in self._read_runs(request).items():
+        for run, run_data in self._read_runs(request).items():
+            series = run_data.inputs
             result.append(
                 {
                     "run": run,
@@ -176,8 +177,8 @@ class ReplicasPlugin(base_plugin.TBPlugin):
                     "source": series.source,
                     "first_step": int(series.steps[0]) if series.steps.size else None,
                     "last_step": int(series.steps[-1]) if series.steps.size else None,
-                    "findings": analysis.severity_counts(analysis.find_inputs(series)),
-                    "notes": series.notes,
+                    "findings": analysis.severity_counts(analysis.find_run(run_data)),
+                    "notes": run_data.notes,
                 }
             )
         return http_util.Respond(request, {"runs": result}, "application/json")
@@ -189,7 +190,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             return _error(request, 400, "missing argument 'run'")
         try:
             max_points = parse_max_points(request.args.get("max_points"))
-            body = downsample_inputs(self._read_runs(request, run)[run], max_points)
+            body = downsample_inputs(self._read_runs(request, run)[run].inputs, max_points)
         except BadRequestError as error:
             return _error(request, 400, str(error))
         except reader.RunNotFoundError:
@@ -203,6 +204,6 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             runs = self._read_runs(request, run)
         except reader.RunNotFoundError:
             return _error(request, 404, f"no replica data for run {run!r}")
-        findings = [f for series in runs.values() for f in analysis.find_inputs(series)]
+        findings = [f for run_data in runs.values() for f in analysis.find_run(run_data)]
         body = {"findings": [f.to_json() for f in analysis.sort_findings(findings)]}
         return http_util.Respond(request, body, "application/json")

@@ -74,12 +74,11 @@ def inspect_dataset(strategy, dataset, log_dir, steps=10, run_name="inspect_data
                 break
             probe.observe_inputs(inputs_collector.name_fit_batch(batch), step=step)
     probe.close()
-    series = reader.read_log_dir(run_dir)
-    inputs = next(iter(series.values()), None)
-    if inputs is None:
+    run_data = next(iter(reader.read_log_dir(run_dir).values()), None)
+    if run_data is None:
         return Inspection(run_dir=run_dir, batch_sizes=[], findings=[])
     return Inspection(
         run_dir=run_dir,
-        batch_sizes=inputs.batch_size.tolist(),
-        findings=analysis.find_inputs(inputs),
+        batch_sizes=run_data.inputs.batch_size.tolist(),
+        findings=analysis.find_run(run_data),
     )

@@ -227,8 +227,43 @@ def list_runs(provider, ctx, experiment_id):
     return {run: mapping[run] for run in sorted(mapping)}
 
 
-def read_inputs(provider, ctx, experiment_id, run, tags_of_run=None):
-    """Reads the inputs family of one run.
+@dataclasses.dataclass
+class RunData:
+    """Every family of one run, as read from the data provider.
+
+    Each stat family (inputs, gradients, variables, ...) has one attribute holding its series
+    dataclass, or None when the run has none of its tags. `samples` keeps the raw decoded
+    samples per tag, `{tag: [(step, numpy value), ...]}` sorted by step, for family builders.
+
+    Attributes:
+      run: the run name.
+      inputs: the `InputsSeries` (empty arrays when the run has no inputs tags).
+      samples: raw samples per readable tag.
+      notes: plain-language problems met while reading (shared by every family).
+    """
+
+    run: str
+    inputs: InputsSeries
+    samples: dict
+    notes: list
+
+
+def _readable_tags(tags_of_run, notes):
+    """Tags whose metadata this version can read; the others get a note."""
+    readable = []
+    for tag, series in tags_of_run.items():
+        try:
+            content = metadata.parse_plugin_content(series.plugin_content)
+        except metadata.UnsupportedSchemaError as error:
+            notes.append(f"Series {tag!r} skipped: {error}")
+            continue
+        if metadata.TAG_KINDS.get(tag) == content.get("kind"):
+            readable.append(tag)
+    return readable
+
+
+def read_run(provider, ctx, experiment_id, run, tags_of_run=None):
+    """Reads every family of one run with a single `read_tensors` call.
 
     Args:
       provider: a TensorBoard `DataProvider`.
@@ -238,7 +273,7 @@ def read_inputs(provider, ctx, experiment_id, run, tags_of_run=None):
       tags_of_run: `{tag: TensorTimeSeries}` of the run if already listed.
 
     Returns:
-      An `InputsSeries`.
+      A `RunData`.
 
     Raises:
       RunNotFoundError: if the run has no data of this plugin.
@@ -250,15 +285,7 @@ def read_inputs(provider, ctx, experiment_id, run, tags_of_run=None):
     if not tags_of_run:
         raise RunNotFoundError(run)
     notes = []
-    readable = []
-    for tag, series in tags_of_run.items():
-        try:
-            content = metadata.parse_plugin_content(series.plugin_content)
-        except metadata.UnsupportedSchemaError as error:
-            notes.append(f"Series {tag!r} skipped: {error}")
-            continue
-        if metadata.TAG_KINDS.get(tag) == content.get("kind"):
-            readable.append(tag)
+    readable = _readable_tags(tags_of_run, notes)
     data = {}
     if readable:
         data = provider.read_tensors(
@@ -268,17 +295,42 @@ def read_inputs(provider, ctx, experiment_id, run, tags_of_run=None):
             downsample=ALL_SAMPLES,
             run_tag_filter=provider_lib.RunTagFilter(runs=[run], tags=readable),
         ).get(run, {})
+    samples = {
+        tag: sorted(
+            ((int(d.step), np.asarray(d.numpy)) for d in data.get(tag, [])), key=lambda p: p[0]
+        )
+        for tag in readable
+    }
+    inputs = inputs_from_samples(run, samples, notes)
+    return RunData(run=run, inputs=inputs, samples=samples, notes=notes)
+
+
+def inputs_from_samples(run, samples, notes):
+    """Builds the `InputsSeries` of a run from its raw samples (see `RunData.samples`)."""
     shape_events = []
     bad = 0
-    for datum in data.get(metadata.TAG_SHAPES, []):
+    for step, value in samples.get(metadata.TAG_SHAPES, []):
         try:
-            shape_events.append(parse_shape_event(datum.step, np.asarray(datum.numpy).item()))
+            shape_events.append(parse_shape_event(step, value.item()))
         except (ValueError, KeyError, TypeError, AttributeError):
             bad += 1
     if bad:
         notes.append(f"{bad} unreadable shapes event(s) skipped.")
-    dense_points = [(d.step, d.numpy) for d in data.get(metadata.TAG_BATCH_SIZE, [])]
-    return build_inputs_series(run, shape_events, dense_points, notes)
+    dense_points = samples.get(metadata.TAG_BATCH_SIZE, [])
+    # The series shares the run's notes list: a note added by any family shows once.
+    series = build_inputs_series(run, shape_events, dense_points)
+    notes.extend(series.notes)
+    series.notes = notes
+    return series
+
+
+def read_inputs(provider, ctx, experiment_id, run, tags_of_run=None):
+    """Reads the inputs family of one run (`read_run(...).inputs`).
+
+    Raises:
+      RunNotFoundError: if the run has no data of this plugin.
+    """
+    return read_run(provider, ctx, experiment_id, run, tags_of_run).inputs
 
 
 def local_provider(logdir):
@@ -309,12 +361,12 @@ def read_log_dir(logdir, run_pattern=None):
       run_pattern: optional shell-style pattern (`fnmatch`) the run names must match.
 
     Returns:
-      A dict `{run: InputsSeries}` sorted by run name.
+      A dict `{run: RunData}` sorted by run name.
     """
     provider, ctx, experiment_id = local_provider(logdir)
     runs = list_runs(provider, ctx, experiment_id)
     return {
-        run: read_inputs(provider, ctx, experiment_id, run, tags)
+        run: read_run(provider, ctx, experiment_id, run, tags)
         for run, tags in runs.items()
         if run_pattern is None or fnmatch.fnmatchcase(run, run_pattern)
     }

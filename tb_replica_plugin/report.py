@@ -22,8 +22,8 @@ class Report:
 
     Attributes:
       logdir: the log directory read.
-      runs: `{run: reader.InputsSeries}`; e.g. `runs["fit/replicas"].batch_size` is an int
-        array [steps, replicas] and `.steps` its step axis.
+      runs: `{run: reader.RunData}`; e.g. `runs["fit/replicas"].inputs.batch_size` is an int
+        array [steps, replicas] and `.inputs.steps` its step axis.
       findings: `{run: [analysis.Finding, ...]}`, most severe first.
     """
 
@@ -38,7 +38,8 @@ class Report:
     def to_json(self):
         """The JSON document of `tb-replica report --json` (schema in README)."""
         runs = []
-        for name, series in self.runs.items():
+        for name, run_data in self.runs.items():
+            series = run_data.inputs
             runs.append(
                 {
                     "run": name,
@@ -54,7 +55,7 @@ class Report:
                         {"step": e["step"], "inputs": e["inputs"]} for e in series.shape_events
                     ],
                     "findings": [f.to_json() for f in self.findings[name]],
-                    "notes": series.notes,
+                    "notes": run_data.notes,
                 }
             )
         findings = self.all_findings()
@@ -70,7 +71,8 @@ class Report:
         lines = [f"tb-replica report: {self.logdir}"]
         if not self.runs:
             lines.append("No replica data found (write some with ReplicaCallback or ReplicaProbe).")
-        for name, series in self.runs.items():
+        for name, run_data in self.runs.items():
+            series = run_data.inputs
             lines.append("")
             steps = (
                 f"steps {int(series.steps[0])}–{int(series.steps[-1])} ({series.steps.size})"
@@ -94,7 +96,7 @@ class Report:
                     lines.append(f"      {entry['name']}: {shapes}{flag}")
             if len(series.shape_events) > 20:
                 lines.append(f"    … {len(series.shape_events) - 20} more changes (see --json)")
-            for note in series.notes:
+            for note in run_data.notes:
                 lines.append(f"  note: {note}")
             findings = self.findings[name]
             if not findings:
@@ -129,7 +131,7 @@ def load(logdir, run=None, thresholds=None):
     Example:
       ```python
       report = tb_replica_plugin.load("logs")
-      series = report.runs["replicas"]
+      series = report.runs["replicas"].inputs
       series.batch_size[:3]          # array([[4, 4], [4, 4], [1, 0]])
       [f.message for f in report.findings["replicas"]]
       ```
@@ -142,5 +144,5 @@ def load(logdir, run=None, thresholds=None):
             raise LogDirError(f"log dir {logdir!r} is not readable")
     runs = reader.read_log_dir(logdir, run)
     thresholds = thresholds or analysis.Thresholds()
-    findings = {name: analysis.find_inputs(series, thresholds) for name, series in runs.items()}
+    findings = {name: analysis.find_run(data, thresholds) for name, data in runs.items()}
     return Report(logdir=logdir, runs=runs, findings=findings)

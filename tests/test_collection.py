@@ -18,7 +18,7 @@ def only_run(logdir):
     report = tb_replica_plugin.load(logdir)
     assert len(report.runs) == 1, list(report.runs)
     (name,) = report.runs
-    return report.runs[name], report.findings[name]
+    return report.runs[name].inputs, report.findings[name]
 
 
 def test_fit_17_examples_batch_8_on_2_replicas(unit_logs):
@@ -84,9 +84,9 @@ def test_dict_inputs_with_different_shapes_are_flagged(unit_logs):
     assert by_name["features"]["mismatch"] is True
     assert by_name["features"]["mismatch_dims"] == [1]
     assert by_name["ids"]["mismatch"] is False
-    assert [(f.kind, f.input, f.replicas, f.count) for f in findings] == [
+    assert [(f.kind, f.name, f.replicas, f.count) for f in findings] == [
         ("shape_mismatch", "features", [0], 2)
-    ] or [(f.kind, f.input, f.count) for f in findings] == [("shape_mismatch", "features", 2)]
+    ] or [(f.kind, f.name, f.count) for f in findings] == [("shape_mismatch", "features", 2)]
     assert "strategy.gather would fail" in findings[0].message
 
 

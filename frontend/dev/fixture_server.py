@@ -50,7 +50,7 @@ def finding(kind, severity, run, first, last, count, replicas, message, view="ba
         "last_step": last,
         "count": count,
         "replicas": replicas,
-        "input": None,
+        "name": None,
         "value": None,
         "threshold": None,
         "message": message,
@@ -111,7 +111,7 @@ def uneven_run():
                 "Replicas disagree on input features/ids at step 2 (dimension 1: 16 vs 12); "
                 "strategy.gather would fail.",
                 view="shapes",
-                input="features/ids",
+                name="features/ids",
             ),
             finding(
                 "uneven_batch",
@@ -136,7 +136,7 @@ def uneven_run():
                 [0, 1],
                 "Replicas disagree on the dtype of input label at step 2 (int32 vs int64).",
                 view="shapes",
-                input="label",
+                name="label",
             ),
         ],
         "notes": [],

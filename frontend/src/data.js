@@ -102,7 +102,7 @@ export async function fetchFindings(run, opts) {
       last_step: toNumber(f.last_step),
       count: toNumber(f.count),
       replicas: list(f.replicas),
-      input: f.input ?? null,
+      name: f.name ?? null,
       value: toNumber(f.value),
       threshold: toNumber(f.threshold),
       message: String(f.message ?? ''),

@@ -32,7 +32,7 @@ export function createFindings(target, { findings, onSelect }) {
     const meta = [
       stepsText(f),
       replicasText(f.replicas),
-      f.input != null ? `input ${f.input}` : null,
+      f.name != null ? `${f.name}` : null,
       f.value != null && !Number.isNaN(f.value) ? `value ${fmt(f.value)}` : null,
     ].filter(Boolean);
     target.append(
