@@ -39,13 +39,13 @@ class EpochTimer:
         return _Timer()
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps-per-epoch", type=int, default=100)
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replicas", type=int, default=4)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import keras
     import numpy as np
@@ -104,6 +104,7 @@ def main():
         },
     }
     print(json.dumps(result, indent=1))
+    return result
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from tb_replica_plugin.collectors import inputs as inputs_collector
 logger = logging.getLogger(__name__)
 
 SOURCES = ("fit", "custom_loop", "inspect_dataset")
+# Slots of the probe's packed int64 counters variable.
+_STEP, _HAS_PREV, _PREV_FP, _LAST_STEP, _WIN_COUNT = range(5)
 
 
 def _local_devices(strategy):
@@ -119,15 +121,16 @@ class ReplicaProbe:
                 "source": self.source,
             }
             with tf.device("/cpu:0"):
+                # Packed so that a step reads and writes each variable once.
                 self._state = {
-                    "step": tf.Variable(0, dtype=tf.int64, trainable=False, name="probe_step"),
-                    "has_prev": tf.Variable(False, trainable=False, name="probe_has_prev"),
-                    "prev_fp": tf.Variable(0, dtype=tf.int64, trainable=False, name="probe_fp"),
-                    "last_step": tf.Variable(-1, dtype=tf.int64, trainable=False),
-                    "last": tf.Variable(tf.zeros([num_replicas], tf.int32), trainable=False),
-                    "win_min": tf.Variable(tf.zeros([num_replicas], tf.int32), trainable=False),
-                    "win_max": tf.Variable(tf.zeros([num_replicas], tf.int32), trainable=False),
-                    "win_count": tf.Variable(0, dtype=tf.int64, trainable=False),
+                    # step counter, has a previous step, its fingerprint, last step, window size
+                    "counters": tf.Variable(
+                        [0, 0, 0, -1, 0], dtype=tf.int64, trainable=False, name="probe_counters"
+                    ),
+                    # rows: batch size at the last step, window minimum, window maximum
+                    "window": tf.Variable(
+                        tf.zeros([3, num_replicas], tf.int32), trainable=False, name="probe_window"
+                    ),
                 }
         return True
 
@@ -148,7 +151,10 @@ class ReplicaProbe:
           step: an int (or int tensor); following calls count up from it.
         """
         if self._build():
-            self._state["step"].assign(tf.cast(step, tf.int64))
+            counters = self._state["counters"]
+            counters.assign(
+                tf.tensor_scatter_nd_update(counters, [[_STEP]], [tf.cast(step, tf.int64)])
+            )
 
     # ---------------------------------------------------------------- recording
 
@@ -211,18 +217,21 @@ class ReplicaProbe:
 
     def _write_inputs(self, stats, step):
         state = self._state
+        counters = state["counters"].read_value()
+        window = state["window"].read_value()
         if step is None:
-            step_value = state["step"].read_value()
-            state["step"].assign_add(1)
+            step_value = counters[_STEP]
+            next_step = step_value + 1
         else:
             step_value = tf.cast(step, tf.int64)
+            next_step = counters[_STEP]
         changed = tf.logical_or(
-            tf.logical_not(state["has_prev"]), tf.not_equal(state["prev_fp"], stats.fingerprint)
+            tf.equal(counters[_HAS_PREV], 0), tf.not_equal(counters[_PREV_FP], stats.fingerprint)
         )
         batch_size = stats.batch_size
-        window_empty = tf.equal(state["win_count"], 0)
-        win_min = tf.where(window_empty, batch_size, tf.minimum(state["win_min"], batch_size))
-        win_max = tf.where(window_empty, batch_size, tf.maximum(state["win_max"], batch_size))
+        window_empty = tf.equal(counters[_WIN_COUNT], 0)
+        win_min = tf.where(window_empty, batch_size, tf.minimum(window[1], batch_size))
+        win_max = tf.where(window_empty, batch_size, tf.maximum(window[2], batch_size))
         static = self._static
         with self._writer.as_default(), tf.summary.record_if(changed):
             tf.summary.write(
@@ -233,19 +242,17 @@ class ReplicaProbe:
             )
         if self.update_freq is None:
             # Host-written only (e.g. at epoch ends): no dense write op in the step's graph.
-            next_count = state["win_count"] + 1
+            next_count = counters[_WIN_COUNT] + 1
         else:
             write_dense = tf.equal(step_value % self.update_freq, 0)
             with tf.summary.record_if(write_dense):
                 self._write_dense(lambda: tf.stack([batch_size, win_min, win_max]), step_value)
-            next_count = tf.where(write_dense, tf.constant(0, tf.int64), state["win_count"] + 1)
-        state["has_prev"].assign(True)
-        state["prev_fp"].assign(stats.fingerprint)
-        state["last"].assign(batch_size)
-        state["last_step"].assign(step_value)
-        state["win_min"].assign(win_min)
-        state["win_max"].assign(win_max)
-        state["win_count"].assign(next_count)
+            next_count = tf.where(write_dense, tf.constant(0, tf.int64), counters[_WIN_COUNT] + 1)
+        one = tf.constant(1, tf.int64)
+        state["counters"].assign(
+            tf.stack([next_step, one, stats.fingerprint, step_value, next_count])
+        )
+        state["window"].assign(tf.stack([batch_size, win_min, win_max]))
 
     def _write_dense(self, value, step):
         """Writes one sample of the dense batch-size series (in-graph or eagerly)."""
@@ -267,14 +274,12 @@ class ReplicaProbe:
         if self._state is None:
             return
         try:
-            state = self._state
-            if int(state["win_count"].numpy()) == 0:
+            counters = self._state["counters"]
+            values = counters.numpy()
+            if int(values[_WIN_COUNT]) == 0:
                 return
-            self._write_dense(
-                tf.stack([state["last"], state["win_min"], state["win_max"]]),
-                state["last_step"].read_value(),
-            )
-            state["win_count"].assign(0)
+            self._write_dense(self._state["window"].read_value(), int(values[_LAST_STEP]))
+            counters.assign(tf.tensor_scatter_nd_update(counters, [[_WIN_COUNT]], [0]))
         except Exception as error:  # noqa: BLE001
             self._warn_once("window", f"tb_replica_plugin: could not write window: {error}")
 

@@ -1,0 +1,129 @@
+"""Frontend speed: time to the first complete render of the tab in headless Chromium.
+
+Writes a synthetic run of R replicas × S steps (this plugin's series at every step, see
+`benchmarks.backend`), serves it with a real `tensorboard --samples_per_plugin replicas=0`, and
+opens the tab's page (`/data/plugin_entry.html?name=replicas`) in Debian's headless Chromium,
+`--repeats` times. For each load it reads two marks the tab sets:
+
+- `render_ms`: from the moment the run's data arrived to the views drawn (`data-render-ms`);
+- `total_ms`: from navigation start to `data-state=ready` (includes the backend requests).
+
+Prints one JSON document with the medians.
+
+    python -m benchmarks.frontend_render [--replicas 64] [--steps 10000] [--repeats 5]
+"""
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_http(url, process, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"tensorboard exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                body = json.loads(response.read())
+                if body.get("runs"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready after {timeout}s")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks.backend import write_synthetic_logdir
+
+    logdir = tempfile.mkdtemp(prefix="tb_replica_frontend_")
+    write_synthetic_logdir(logdir, args.replicas, args.steps, scalars=False)
+    port = _free_port()
+    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    process = subprocess.Popen(
+        [
+            tensorboard,
+            "--logdir",
+            logdir,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast=false",
+            "--samples_per_plugin",
+            "replicas=0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    render_ms, total_ms = [], []
+    try:
+        _wait_http(url + "/data/plugin/replicas/runs", process)
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"]
+            )
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            for _ in range(args.repeats):
+                page.goto(url + "/data/plugin_entry.html?name=replicas", wait_until="load")
+                page.wait_for_function(
+                    "document.body && ['ready', 'error'].includes(document.body.dataset.state)",
+                    timeout=120_000,
+                )
+                state = page.evaluate("document.body.dataset.state")
+                if state != "ready":
+                    raise RuntimeError(f"the tab ended in state {state!r}")
+                marks = page.evaluate(
+                    "({render: +document.body.dataset.renderMs,"
+                    " total: performance.getEntriesByName('replicas:ready').pop().startTime})"
+                )
+                render_ms.append(marks["render"])
+                total_ms.append(marks["total"])
+            browser.close()
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    result = {
+        "benchmark": "frontend_render",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "replicas": args.replicas,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "median_render_ms": round(statistics.median(render_ms), 1),
+        "median_total_ms": round(statistics.median(total_ms), 1),
+    }
+    print(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
