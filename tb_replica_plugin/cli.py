@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import sys
+import types
 
 from tb_replica_plugin import analysis
 
@@ -127,6 +128,19 @@ def _inspect(args):
     return 0
 
 
+def _read_without_tensorflow():
+    """Makes TensorBoard read local event files with its TF stub (saves ~3 s of TF import).
+
+    TensorBoard's event reader uses TensorFlow when it is importable; the presence of the module
+    `tensorboard.compat.notf` tells it to use its own stub, which reads local files. Remote paths
+    (gs://, s3://) keep TensorFlow's file systems.
+    """
+    if "tensorflow" not in sys.modules:
+        sys.modules.setdefault(
+            "tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf")
+        )
+
+
 def main(argv=None):
     """Entry point of the `tb-replica` console script.
 
@@ -140,6 +154,8 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = _build_parser().parse_args(argv)
     if args.command == "report":
+        if "://" not in args.logdir:
+            _read_without_tensorflow()
         return _report(args)
     return _inspect(args)
 

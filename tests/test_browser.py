@@ -138,3 +138,25 @@ def test_tab_shows_every_replica_and_the_imbalance_note(demo_server, browser, tm
     assert "No problems found in this run." in frame.inner_text('[data-view="findings"]')
     assert errors == []
     page.close()
+
+
+def test_clicking_a_finding_zooms_the_charts_to_its_steps(demo_server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.goto(demo_server.url + "/data/plugin_entry.html?name=replicas", wait_until="load")
+    wait_ready(page.main_frame)
+    page.select_option("#run-select", "batch_not_divisible/replicas")
+    wait_ready(page.main_frame)
+    batch = page.locator('section[data-view="batch"]')
+    # Before the click the charts show the whole run: steps 0..11 (3 epochs of 4 steps).
+    assert float(batch.get_attribute("data-zoom-max")) >= 11
+    finding = page.locator('[data-view="findings"] .finding[data-kind="first_batch_uneven"]')
+    assert "The first batch splits unevenly" in finding.inner_text()
+    finding.click()
+    page.wait_for_function(
+        "document.querySelector('section[data-view=\"batch\"]').dataset.zoomMax < 11"
+    )
+    # The finding is at step 0 only: the zoom frames it with a margin of 2 steps.
+    assert float(batch.get_attribute("data-zoom-min")) == 0
+    assert float(batch.get_attribute("data-zoom-max")) == 3
+    assert "flash" in batch.get_attribute("class")
+    page.close()

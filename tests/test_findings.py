@@ -1,0 +1,75 @@
+"""Every demo scenario gives its expected findings and its clean twin none (issue: findings).
+
+The demo is trained once per session by conftest's `demo_logs` (4 replicas, subprocess). Each
+scenario's expected findings are (kind, severity, replicas, first step) — exact values, so a rule
+that stops firing, fires on a clean run or blames the wrong replica fails here.
+"""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+import tb_replica_plugin
+
+# run → sorted [(kind, severity, replicas, first_step)]; an empty list is a clean twin.
+EXPECTED = {
+    "balanced/replicas": [],
+    "empty_last_shard/replicas": [("empty_shard", "warning", [2, 3], 2)],
+    "batch_not_divisible/replicas": [
+        ("first_batch_uneven", "error", [3], 0),
+        ("uneven_batch", "warning", [3], 0),
+    ],
+    "batch_not_divisible/inspect_dataset": [
+        ("first_batch_uneven", "error", [3], 0),
+        ("uneven_batch", "warning", [3], 0),
+    ],
+    "shape_mismatch/replicas": [("shape_mismatch", "error", [2], 0)],
+}
+
+
+@pytest.fixture(scope="module")
+def demo_report(demo_logs):
+    return tb_replica_plugin.load(demo_logs)
+
+
+def test_every_demo_run_is_covered(demo_report):
+    assert sorted(demo_report.runs) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("run", sorted(EXPECTED))
+def test_demo_scenario_gives_its_expected_findings(demo_report, run):
+    found = sorted(
+        (f.kind, f.severity, f.replicas, f.first_step) for f in demo_report.findings[run]
+    )
+    assert found == sorted(EXPECTED[run])
+    for finding in demo_report.findings[run]:
+        assert finding.run == run
+        assert finding.message.endswith(".") and len(finding.message) > 40
+        assert finding.view
+
+
+def _report(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "tb_replica_plugin.cli", "report", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("run", "fail_on", "status"),
+    [
+        ("balanced/*", "info", 0),
+        ("empty_last_shard/*", "error", 0),
+        ("empty_last_shard/*", "warning", 1),
+        ("empty_last_shard/*", "info", 1),
+        ("shape_mismatch/*", "error", 1),
+    ],
+)
+def test_report_exit_status_follows_fail_on(demo_logs, run, fail_on, status):
+    done = _report(demo_logs, "--run", run, "--fail-on", fail_on)
+    assert done.returncode == status, done.stdout + done.stderr
