@@ -34,6 +34,41 @@ class Thresholds:
 
     max_imbalance_ratio: float = 1.0
 
+    @classmethod
+    def from_overrides(cls, overrides):
+        """Thresholds with some fields set from `NAME=VALUE` strings (as `--threshold` gives).
+
+        Args:
+          overrides: iterable of strings such as `"max_imbalance_ratio=1.5"`.
+
+        Returns:
+          A `Thresholds`; fields not named keep their defaults.
+
+        Raises:
+          ValueError: on a malformed pair, an unknown name or a value that is not a number.
+
+        Example:
+          >>> Thresholds.from_overrides(["max_imbalance_ratio=1.5"]).max_imbalance_ratio
+          1.5
+        """
+        fields = {field.name: field for field in dataclasses.fields(cls)}
+        values = {}
+        for override in overrides:
+            name, sep, raw = str(override).partition("=")
+            name = name.strip()
+            if not sep:
+                raise ValueError(f"threshold {override!r} is not NAME=VALUE")
+            if name not in fields:
+                raise ValueError(
+                    f"unknown threshold {name!r}; known thresholds: {', '.join(sorted(fields))}"
+                )
+            kind = float if fields[name].type in (float, "float") else int
+            try:
+                values[name] = kind(raw)
+            except ValueError:
+                raise ValueError(f"threshold {name} needs a number, got {raw!r}") from None
+        return cls(**values)
+
 
 @dataclasses.dataclass
 class Finding:

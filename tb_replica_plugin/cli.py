@@ -1,6 +1,7 @@
 """`tb-replica`: the findings without a browser.
 
     tb-replica report LOGDIR [--json] [--run PATTERN] [--fail-on error|warning|info]
+                      [--threshold NAME=VALUE ...]
     tb-replica inspect MODULE:FUNCTION --logdir LOGDIR [--replicas N] [--steps N]
 
 Exit status: 0 on success, 1 when `--fail-on` is given and a finding at or above that severity
@@ -36,6 +37,13 @@ def _build_parser():
         "--fail-on",
         choices=analysis.SEVERITIES,
         help="exit with status 1 if a finding at or above this severity exists",
+    )
+    report.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a rule threshold (repeatable), e.g. max_imbalance_ratio=1.5",
     )
 
     inspect = commands.add_parser(
@@ -77,7 +85,12 @@ def _report(args):
     from tb_replica_plugin import report as report_lib
 
     try:
-        report = report_lib.load(args.logdir, run=args.run)
+        thresholds = analysis.Thresholds.from_overrides(args.threshold)
+    except ValueError as error:
+        print(f"tb-replica: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        report = report_lib.load(args.logdir, run=args.run, thresholds=thresholds)
     except report_lib.LogDirError as error:
         print(f"tb-replica: error: {error}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ scenario's expected findings are (kind, severity, replicas, first step) — exac
 that stops firing, fires on a clean run or blames the wrong replica fails here.
 """
 
+import json
 import subprocess
 import sys
 
@@ -73,3 +74,28 @@ def _report(*args):
 def test_report_exit_status_follows_fail_on(demo_logs, run, fail_on, status):
     done = _report(demo_logs, "--run", run, "--fail-on", fail_on)
     assert done.returncode == status, done.stdout + done.stderr
+
+
+def test_threshold_override_changes_findings_as_documented(demo_logs):
+    run = "batch_not_divisible/replicas"  # [8, 8, 8, 6]: imbalance 8/6 = 1.33
+    strict = _report(demo_logs, "--run", run, "--json", "--threshold", "max_imbalance_ratio=1.3")
+    loose = _report(demo_logs, "--run", run, "--json", "--threshold", "max_imbalance_ratio=1.34")
+    kinds = [
+        [f["kind"] for f in json.loads(d.stdout)["runs"][0]["findings"]] for d in (strict, loose)
+    ]
+    assert kinds == [["first_batch_uneven", "uneven_batch"], ["first_batch_uneven"]]
+    uneven = json.loads(strict.stdout)["runs"][0]["findings"][1]
+    assert uneven["value"] == pytest.approx(8 / 6) and uneven["threshold"] == 1.3
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("nope=1", "unknown threshold 'nope'; known thresholds: max_imbalance_ratio"),
+        ("max_imbalance_ratio=high", "threshold max_imbalance_ratio needs a number, got 'high'"),
+        ("max_imbalance_ratio", "is not NAME=VALUE"),
+    ],
+)
+def test_bad_threshold_is_refused_with_exit_status_2(demo_logs, override, message):
+    done = _report(demo_logs, "--threshold", override)
+    assert done.returncode == 2 and message in done.stderr
