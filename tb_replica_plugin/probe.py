@@ -39,6 +39,37 @@ def _local_devices(strategy):
     return [f"/job:localhost/replica:0/task:0/device:{kind}:0"]
 
 
+class _DefaultWriter:
+    """`writer.as_default()` for in-graph writes, without the flush on exit.
+
+    `SummaryWriter.as_default()` flushes the writer when the block exits; inside a `tf.function`
+    that is a FlushSummaryWriter op run at EVERY step (a file write per step). The probe's writer
+    flushes on its own (queue full, `flush_millis`) and at `flush`/`close`. This sets TensorFlow's
+    default-writer state directly, falling back to `as_default()` if that state ever moves.
+    """
+
+    def __init__(self, writer):
+        self._writer = writer
+        self._fallback = None
+
+    def __enter__(self):
+        from tensorflow.python.ops import summary_ops_v2
+
+        state = getattr(summary_ops_v2, "_summary_state", None)
+        if state is None or not hasattr(state, "writer"):
+            self._fallback = self._writer.as_default()
+            return self._fallback.__enter__()
+        self._state, self._old = state, state.writer
+        state.writer = self._writer
+        return self._writer
+
+    def __exit__(self, *exc_info):
+        if self._fallback is not None:
+            return self._fallback.__exit__(*exc_info)
+        self._state.writer = self._old
+        return False
+
+
 class ReplicaProbe:
     """Records, per replica and step, what each replica of a `tf.distribute` strategy was fed.
 
@@ -210,7 +241,7 @@ class ReplicaProbe:
                     f"got values for {len(per_replica[0])} replicas, the probe was built for "
                     f"{len(self._static['devices'])}; create the probe with this strategy"
                 )
-            stats = inputs_collector.InputsStats(names, per_replica)
+            stats = inputs_collector.InputsStats(names, per_replica, self._static["devices"])
             self._write_inputs(stats, step)
         except Exception as error:  # noqa: BLE001 - must never break training
             self._warn_inputs_failed(error)
@@ -233,7 +264,7 @@ class ReplicaProbe:
         win_min = tf.where(window_empty, batch_size, tf.minimum(window[1], batch_size))
         win_max = tf.where(window_empty, batch_size, tf.maximum(window[2], batch_size))
         static = self._static
-        with self._writer.as_default(), tf.summary.record_if(changed):
+        with _DefaultWriter(self._writer), tf.summary.record_if(changed):
             tf.summary.write(
                 metadata.TAG_SHAPES,
                 lambda: stats.shapes_json(static),
@@ -256,7 +287,7 @@ class ReplicaProbe:
 
     def _write_dense(self, value, step):
         """Writes one sample of the dense batch-size series (in-graph or eagerly)."""
-        with self._writer.as_default():
+        with _DefaultWriter(self._writer):
             tf.summary.write(
                 metadata.TAG_BATCH_SIZE,
                 value,

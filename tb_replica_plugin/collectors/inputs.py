@@ -77,9 +77,13 @@ def name_fit_batch(data):
 class InputsStats:
     """The inputs family for one step, computed from per-replica leaves in cross-replica context.
 
+    Each replica's shapes are packed into one int64 vector on that replica's device, so a step
+    moves one small tensor per replica to the merge point, whatever the number of inputs.
+
     Args:
       names: input names, one per leaf.
       per_replica_leaves: `per_replica_leaves[l][r]` is the tensor of leaf `l` on replica `r`.
+      devices: optional device of each replica, where its shape vector is computed.
 
     Attributes:
       batch_size: int32 tensor [R], leading dimension of the first leaf of rank >= 1 (0 for a
@@ -87,32 +91,62 @@ class InputsStats:
       fingerprint: int64 scalar tensor, changes whenever any shape or dtype on any replica changes.
     """
 
-    def __init__(self, names, per_replica_leaves):
+    def __init__(self, names, per_replica_leaves, devices=None):
         self.names = list(names)
         self.num_replicas = len(per_replica_leaves[0]) if per_replica_leaves else 0
         self.dtypes = [[t.dtype.name for t in leaf] for leaf in per_replica_leaves]
-        self._shapes = [
-            [tf.shape(t, out_type=tf.int64) for t in leaf] for leaf in per_replica_leaves
+        devices = list(devices or [None] * self.num_replicas)
+        # ranks[r][l]: static rank, or None when only known at run time.
+        self._ranks = [
+            [leaf[r].shape.rank for leaf in per_replica_leaves] for r in range(self.num_replicas)
         ]
+        vectors = []
+        for replica in range(self.num_replicas):
+            with tf.device(devices[replica]):
+                pieces = []
+                for leaf, rank in zip(per_replica_leaves, self._ranks[replica], strict=True):
+                    shape = tf.shape(leaf[replica], out_type=tf.int64)
+                    if rank is None:  # the rank goes in front, so [4, 3] and [43] cannot collide
+                        pieces.append(tf.reshape(tf.size(shape, out_type=tf.int64), [1]))
+                    pieces.append(shape)
+                vectors.append(tf.concat(pieces, axis=0) if pieces else tf.zeros([0], tf.int64))
+        self._vectors = vectors
         self.batch_size = self._batch_size()
         self.fingerprint = self._fingerprint()
 
+    def _leaf_shape(self, replica, leaf):
+        """Shape of one leaf on one replica, sliced from that replica's vector (run-time rank
+        leaves carry their rank in front)."""
+        offset = 0
+        vector = self._vectors[replica]
+        for index, rank in enumerate(self._ranks[replica]):
+            if rank is None:
+                size = vector[offset]
+                if index == leaf:
+                    return vector[offset + 1 : offset + 1 + size]
+                offset = offset + 1 + size
+            else:
+                if index == leaf:
+                    return vector[offset : offset + rank]
+                offset = offset + rank
+        raise IndexError(leaf)
+
     def _batch_size(self):
-        for leaf_shapes in self._shapes:
-            if leaf_shapes and all(s.shape.rank == 1 and s.shape[0] != 0 for s in leaf_shapes):
-                return tf.cast(tf.stack([s[0] for s in leaf_shapes]), tf.int32)
+        for leaf in range(len(self.names)):
+            ranks = [self._ranks[r][leaf] for r in range(self.num_replicas)]
+            if ranks and all(rank is None or rank >= 1 for rank in ranks):
+                # A run-time rank of 0 would make [0] fail; such inputs are rare (scalars).
+                return tf.cast(
+                    tf.stack([self._leaf_shape(r, leaf)[0] for r in range(self.num_replicas)]),
+                    tf.int32,
+                )
         return tf.ones([self.num_replicas], tf.int32)
 
     def _fingerprint(self):
-        static = json.dumps([self.names, self.dtypes]).encode("utf-8")
+        static = json.dumps([self.names, self.dtypes, self._ranks]).encode("utf-8")
         static_hash = int.from_bytes(hashlib.blake2b(static, digest_size=7).digest(), "little")
-        pieces = [tf.constant([static_hash], tf.int64)]
-        for leaf_shapes in self._shapes:
-            for shape in leaf_shapes:
-                # The rank goes in front so that [4, 3] and [43] cannot collide.
-                pieces.append(tf.reshape(tf.size(shape, out_type=tf.int64), [1]))
-                pieces.append(shape)
-        signature = tf.concat(pieces, axis=0)
+        lengths = [tf.reshape(tf.size(v, out_type=tf.int64), [1]) for v in self._vectors]
+        signature = tf.concat([tf.constant([static_hash], tf.int64), *lengths, *self._vectors], 0)
         digest = tf.fingerprint(tf.expand_dims(tf.bitcast(signature, tf.uint8), 0))
         return tf.reshape(tf.bitcast(digest, tf.int64), [])
 
@@ -128,12 +162,11 @@ class InputsStats:
           "shapes": [[4, 3]]}], "devices": [...], ...}`.
         """
         pieces = [json.dumps(static_fields, sort_keys=True)[:-1], ', "inputs": [']
-        for index, (name, dtypes, leaf_shapes) in enumerate(
-            zip(self.names, self.dtypes, self._shapes, strict=True)
-        ):
+        for index, (name, dtypes) in enumerate(zip(self.names, self.dtypes, strict=True)):
             head = json.dumps({"name": name, "dtypes": dtypes})[:-1] + ', "shapes": ['
             pieces.append(("" if index == 0 else ", ") + head)
-            for replica, shape in enumerate(leaf_shapes):
+            for replica in range(self.num_replicas):
+                shape = self._leaf_shape(replica, index)
                 pieces.append("[" if replica == 0 else ", [")
                 pieces.append(tf.strings.reduce_join(tf.strings.as_string(shape), separator=", "))
                 pieces.append("]")
