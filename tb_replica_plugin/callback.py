@@ -92,8 +92,11 @@ class ReplicaCallback(keras.callbacks.Callback):
             self._restore(self.model)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.update_freq == "epoch" and self._probe is not None:
-            self._probe.write_window()
+        if self._probe is not None:
+            if self.update_freq == "epoch":
+                self._probe.flush()  # writes the epoch's window, then flushes the event file
+            else:
+                self._probe.flush_events()
 
     def on_train_end(self, logs=None):
         self._restore(self.model)

@@ -317,6 +317,10 @@ class ReplicaProbe:
     def flush(self):
         """Writes the pending window of the dense series and flushes the event file."""
         self.write_window()
+        self.flush_events()
+
+    def flush_events(self):
+        """Flushes written events to the event file (the training step itself never flushes)."""
         if self._writer is not None:
             try:
                 self._writer.flush()
