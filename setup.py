@@ -14,7 +14,11 @@ setuptools.setup(
     package_data={"tb_replica_plugin": ["static/*", "http_api.md"]},
     python_requires=">=3.11",
     install_requires=["tensorflow>=2.21,<2.22", "tensorboard>=2.21,<2.22", "werkzeug", "numpy"],
-    extras_require={"test": ["pytest", "playwright", "ruff", "hypothesis"]},
+    # tf-keras: the compatibility tests run the callback under Keras 2 too; users need it only
+    # if they train with tf_keras.
+    extras_require={
+        "test": ["pytest", "playwright", "ruff", "hypothesis", "tf-keras>=2.21,<2.22"],
+    },
     entry_points={
         "tensorboard_plugins": ["replicas = tb_replica_plugin.plugin:ReplicasPlugin"],
         "console_scripts": ["tb-replica = tb_replica_plugin.cli:main"],

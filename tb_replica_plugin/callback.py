@@ -4,20 +4,31 @@
 `train_step` (an instance attribute, so subclasses that override `train_step` are wrapped too)
 with a probe call and rebuilds the train function. The wrapped step runs inside `strategy.run`,
 where the batch is the replica's local batch. `on_train_end` restores the model.
+
+One implementation serves Keras 3 and tf_keras (Keras 2): the base class is the `Callback` of the
+Keras that `tf.keras` means in this process, and every call that differs between the two goes
+through `keras_compat` (see there).
 """
 
 import os
 import warnings
 
-import keras
-
+from tb_replica_plugin import keras_compat
 from tb_replica_plugin.collectors import inputs as inputs_collector
 from tb_replica_plugin.probe import ReplicaProbe
 
 UPDATE_FREQ_WORDS = ("batch", "epoch")
+# Set on the model at the end of an instrumented fit: the step the next fit starts from.
+NEXT_STEP_ATTR = "_tb_replica_next_step"
+
+if keras_compat.legacy_keras_selected():
+    _BASES = (keras_compat.callback_base(),)
+else:
+    # Keras 3's base, plus what tf_keras's CallbackList needs (for `import tf_keras` users).
+    _BASES = (keras_compat.TF_KERAS_CALLBACK_HOOKS, keras_compat.callback_base())
 
 
-class ReplicaCallback(keras.callbacks.Callback):
+class ReplicaCallback(*_BASES):
     """Keras callback that records, per replica and step, what each replica of `fit` is fed.
 
     Add it to `model.fit(..., callbacks=[...])` for a model built under a `tf.distribute`
@@ -72,10 +83,19 @@ class ReplicaCallback(keras.callbacks.Callback):
         return self._probe
 
     def on_train_begin(self, logs=None):
+        strategy = self.model.distribute_strategy
+        refusal = keras_compat.strategy_refusal(strategy)
+        if refusal:
+            warnings.warn(
+                f"tb_replica_plugin: ReplicaCallback records nothing in this fit, {refusal}.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
         if self._probe is None:
             self._probe = ReplicaProbe(
                 os.path.join(self.log_dir, self.run_name),
-                strategy=self.model.distribute_strategy,
+                strategy=strategy,
                 update_freq=None if self.update_freq == "epoch" else self.update_freq,
                 source="fit",
             )
@@ -102,16 +122,25 @@ class ReplicaCallback(keras.callbacks.Callback):
         self._restore(self.model)
         if self._probe is not None:
             self._probe.flush()
+            try:
+                next_step = self._probe.next_step()
+                if next_step is not None:
+                    setattr(self.model, NEXT_STEP_ATTR, next_step)
+            except Exception:  # noqa: BLE001 - only keeps the step axis of a next fit
+                pass
 
     # ------------------------------------------------------------------ helpers
 
     def _initial_step(self):
-        """Continues the step count of the optimizer (so a second `fit` continues the axis)."""
-        optimizer = getattr(self.model, "optimizer", None)
-        iterations = getattr(optimizer, "iterations", None)
-        if iterations is None:
-            return 0
-        return int(keras.ops.convert_to_numpy(iterations))
+        """Where this fit's steps start: a second `fit` of the same model continues the axis.
+
+        The optimizer's `iterations` (so that a model restored from a checkpoint continues
+        too), but never below where the last instrumented fit of this model stopped: Keras 3's
+        loss-scale optimizer does not count the overflow steps it skips, so under mixed precision
+        `iterations` falls behind the steps `fit` ran.
+        """
+        iterations = keras_compat.optimizer_iterations(self.model) or 0
+        return max(iterations, getattr(self.model, NEXT_STEP_ATTR, 0))
 
     def _instrument(self, model):
         had_own = "train_step" in model.__dict__

@@ -187,6 +187,16 @@ class ReplicaProbe:
                 tf.tensor_scatter_nd_update(counters, [[_STEP]], [tf.cast(step, tf.int64)])
             )
 
+    def next_step(self):
+        """The step the next `observe_inputs` call without `step=` would record at (host side).
+
+        Returns:
+          An int, or None before the probe is built or after it is closed.
+        """
+        if self._state is None:
+            return None
+        return int(self._state["step"].numpy())
+
     # ---------------------------------------------------------------- recording
 
     def observe_inputs(self, batch, step=None):

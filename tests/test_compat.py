@@ -1,0 +1,186 @@
+"""Compatibility matrix: the same scenarios under Keras 3 (in this process) and tf_keras
+(subprocesses, `tests/compat_scenarios.py`), read back through `tb_replica_plugin.load`.
+
+Each README compatibility-table tick names the test here that backs it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import compat_scenarios
+import pytest
+from conftest import REPO, mirrored
+
+import tb_replica_plugin
+
+FLAVOURS = ("keras3", "tf_keras")
+# What every flavour must record: steps, per-replica batch sizes, input names.
+EXPECTED = {
+    "uneven_last": ([0, 1, 2], [[4, 4], [4, 4], [1, 0]], ["x", "y"]),
+    "multi_io_dataset": (
+        [0, 1],
+        [[4, 4], [4, 4]],
+        ["sample_weight", "x/a", "x/b", "y/out_1", "y/out_2"],
+    ),
+    "class_weight_numpy": ([0, 1], [[4, 4], [2, 2]], ["sample_weight", "x", "y"]),
+    "frozen_generator": ([0, 1, 2], [[3, 3]] * 3, ["x", "y"]),
+    "mixed_precision": ([0, 1, 2, 3], [[4, 4]] * 4, ["x", "y"]),
+    "central_storage": ([0, 1], [[4, 4], [4, 4]], ["x", "y"]),
+    "one_device": ([0, 1], [[8], [4]], ["x", "y"]),
+}
+CPU = "/job:localhost/replica:0/task:0/device:CPU:"
+
+
+def _subprocess_scenarios(logdir, flavour, names):
+    result = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "tests", "compat_scenarios.py"),
+            logdir,
+            "--flavour",
+            flavour,
+            "--scenarios",
+            ",".join(names),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+@pytest.fixture(scope="session")
+def keras3_results(tmp_path_factory):
+    """Keras 3 runs the common scenarios in this process, on the shared 2-replica strategy."""
+    import keras
+    import tensorflow as tf
+
+    logdir = str(tmp_path_factory.mktemp("compat_keras3"))
+    results = compat_scenarios.run(compat_scenarios.COMMON, keras, tf, mirrored(2), logdir)
+    return logdir, results, ""
+
+
+@pytest.fixture(scope="session")
+def tf_keras_results(tmp_path_factory):
+    """tf_keras (`TF_USE_LEGACY_KERAS=1`) runs every scenario in one subprocess."""
+    pytest.importorskip("tf_keras")
+    logdir = str(tmp_path_factory.mktemp("compat_tf_keras"))
+    names = compat_scenarios.COMMON + compat_scenarios.TF_KERAS_ONLY + compat_scenarios.CLUSTER
+    results, stderr = _subprocess_scenarios(logdir, "tf_keras", names)
+    assert results["_meta"]["keras_version"].startswith("2.21"), results["_meta"]
+    return logdir, results, stderr
+
+
+def _load(request, flavour, scenario):
+    logdir, results, stderr = request.getfixturevalue(f"{flavour}_results")
+    outcome = results[scenario]
+    assert "error" not in outcome, f"{scenario} under {flavour}: {outcome['error']}\n{stderr}"
+    report = tb_replica_plugin.load(os.path.join(logdir, scenario))
+    (run,) = report.runs
+    return report.runs[run], report.findings[run], outcome["facts"]
+
+
+def _inputs(series):
+    return [
+        (event["step"], i["name"], i["dtypes"], i["shapes"])
+        for event in series.shape_events
+        for i in event["inputs"]
+    ]
+
+
+@pytest.mark.parametrize("scenario", sorted(EXPECTED))
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_scenario_records_every_replica(request, flavour, scenario):
+    series, _, facts = _load(request, flavour, scenario)
+    steps, batch_size, names = EXPECTED[scenario]
+    assert series.steps.tolist() == steps
+    assert series.batch_size.tolist() == batch_size
+    assert [i["name"] for i in series.shape_events[0]["inputs"]] == names
+    assert series.source == "fit"
+    assert facts["warnings"] == []
+
+
+@pytest.mark.parametrize("scenario", sorted(EXPECTED))
+def test_keras3_and_tf_keras_record_the_same(request, scenario):
+    keras3, keras3_findings, _ = _load(request, "keras3", scenario)
+    tf_keras, tf_keras_findings, _ = _load(request, "tf_keras", scenario)
+    assert keras3.steps.tolist() == tf_keras.steps.tolist()
+    assert keras3.batch_size.tolist() == tf_keras.batch_size.tolist()
+    assert keras3.devices == tf_keras.devices
+    assert _inputs(keras3) == _inputs(tf_keras)
+    assert [(f.kind, f.replicas, f.first_step) for f in keras3_findings] == [
+        (f.kind, f.replicas, f.first_step) for f in tf_keras_findings
+    ]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_strategy_devices(request, flavour):
+    one_device, _, _ = _load(request, flavour, "one_device")
+    assert one_device.devices == [CPU + "1"]
+    central, _, _ = _load(request, flavour, "central_storage")
+    assert central.devices == [CPU + "0", CPU + "1"]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_frozen_layer_stays_frozen(request, flavour):
+    _, _, facts = _load(request, flavour, "frozen_generator")
+    assert facts["frozen_unchanged"] and facts["head_changed"]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_mixed_precision_records_float32_inputs_and_continues_steps(request, flavour):
+    series, _, facts = _load(request, flavour, "mixed_precision")
+    assert {d for _, _, dtypes, _ in _inputs(series) for d in dtypes} == {"float32"}
+    assert facts["compute_dtype"] == "float16"
+    assert facts["loss_scaled"] is True
+    assert facts["loss_scale"] > 1
+    # Where the unscaling happens differs (see keras_compat.OptimizerInfo).
+    assert facts["grads_scaled_at_apply"] is (flavour == "keras3")
+    assert facts["iterations_count_skipped_steps"] is (flavour == "tf_keras")
+    if flavour == "tf_keras":
+        assert facts["iterations"] == 4
+    else:
+        # Skipped overflow steps do not count: the step axis (0-3) cannot follow iterations.
+        assert facts["iterations"] <= 4
+
+
+def test_tf_keras_first_batch_7_on_2_replicas(request):
+    series, findings, facts = _load(request, "tf_keras", "first_batch_7")
+    assert series.batch_size.tolist() == [[4, 3], [4, 3], [1, 0]]
+    assert series.shape_events[0]["inputs"][0]["shapes"] == [[4, 3], [3, 3]]
+    assert [f.kind for f in findings] == ["first_batch_uneven", "uneven_batch", "empty_shard"]
+    assert facts["iterations"] == 3 and facts["warnings"] == []
+
+
+def test_tf_keras_steps_per_execution_2_records_every_step(request):
+    series, findings, facts = _load(request, "tf_keras", "steps_per_execution_2")
+    assert series.steps.tolist() == list(range(10))
+    assert series.batch_size.tolist() == [[2, 2]] * 10
+    assert series.dense_steps.tolist() == list(range(10))  # update_freq=1
+    assert findings == [] and facts["iterations"] == 10
+
+
+def test_tf_keras_parameter_server_refused_with_one_warning_and_trains(request):
+    logdir, results, stderr = request.getfixturevalue("tf_keras_results")
+    outcome = results["parameter_server"]
+    assert "error" not in outcome, outcome["error"] + stderr
+    facts = outcome["facts"]
+    assert facts["iterations"] == 4  # training went on
+    assert len(facts["warnings"]) == 1
+    assert "ParameterServerStrategy" in facts["warnings"][0]
+    assert "not supported" in facts["warnings"][0]
+    assert not facts["run_dir_exists"]
+
+
+def test_tf_keras_imported_directly_without_legacy_env(tmp_path):
+    """`import tf_keras` while `tf.keras` is Keras 3: the callback's Keras 3 base still works."""
+    pytest.importorskip("tf_keras")
+    results, stderr = _subprocess_scenarios(str(tmp_path), "tf_keras_direct", ["uneven_last"])
+    assert "error" not in results["uneven_last"], results["uneven_last"]["error"] + stderr
+    report = tb_replica_plugin.load(str(tmp_path / "uneven_last"))
+    (series,) = report.runs.values()
+    assert series.batch_size.tolist() == [[4, 4], [4, 4], [1, 0]]
