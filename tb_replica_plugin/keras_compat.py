@@ -154,20 +154,32 @@ class OptimizerInfo:
     def __init__(self, optimizer):
         self.optimizer = optimizer
         self.flavour = flavour_of(optimizer)
-        self._scale = _loss_scale_variable(optimizer, self.flavour)
-        self.loss_scaled = self._scale is not None
+        if self.flavour == KERAS_3:
+            self.loss_scaled = hasattr(optimizer, "inner_optimizer") and hasattr(
+                optimizer, "initial_scale"
+            )
+        else:
+            self.loss_scaled = hasattr(optimizer, "get_unscaled_gradients")
         self.grads_scaled_at_apply = self.loss_scaled and self.flavour == KERAS_3
         self.iterations_count_skipped_steps = self.flavour != KERAS_3 or not self.loss_scaled
 
     def loss_scale(self):
         """The current loss scale as a float32 tensor (1.0 without loss scaling).
 
+        Read when called (in-graph in a step): Keras 3 creates `dynamic_scale` only when the
+        optimizer is built and, like its own `scale_loss`, uses `initial_scale` until then.
+
         Returns:
-          A scalar float32 tensor, usable in-graph.
+          A scalar float32 tensor.
         """
-        if self._scale is None:
+        if not self.loss_scaled:
             return tf.constant(1.0, tf.float32)
-        return tf.cast(tf.convert_to_tensor(self._scale), tf.float32)
+        optimizer = self.optimizer
+        if self.flavour == KERAS_3:
+            scale = optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale
+        else:
+            scale = optimizer.loss_scale
+        return tf.cast(tf.convert_to_tensor(scale), tf.float32)
 
     def unscale(self, grads):
         """The local gradients given to `apply_gradients`, without the loss scale.
@@ -182,14 +194,6 @@ class OptimizerInfo:
             return list(grads)
         scale = self.loss_scale()
         return [None if g is None else g / tf.cast(scale, g.dtype) for g in grads]
-
-
-def _loss_scale_variable(optimizer, flavour):
-    if flavour == KERAS_3:
-        return getattr(optimizer, "dynamic_scale", None)
-    if flavour == TF_KERAS and hasattr(optimizer, "get_unscaled_gradients"):
-        return optimizer.loss_scale
-    return None
 
 
 def optimizer_info(optimizer):

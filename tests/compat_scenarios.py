@@ -25,6 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Scenarios every flavour runs, and the ones only tf_keras can run (Keras 3.15 fit fails on them).
 COMMON = (
+    "default_strategy",
     "uneven_last",
     "multi_io_dataset",
     "class_weight_numpy",
@@ -34,6 +35,8 @@ COMMON = (
     "one_device",
 )
 TF_KERAS_ONLY = ("first_batch_7", "steps_per_execution_2")
+# Adapter checks that write no run.
+ADAPTER = ("gradient_hook",)
 # Changes the process's cluster (eager context connected to a server): runs last, on its own.
 CLUSTER = ("parameter_server",)
 FLAVOURS = ("tf_keras", "tf_keras_direct", "keras3")
@@ -256,6 +259,24 @@ def central_storage(keras, tf, strategy, logdir):
     return _fit_facts(model, caught)
 
 
+def default_strategy(keras, tf, strategy, logdir):
+    """No strategy (the default one) with numpy arrays: 20 examples, batch 8 → [8], [8], [4]."""
+    x, y = _xy(20)
+    model = _dense_model(keras, tf.distribute.get_strategy())
+    _, caught = _record(
+        lambda: model.fit(
+            x,
+            y,
+            batch_size=8,
+            epochs=1,
+            verbose=0,
+            shuffle=False,
+            callbacks=[_callback(logdir, "default_strategy")],
+        )
+    )
+    return _fit_facts(model, caught)
+
+
 def one_device(keras, tf, strategy, logdir):
     """`OneDeviceStrategy` on cpu:1 with numpy arrays: 12 examples, batch 8 → [8], [4]."""
     x, y = _xy(12)
@@ -355,6 +376,69 @@ def parameter_server(keras, tf, strategy, logdir):
     return facts
 
 
+def gradient_hook(keras, tf, strategy, logdir):
+    """`keras_compat.wrap_apply_gradients` on a float32 model and its `mixed_float16` twin.
+
+    Same initial weights, same batch of 8 (4 per replica, different data per replica). The hook
+    records each replica's local gradient norm, before the all-reduce and without the loss
+    scale. Facts: both norm pairs, the loss scale and where the unscaling happened.
+    """
+    from tb_replica_plugin import keras_compat
+
+    x, y = _xy(8, seed=3)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    replicas = strategy.num_replicas_in_sync
+    facts = {}
+    weights = None
+    for policy in ("float32", "mixed_float16"):
+        previous = keras.mixed_precision.global_policy()
+        keras.mixed_precision.set_global_policy(policy)
+        try:
+            with strategy.scope():
+                model = keras.Sequential(
+                    [
+                        keras.Input((3,)),
+                        keras.layers.Dense(4),
+                        keras.layers.Dense(1, dtype="float32"),
+                    ]
+                )
+                optimizer = keras.optimizers.SGD(0.01)
+                if policy == "mixed_float16":
+                    # A small initial scale: no overflow step in this one-step test.
+                    optimizer = keras.mixed_precision.LossScaleOptimizer(
+                        optimizer, initial_scale=1024.0
+                    )
+                model.compile(optimizer=optimizer, loss="mse")
+            if weights is None:
+                weights = model.get_weights()
+            else:
+                model.set_weights(weights)
+            with tf.init_scope(), tf.device("/cpu:0"):
+                norms = tf.Variable(tf.zeros([replicas]), trainable=False)
+
+            def record(strategy, norm, norms=norms):
+                values = strategy.experimental_local_results(norm)
+                norms.assign(tf.stack([tf.reshape(v, []) for v in values]))
+
+            def hook(grads, variables, info):
+                norm = tf.linalg.global_norm([tf.cast(g, tf.float32) for g in grads])
+                tf.distribute.get_replica_context().merge_call(record, args=(norm,))
+
+            restore = keras_compat.wrap_apply_gradients(model.optimizer, hook)
+            model.fit(dataset, epochs=1, verbose=0)
+            restore()
+        finally:
+            keras.mixed_precision.set_global_policy(previous)
+        info = keras_compat.optimizer_info(model.optimizer)
+        facts[policy] = {
+            "norms": norms.numpy().tolist(),
+            "loss_scale": float(info.loss_scale().numpy()),
+            "grads_scaled_at_apply": info.grads_scaled_at_apply,
+            "restored": "apply_gradients" not in model.optimizer.__dict__,
+        }
+    return facts
+
+
 SCENARIOS = {
     fn.__name__: fn
     for fn in (
@@ -364,10 +448,12 @@ SCENARIOS = {
         frozen_generator,
         mixed_precision,
         central_storage,
+        default_strategy,
         one_device,
         first_batch_7,
         steps_per_execution_2,
         parameter_server,
+        gradient_hook,
     )
 }
 
@@ -399,7 +485,7 @@ def main():
         "with Keras 3 as tf.keras (ReplicaCallback then derives from Keras 3's Callback); "
         "keras3: Keras 3",
     )
-    parser.add_argument("--scenarios", default=",".join(COMMON + TF_KERAS_ONLY + CLUSTER))
+    parser.add_argument("--scenarios", default=",".join(COMMON + ADAPTER + TF_KERAS_ONLY + CLUSTER))
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.flavour == "tf_keras":

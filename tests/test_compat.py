@@ -18,6 +18,7 @@ import tb_replica_plugin
 FLAVOURS = ("keras3", "tf_keras")
 # What every flavour must record: steps, per-replica batch sizes, input names.
 EXPECTED = {
+    "default_strategy": ([0, 1, 2], [[8], [8], [4]], ["x", "y"]),
     "uneven_last": ([0, 1, 2], [[4, 4], [4, 4], [1, 0]], ["x", "y"]),
     "multi_io_dataset": (
         [0, 1],
@@ -60,7 +61,8 @@ def keras3_results(tmp_path_factory):
     import tensorflow as tf
 
     logdir = str(tmp_path_factory.mktemp("compat_keras3"))
-    results = compat_scenarios.run(compat_scenarios.COMMON, keras, tf, mirrored(2), logdir)
+    names = compat_scenarios.COMMON + compat_scenarios.ADAPTER
+    results = compat_scenarios.run(names, keras, tf, mirrored(2), logdir)
     return logdir, results, ""
 
 
@@ -69,7 +71,12 @@ def tf_keras_results(tmp_path_factory):
     """tf_keras (`TF_USE_LEGACY_KERAS=1`) runs every scenario in one subprocess."""
     pytest.importorskip("tf_keras")
     logdir = str(tmp_path_factory.mktemp("compat_tf_keras"))
-    names = compat_scenarios.COMMON + compat_scenarios.TF_KERAS_ONLY + compat_scenarios.CLUSTER
+    names = (
+        compat_scenarios.COMMON
+        + compat_scenarios.ADAPTER
+        + compat_scenarios.TF_KERAS_ONLY
+        + compat_scenarios.CLUSTER
+    )
     results, stderr = _subprocess_scenarios(logdir, "tf_keras", names)
     assert results["_meta"]["keras_version"].startswith("2.21"), results["_meta"]
     return logdir, results, stderr
@@ -121,6 +128,8 @@ def test_keras3_and_tf_keras_record_the_same(request, scenario):
 def test_strategy_devices(request, flavour):
     one_device, _, _ = _load(request, flavour, "one_device")
     assert one_device.devices == [CPU + "1"]
+    default, _, _ = _load(request, flavour, "default_strategy")
+    assert default.devices == [CPU + "0"]
     central, _, _ = _load(request, flavour, "central_storage")
     assert central.devices == [CPU + "0", CPU + "1"]
 
@@ -146,6 +155,21 @@ def test_mixed_precision_records_float32_inputs_and_continues_steps(request, fla
     else:
         # Skipped overflow steps do not count: the step axis (0-3) cannot follow iterations.
         assert facts["iterations"] <= 4
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_gradient_hook_gets_local_unscaled_gradients(request, flavour):
+    """The adapter gradient collectors build on: per-replica local norms, loss scale removed."""
+    _, results, stderr = request.getfixturevalue(f"{flavour}_results")
+    outcome = results["gradient_hook"]
+    assert "error" not in outcome, outcome["error"] + stderr
+    float32, mixed = outcome["facts"]["float32"], outcome["facts"]["mixed_float16"]
+    assert mixed["loss_scale"] == 1024.0 and float32["loss_scale"] == 1.0
+    assert mixed["grads_scaled_at_apply"] is (flavour == "keras3")
+    # Local, before the all-reduce: each replica has its own norm.
+    assert abs(float32["norms"][0] - float32["norms"][1]) > 0.1
+    assert mixed["norms"] == pytest.approx(float32["norms"], rel=1e-2)
+    assert float32["restored"] and mixed["restored"]
 
 
 def test_tf_keras_first_batch_7_on_2_replicas(request):
