@@ -195,7 +195,7 @@ class ReplicaProbe:
         """
         if self._state is None:
             return None
-        return int(self._state["step"].numpy())
+        return int(self._state["counters"][_STEP].numpy())
 
     # ---------------------------------------------------------------- recording
 

@@ -167,8 +167,11 @@ def frozen_generator(keras, tf, strategy, logdir):
     """
 
     def batches():
-        for step in range(3):
-            x, y = _xy(6, seed=10 + step)
+        # Endless, as Keras expects with `steps_per_epoch`: Keras 3 may read ahead of the steps.
+        step = 0
+        while True:
+            x, y = _xy(6, seed=10 + step % 3)
+            step += 1
             yield x, y
 
     with strategy.scope():

@@ -88,7 +88,7 @@ def _load(request, flavour, scenario):
     assert "error" not in outcome, f"{scenario} under {flavour}: {outcome['error']}\n{stderr}"
     report = tb_replica_plugin.load(os.path.join(logdir, scenario))
     (run,) = report.runs
-    return report.runs[run], report.findings[run], outcome["facts"]
+    return report.runs[run].inputs, report.findings[run], outcome["facts"]
 
 
 def _inputs(series):
@@ -138,6 +138,7 @@ def test_strategy_devices(request, flavour):
 def test_frozen_layer_stays_frozen(request, flavour):
     _, _, facts = _load(request, flavour, "frozen_generator")
     assert facts["frozen_unchanged"] and facts["head_changed"]
+    assert facts["iterations"] == 3
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
@@ -206,5 +207,5 @@ def test_tf_keras_imported_directly_without_legacy_env(tmp_path):
     results, stderr = _subprocess_scenarios(str(tmp_path), "tf_keras_direct", ["uneven_last"])
     assert "error" not in results["uneven_last"], results["uneven_last"]["error"] + stderr
     report = tb_replica_plugin.load(str(tmp_path / "uneven_last"))
-    (series,) = report.runs.values()
-    assert series.batch_size.tolist() == [[4, 4], [4, 4], [1, 0]]
+    (data,) = report.runs.values()
+    assert data.inputs.batch_size.tolist() == [[4, 4], [4, 4], [1, 0]]
