@@ -25,7 +25,7 @@ if keras_compat.legacy_keras_selected():
     _BASES = (keras_compat.callback_base(),)
 else:
     # Keras 3's base, plus what tf_keras's CallbackList needs (for `import tf_keras` users).
-    _BASES = (keras_compat.TF_KERAS_CALLBACK_HOOKS, keras_compat.callback_base())
+    _BASES = (keras_compat.TfKerasCallbackHooks, keras_compat.callback_base())
 
 
 class ReplicaCallback(*_BASES):
@@ -35,6 +35,10 @@ class ReplicaCallback(*_BASES):
     strategy (or none). For every training step and every replica it records the batch size and
     the shape and dtype of every input leaf (x, y, sample weights; nested dicts and tuples), to
     the TensorBoard run `log_dir/run_name`, shown by the "Replicas" tab.
+
+    Works with Keras 3 and tf_keras models alike (README, "Compatibility"). Under a strategy it
+    cannot instrument (`ParameterServerStrategy`, `TPUStrategy`) it warns once at
+    `on_train_begin` and records nothing; training goes on.
 
     Args:
       log_dir: the log directory, as for `keras.callbacks.TensorBoard` (the same one may be

@@ -4,7 +4,7 @@ The callback and the collectors are written once; this module answers the questi
 depends on the Keras flavour or on the strategy:
 
 - which `Callback` base class `ReplicaCallback` derives from (`callback_base`), and what it needs
-  so that the *other* flavour's `fit` accepts it too (`TF_KERAS_CALLBACK_HOOKS`);
+  so that the *other* flavour's `fit` accepts it too (`TfKerasCallbackHooks`);
 - reading a Keras or TensorFlow variable as a Python int (`read_int`);
 - which optimizer entry point runs in replica context with the *local* gradients, whether those
   gradients are still loss-scaled there, and how `optimizer.iterations` moves on a skipped
@@ -58,7 +58,7 @@ def callback_base():
     return keras_module().callbacks.Callback
 
 
-class TF_KERAS_CALLBACK_HOOKS:  # noqa: N801 - a mixin named as the flavour it serves
+class TfKerasCallbackHooks:
     """What tf_keras's `CallbackList` asks of every callback that a Keras 3 `Callback` lacks.
 
     Mixed into `ReplicaCallback` so that a callback built on Keras 3's base (no
