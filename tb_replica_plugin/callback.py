@@ -21,14 +21,8 @@ UPDATE_FREQ_WORDS = ("batch", "epoch")
 # Set on the model at the end of an instrumented fit: the step the next fit starts from.
 NEXT_STEP_ATTR = "_tb_replica_next_step"
 
-if keras_compat.legacy_keras_selected():
-    _BASES = (keras_compat.callback_base(),)
-else:
-    # Keras 3's base, plus what tf_keras's CallbackList needs (for `import tf_keras` users).
-    _BASES = (keras_compat.TfKerasCallbackHooks, keras_compat.callback_base())
 
-
-class ReplicaCallback(*_BASES):
+class ReplicaCallback(*keras_compat.callback_bases()):
     """Keras callback that records, per replica and step, what each replica of `fit` is fed.
 
     Add it to `model.fit(..., callbacks=[...])` for a model built under a `tf.distribute`

@@ -3,7 +3,7 @@
 The callback and the collectors are written once; this module answers the questions whose answer
 depends on the Keras flavour or on the strategy:
 
-- which `Callback` base class `ReplicaCallback` derives from (`callback_base`), and what it needs
+- which `Callback` base class `ReplicaCallback` derives from (`callback_bases`), and what it needs
   so that the *other* flavour's `fit` accepts it too (`TfKerasCallbackHooks`);
 - reading a Keras or TensorFlow variable as a Python int (`read_int`);
 - which optimizer entry point runs in replica context with the *local* gradients, whether those
@@ -37,25 +37,35 @@ def legacy_keras_selected():
 def keras_module():
     """The Keras package `tf.keras` resolves to: `tf_keras` or Keras 3 (`keras`).
 
+    Unlike `tf.keras`, falls back to Keras 3 when `TF_USE_LEGACY_KERAS` asks for `tf_keras` but
+    it is not installed (a user training with `import keras` then still gets a callback).
+
     Returns:
       The imported module.
     """
     if legacy_keras_selected():
-        import tf_keras
+        try:
+            import tf_keras
 
-        return tf_keras
+            return tf_keras
+        except ImportError:
+            pass
     import keras
 
     return keras
 
 
-def callback_base():
-    """The `Callback` class `ReplicaCallback` derives from: that of the selected flavour.
+def callback_bases():
+    """The base classes of `ReplicaCallback`: the selected flavour's `Callback`, and, on Keras 3,
+    `TfKerasCallbackHooks` so that tf_keras's `fit` accepts it too.
 
     Returns:
-      `tf_keras.callbacks.Callback` or `keras.callbacks.Callback`.
+      A tuple of classes.
     """
-    return keras_module().callbacks.Callback
+    module = keras_module()
+    if module.__name__ == "tf_keras":
+        return (module.callbacks.Callback,)
+    return (TfKerasCallbackHooks, module.callbacks.Callback)
 
 
 class TfKerasCallbackHooks:
