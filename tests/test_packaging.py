@@ -21,7 +21,9 @@ def pip(venv, *args):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_pip_install_into_fresh_venv_serves_plugin(tmp_path, unit_logs):
+def test_pip_install_into_fresh_venv_serves_plugin(tmp_path, unit_logs, monkeypatch):
+    # The installed copy must be what runs, not a checkout on PYTHONPATH.
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     source = tmp_path / "src"
     shutil.copytree(
         REPO,
