@@ -8,6 +8,12 @@ where the batch is the replica's local batch. `on_train_end` restores the model.
 One implementation serves Keras 3 and tf_keras (Keras 2): the base class is the `Callback` of the
 Keras that `tf.keras` means in this process, and every call that differs between the two goes
 through `keras_compat` (see there).
+
+`fit` does not call `on_train_end` when it raises (an error in a step, KeyboardInterrupt, another
+callback raising), so the model is restored on two more paths: the rebuilt train function is
+wrapped so that any exception escaping a step restores the model and flushes before it
+propagates, and the model's `make_train_function` is wrapped so that the next `fit` (or
+`train_on_batch`) after a failure gets the original train function back before it starts.
 """
 
 import os
@@ -15,7 +21,7 @@ import warnings
 
 from tb_replica_plugin import keras_compat
 from tb_replica_plugin.collectors import inputs as inputs_collector
-from tb_replica_plugin.probe import ReplicaProbe
+from tb_replica_plugin.probe import DEFAULT_FLUSH_SECS, ReplicaProbe
 
 UPDATE_FREQ_WORDS = ("batch", "epoch")
 # Set on the model at the end of an instrumented fit: the step the next fit starts from.
@@ -42,9 +48,16 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         batch-size series is written (every epoch end, every step, every N steps). Shape and
         dtype changes, and so every odd batch, are written at the step they happen whatever this
         is; the dense series keeps the per-window minimum and maximum of every replica.
+      flush_secs: seconds between background flushes of the event file (default 5). The file
+        is also flushed at every epoch end, at the end of training and when `fit` raises.
+
+    Nothing here can stop training: a failure to trace the collectors, to create or write the log
+    dir (unwritable, removed while training, full disk) warns once (`RuntimeWarning`) and
+    recording stops; the model is restored even when `fit` raises.
 
     Raises:
-      ValueError: if `update_freq` is not "epoch", "batch" or a positive integer.
+      ValueError: if `update_freq` is not "epoch", "batch" or a positive integer, or `flush_secs`
+        is not a positive number.
 
     Example:
       ```python
@@ -58,7 +71,13 @@ class ReplicaCallback(*keras_compat.callback_bases()):
       ```
     """
 
-    def __init__(self, log_dir="logs", run_name="replicas", update_freq="epoch"):
+    def __init__(
+        self,
+        log_dir="logs",
+        run_name="replicas",
+        update_freq="epoch",
+        flush_secs=DEFAULT_FLUSH_SECS,
+    ):
         super().__init__()
         if update_freq == "batch":
             update_freq = 1
@@ -72,6 +91,13 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         self.log_dir = os.fspath(log_dir)
         self.run_name = run_name
         self.update_freq = update_freq
+        if (
+            isinstance(flush_secs, bool)
+            or not isinstance(flush_secs, (int, float))
+            or not (flush_secs > 0)
+        ):
+            raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
+        self.flush_secs = flush_secs
         self._probe = None
         self._patched = None
 
@@ -96,6 +122,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                 strategy=strategy,
                 update_freq=None if self.update_freq == "epoch" else self.update_freq,
                 source="fit",
+                flush_secs=self.flush_secs,
             )
         try:
             self._probe.set_step(self._initial_step())
@@ -112,9 +139,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
     def on_epoch_end(self, epoch, logs=None):
         if self._probe is not None:
             if self.update_freq == "epoch":
-                self._probe.flush()  # writes the epoch's window, then flushes the event file
-            else:
-                self._probe.flush_events()
+                self._probe.write_window()
+            self._probe.flush()
 
     def on_train_end(self, logs=None):
         self._restore(self.model)
@@ -126,6 +152,14 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                     setattr(self.model, NEXT_STEP_ATTR, next_step)
             except Exception:  # noqa: BLE001 - only keeps the step axis of a next fit
                 pass
+
+    def _fit_failed(self, model):
+        """An exception escapes a train step: restore the model, write what was recorded."""
+        try:
+            self._restore(model)
+        finally:
+            if self._probe is not None:
+                self._probe.flush()
 
     # ------------------------------------------------------------------ helpers
 
@@ -146,7 +180,12 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         probe = self._probe
 
         def train_step(data):
-            probe.observe_inputs(inputs_collector.name_fit_batch(data))
+            try:
+                batch = inputs_collector.name_fit_batch(data)
+            except Exception as error:  # noqa: BLE001 - never break the training it watches
+                probe._warn_inputs_failed(error)  # noqa: SLF001 - the probe's one warning
+            else:
+                probe.observe_inputs(batch)
             return original(data)
 
         self._patched = (had_own, model.__dict__.get("train_step"), model.jit_compile)
@@ -160,12 +199,33 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             model.jit_compile = False
         model.train_step = train_step
         model.make_train_function(force=True)
+        instrumented = model.train_function
+
+        def train_function(*args, **kwargs):
+            try:
+                return instrumented(*args, **kwargs)
+            except BaseException:  # KeyboardInterrupt too; the exception goes on unchanged
+                self._fit_failed(model)
+                raise
+
+        model.train_function = train_function
+
+        def make_train_function(force=False):
+            # Only a new fit/train_on_batch asks for a train function while this one is in place
+            # (this fit asked before on_train_begin): the previous fit did not end normally.
+            self._restore(model)
+            if self._probe is not None:
+                self._probe.flush()
+            return model.make_train_function(force=force)
+
+        model.make_train_function = make_train_function
 
     def _restore(self, model):
         if self._patched is None:
             return
         had_own, own_step, jit_compile = self._patched
         self._patched = None
+        model.__dict__.pop("make_train_function", None)
         if had_own:
             model.train_step = own_step
         else:

@@ -7,12 +7,26 @@ The probe is the one place that turns per-replica values into summaries:
 
 Everything runs in the graph of the training step; the host is not synchronised at any step.
 `ReplicaCallback` uses a probe for Keras `fit`; custom loops use it directly.
+
+Reliability (README, "Reliability"): nothing in the step's graph touches the event file. In-graph
+writes only queue events in the writer (they are gated by a `recording` variable, and the writer
+is created so that it never flushes by itself); the file is written by host-side flushes: a
+background thread every `flush_secs`, `write_window`/`flush`/`close`, the callback's epoch and
+train ends, a failing train step, and interpreter exit. So a full disk, a removed log dir or any
+other I/O error surfaces on the host, where it is caught, warned about once, and turns recording
+off; it can never fail a training step.
 """
 
+import atexit
+import contextlib
 import functools
 import logging
 import os
+import re
+import threading
+import time
 import warnings
+import weakref
 
 import tensorflow as tf
 
@@ -24,6 +38,76 @@ logger = logging.getLogger(__name__)
 SOURCES = ("fit", "custom_loop", "inspect_dataset")
 # Slots of the probe's packed int64 counters variable.
 _STEP, _HAS_PREV, _PREV_FP, _LAST_STEP, _WIN_COUNT = range(5)
+
+# Default seconds between background flushes: at most this much recorded data is lost when the
+# process is killed (SIGKILL, OOM killer) without running any Python.
+DEFAULT_FLUSH_SECS = 5.0
+# The writer never flushes from inside the step's graph (where an I/O error would fail the step):
+# the queue is emptied by host-side flushes only. The queue bound is a memory guard reached only if
+# the host stops flushing (about 100 bytes per event).
+_MAX_QUEUE = 1_000_000
+_NEVER_FLUSH_MILLIS = 2**31 - 1
+
+
+class _Flusher:
+    """One daemon thread that flushes every live probe's writer every `flush_secs`.
+
+    Probes are held by weak reference, so a forgotten probe is still collected. `atexit` stops
+    the thread and flushes every live probe before the interpreter shuts down.
+    """
+
+    def __init__(self):
+        self._probes = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread = None
+
+    def register(self, probe):
+        with self._lock:
+            if self._stopped:
+                return
+            self._probes.add(probe)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="tb_replica_plugin-flush", daemon=True
+                )
+                self._thread.start()
+                atexit.register(self.stop)
+        self._wake.set()  # re-plan with this probe's interval
+
+    def unregister(self, probe):
+        with self._lock:
+            self._probes.discard(probe)
+
+    def _run(self):
+        while True:
+            self._wake.clear()
+            with self._lock:
+                if self._stopped:
+                    return
+                probes = list(self._probes)
+            now = time.monotonic()
+            wait = 1.0
+            for probe in probes:
+                wait = min(wait, probe._flush_if_due(now))
+            del probes
+            self._wake.wait(max(wait, 0.01))
+
+    def stop(self):
+        """Stops the thread and flushes every live probe (registered with `atexit`)."""
+        with self._lock:
+            self._stopped = True
+            probes = list(self._probes)
+            thread = self._thread
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout=10)
+        for probe in probes:
+            probe.flush()
+
+
+_FLUSHER = _Flusher()
 
 
 def _local_devices(strategy):
@@ -39,43 +123,16 @@ def _local_devices(strategy):
     return [f"/job:localhost/replica:0/task:0/device:{kind}:0"]
 
 
-class _DefaultWriter:
-    """`writer.as_default()` for in-graph writes, without the flush on exit.
-
-    `SummaryWriter.as_default()` flushes the writer when the block exits; inside a `tf.function`
-    that is a FlushSummaryWriter op run at EVERY step (a file write per step). The probe's writer
-    flushes on its own (queue full, `flush_millis`) and at `flush`/`close`. This sets TensorFlow's
-    default-writer state directly, falling back to `as_default()` if that state ever moves.
-    """
-
-    def __init__(self, writer):
-        self._writer = writer
-        self._fallback = None
-
-    def __enter__(self):
-        from tensorflow.python.ops import summary_ops_v2
-
-        state = getattr(summary_ops_v2, "_summary_state", None)
-        if state is None or not hasattr(state, "writer"):
-            self._fallback = self._writer.as_default()
-            return self._fallback.__enter__()
-        self._state, self._old = state, state.writer
-        state.writer = self._writer
-        return self._writer
-
-    def __exit__(self, *exc_info):
-        if self._fallback is not None:
-            return self._fallback.__exit__(*exc_info)
-        self._state.writer = self._old
-        return False
-
-
 class ReplicaProbe:
     """Records, per replica and step, what each replica of a `tf.distribute` strategy was fed.
 
     Use it in a custom training loop, inside the function given to `strategy.run` (replica
     context) or on the per-replica values after it (cross-replica context). Works eagerly and
     inside `tf.function`. Summaries go to `log_dir` (one TensorBoard run).
+
+    Failures never reach the training step: an exception while tracing the collectors, a log dir
+    that cannot be created, removed while training or on a full disk each warn once
+    (`RuntimeWarning`) and stop recording; training goes on.
 
     Args:
       log_dir: directory of the run to write, e.g. `"logs/replicas"`.
@@ -87,10 +144,13 @@ class ReplicaProbe:
         this is, and the dense series keeps per-window minima and maxima.
       source: what drives the probe, stored with the data: "custom_loop" (default), "fit" or
         "inspect_dataset".
+      flush_secs: seconds between background flushes of the event file (default 5): a process
+        killed without running Python (SIGKILL) loses at most the data recorded in this
+        interval. `flush` and `close` write everything at once.
 
     Raises:
-      ValueError: if `update_freq` or `source` is invalid (raised at construction, never during
-        training).
+      ValueError: if `update_freq`, `source` or `flush_secs` is invalid (raised at
+        construction, never during training).
 
     Example:
       ```python
@@ -109,7 +169,14 @@ class ReplicaProbe:
       ```
     """
 
-    def __init__(self, log_dir, strategy=None, update_freq=100, source="custom_loop"):
+    def __init__(
+        self,
+        log_dir,
+        strategy=None,
+        update_freq=100,
+        source="custom_loop",
+        flush_secs=DEFAULT_FLUSH_SECS,
+    ):
         if update_freq is not None and (
             isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1
         ):
@@ -118,14 +185,24 @@ class ReplicaProbe:
             )
         if source not in SOURCES:
             raise ValueError(f"`source` must be one of {SOURCES}. Received: {source!r}")
+        if (
+            isinstance(flush_secs, bool)
+            or not isinstance(flush_secs, (int, float))
+            or not flush_secs > 0
+        ):
+            raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
         self.log_dir = os.fspath(log_dir)
         self.update_freq = update_freq
         self.source = source
+        self.flush_secs = float(flush_secs)
         self._strategy = strategy
         self._writer = None
         self._state = None
         self._disabled_reason = None
         self._warned = set()
+        self._lock = threading.RLock()  # host-side writer use (main and flush threads)
+        self._next_flush = 0.0
+        self._dir_identity = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -139,7 +216,11 @@ class ReplicaProbe:
             return self._state is not None
         with tf.init_scope():
             try:
-                self._writer = tf.summary.create_file_writer(self.log_dir)
+                self._writer = tf.summary.create_file_writer(
+                    self.log_dir, max_queue=_MAX_QUEUE, flush_millis=_NEVER_FLUSH_MILLIS
+                )
+                self._writer.flush()  # creates the event file now: unwritable dirs fail here
+                self._dir_identity = _dir_identity(self.log_dir)
             except Exception as error:  # noqa: BLE001 - any failure must not stop training
                 self._disable(f"cannot write summaries to {self.log_dir!r}: {error}")
                 return False
@@ -162,12 +243,32 @@ class ReplicaProbe:
                     "window": tf.Variable(
                         tf.zeros([3, num_replicas], tf.int32), trainable=False, name="probe_window"
                     ),
+                    # Gates every in-graph write: False once recording is disabled. Its own
+                    # variable: the host may turn it off while a step runs (counters are
+                    # rewritten by every step).
+                    "recording": tf.Variable(True, trainable=False, name="probe_recording"),
                 }
+        self._next_flush = time.monotonic() + self.flush_secs
+        _FLUSHER.register(self)
         return True
 
     def _disable(self, reason):
-        self._disabled_reason = reason
-        self._warn_once("disabled", f"tb_replica_plugin: recording disabled, {reason}")
+        """Turns recording off for good (in-graph writes too) and warns once."""
+        with self._lock:
+            self._disabled_reason = self._disabled_reason or reason
+            if self._state is not None:
+                with contextlib.suppress(Exception):
+                    self._state["recording"].assign(False)
+        _FLUSHER.unregister(self)
+        self._warn_once(
+            "disabled",
+            f"tb_replica_plugin: recording stopped, training goes on without it: {reason}",
+        )
+
+    @property
+    def disabled_reason(self):
+        """Why recording stopped (None while recording; set by `close` too)."""
+        return self._disabled_reason
 
     def _warn_once(self, key, message):
         if key not in self._warned:
@@ -274,20 +375,26 @@ class ReplicaProbe:
         win_min = tf.where(window_empty, batch_size, tf.minimum(window[1], batch_size))
         win_max = tf.where(window_empty, batch_size, tf.maximum(window[2], batch_size))
         static = self._static
-        with _DefaultWriter(self._writer), tf.summary.record_if(changed):
-            tf.summary.write(
-                metadata.TAG_SHAPES,
-                lambda: stats.shapes_json(static),
-                step=step_value,
-                metadata=metadata.create_summary_metadata(metadata.KIND_SHAPES),
-            )
+        recording = state["recording"].read_value()
+        self._write(
+            tf.logical_and(changed, recording),
+            metadata.TAG_SHAPES,
+            lambda: stats.shapes_json(static),
+            step_value,
+            metadata.KIND_SHAPES,
+        )
         if self.update_freq is None:
             # Host-written only (e.g. at epoch ends): no dense write op in the step's graph.
             next_count = counters[_WIN_COUNT] + 1
         else:
             write_dense = tf.equal(step_value % self.update_freq, 0)
-            with tf.summary.record_if(write_dense):
-                self._write_dense(lambda: tf.stack([batch_size, win_min, win_max]), step_value)
+            self._write(
+                tf.logical_and(write_dense, recording),
+                metadata.TAG_BATCH_SIZE,
+                lambda: tf.stack([batch_size, win_min, win_max]),
+                step_value,
+                metadata.KIND_BATCH_SIZE,
+            )
             next_count = tf.where(write_dense, tf.constant(0, tf.int64), counters[_WIN_COUNT] + 1)
         one = tf.constant(1, tf.int64)
         state["counters"].assign(
@@ -295,15 +402,28 @@ class ReplicaProbe:
         )
         state["window"].assign(tf.stack([batch_size, win_min, win_max]))
 
-    def _write_dense(self, value, step):
-        """Writes one sample of the dense batch-size series (in-graph or eagerly)."""
-        with _DefaultWriter(self._writer):
-            tf.summary.write(
-                metadata.TAG_BATCH_SIZE,
-                value,
-                step=step,
-                metadata=metadata.create_summary_metadata(metadata.KIND_BATCH_SIZE),
-            )
+    def _write(self, condition, tag, value_fn, step, kind):
+        """Queues one summary in the writer when `condition` holds (in-graph or eagerly).
+
+        `tf.summary.write` inside `writer.as_default()` would add a flush op to the step's graph
+        on exit, and so an I/O error (full disk, removed directory) would fail the training step.
+        The raw `WriteSummary` op only queues the event; host-side flushes write the file.
+        """
+        serialized = metadata.create_summary_metadata(kind).SerializeToString()
+        resource = self._writer._resource  # noqa: SLF001 - the writer's resource handle
+
+        def write():
+            with tf.device("/cpu:0"):
+                tf.raw_ops.WriteSummary(
+                    writer=resource,
+                    step=tf.cast(step, tf.int64),
+                    tensor=tf.convert_to_tensor(value_fn()),
+                    tag=tag,
+                    summary_metadata=serialized,
+                )
+            return tf.constant(True)
+
+        return tf.cond(condition, write, lambda: tf.constant(False))
 
     # ------------------------------------------------------------- host side
 
@@ -312,44 +432,101 @@ class ReplicaProbe:
 
         Called by `flush`/`close` and by `ReplicaCallback` at each epoch end. Host side (eager).
         """
-        if self._state is None:
-            return
-        try:
-            counters = self._state["counters"]
-            values = counters.numpy()
-            if int(values[_WIN_COUNT]) == 0:
+        with self._lock:
+            if self._state is None or self._disabled_reason:
                 return
-            self._write_dense(self._state["window"].read_value(), int(values[_LAST_STEP]))
-            counters.assign(tf.tensor_scatter_nd_update(counters, [[_WIN_COUNT]], [0]))
-        except Exception as error:  # noqa: BLE001
-            self._warn_once("window", f"tb_replica_plugin: could not write window: {error}")
+            try:
+                counters = self._state["counters"]
+                values = counters.numpy()
+                if int(values[_WIN_COUNT]) == 0:
+                    return
+                window = self._state["window"]
+                with tf.init_scope():
+                    self._write(
+                        tf.constant(True),
+                        metadata.TAG_BATCH_SIZE,
+                        window.read_value,
+                        int(values[_LAST_STEP]),
+                        metadata.KIND_BATCH_SIZE,
+                    )
+                counters.assign(tf.tensor_scatter_nd_update(counters, [[_WIN_COUNT]], [0]))
+            except Exception as error:  # noqa: BLE001
+                self._disable(f"could not write the batch-size window: {error}")
 
     def flush(self):
-        """Writes the pending window of the dense series and flushes the event file."""
-        self.write_window()
-        self.flush_events()
+        """Writes the pending window of the dense series and flushes the event file.
 
-    def flush_events(self):
-        """Flushes written events to the event file (the training step itself never flushes)."""
-        if self._writer is not None:
+        Safe to call at any time, from any thread; a failure warns once and stops recording.
+        """
+        self.write_window()
+        with self._lock:
+            self._flush_writer()
+
+    def _flush_writer(self):
+        """Flushes the event file (lock held); disables recording on any failure."""
+        if self._writer is None or self._disabled_reason:
+            return
+        self._next_flush = time.monotonic() + self.flush_secs
+        if self._dir_identity is not None and _dir_identity(self.log_dir) != self._dir_identity:
+            self._disable(
+                f"the log dir {self.log_dir!r} was removed or replaced while training; summaries "
+                "written since the last flush are lost"
+            )
+            return
+        try:
+            self._writer.flush()
+        except Exception as error:  # noqa: BLE001 - full disk, I/O error, closed writer...
+            self._disable(
+                f"could not write summaries to {self.log_dir!r}: {type(error).__name__}: "
+                f"{_first_line(error)}"
+            )
+
+    def _flush_if_due(self, now):
+        """Called by the flush thread: flushes when due, returns seconds until the next one."""
+        # Never block the flush thread behind a long host-side operation of the main thread.
+        if now >= self._next_flush and self._lock.acquire(timeout=0.1):
             try:
-                self._writer.flush()
-            except Exception as error:  # noqa: BLE001
-                self._warn_once("flush", f"tb_replica_plugin: could not flush summaries: {error}")
+                self._flush_writer()
+            finally:
+                self._lock.release()
+        return max(self._next_flush - time.monotonic(), 0.0)
 
     def close(self):
         """Flushes and closes the writer. The probe records nothing afterwards."""
         self.flush()
-        if self._writer is not None:
-            try:
-                self._writer.close()
-            except Exception as error:  # noqa: BLE001
-                self._warn_once("close", f"tb_replica_plugin: could not close writer: {error}")
-        self._disabled_reason = self._disabled_reason or "the probe was closed"
-        self._state = None
+        _FLUSHER.unregister(self)
+        with self._lock:
+            if self._state is not None:
+                with contextlib.suppress(Exception):
+                    self._state["recording"].assign(False)
+            if self._writer is not None and not self._disabled_reason:
+                try:
+                    self._writer.close()
+                except Exception as error:  # noqa: BLE001
+                    self._disable(f"could not close the writer: {error}")
+            self._disabled_reason = self._disabled_reason or "the probe was closed"
+            self._state = None
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc_info):
         self.close()
+
+
+def _dir_identity(path):
+    """`(device, inode)` of a local directory, to notice it being removed; None if not local."""
+    if "://" in path:
+        return None  # remote file systems report failures through the writer itself
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return ("missing",)
+    return (stat.st_dev, stat.st_ino)
+
+
+def _first_line(error):
+    """The first line of an error message, without TensorFlow's `{{function_node ...}}` prefix."""
+    lines = str(error).strip().splitlines()
+    text = re.sub(r"^\{\{[^}]*\}\}\s*", "", lines[0]) if lines else ""
+    return text or type(error).__name__
