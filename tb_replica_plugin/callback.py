@@ -138,9 +138,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
 
     def on_epoch_end(self, epoch, logs=None):
         if self._probe is not None:
-            if self.update_freq == "epoch":
-                self._probe.write_window()
-            self._probe.flush()
+            self._probe.flush(window=self.update_freq == "epoch")
 
     def on_train_end(self, logs=None):
         self._restore(self.model)

@@ -453,12 +453,16 @@ class ReplicaProbe:
             except Exception as error:  # noqa: BLE001
                 self._disable(f"could not write the batch-size window: {error}")
 
-    def flush(self):
+    def flush(self, window=True):
         """Writes the pending window of the dense series and flushes the event file.
 
         Safe to call at any time, from any thread; a failure warns once and stops recording.
+
+        Args:
+          window: also write the dense series' pending window (False: only flush the file).
         """
-        self.write_window()
+        if window:
+            self.write_window()
         with self._lock:
             self._flush_writer()
 
