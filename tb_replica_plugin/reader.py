@@ -143,6 +143,9 @@ def build_inputs_series(run, shape_events, dense_points, notes=()):
     dense_points = sorted(
         ((int(s), np.asarray(v, dtype=np.int64)) for s, v in dense_points), key=lambda p: p[0]
     )
+    malformed = sum(1 for _, v in dense_points if v.ndim != 2 or v.shape[0] != 3)
+    if malformed:
+        notes.append(f"{malformed} batch-size sample(s) of an unexpected layout skipped.")
     counts = {v.shape[-1] for _, v in dense_points if v.ndim == 2 and v.shape[0] == 3}
     counts |= {len(sizes) for sizes in sizes_of}
     if len(counts) > 1:

@@ -130,6 +130,16 @@ def unit_logs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def bad_logs(tmp_path_factory):
+    """Hostile names and bad data (tests/bad_logs.py), written once per session (2 replicas)."""
+    import bad_logs as builder
+
+    logdir = str(tmp_path_factory.mktemp("bad_logs"))
+    builder.build_bad_logs(logdir, mirrored(2))
+    return logdir
+
+
+@pytest.fixture(scope="session")
 def demo_logs(tmp_path_factory):
     """The demo, trained by its own entry point in a subprocess (4 replicas).
 
