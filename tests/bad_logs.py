@@ -15,10 +15,11 @@
 
 import json
 import os
+import shutil
 
 HOSTILE_RUN = '<img src=x onerror="window.__xss=1">'
 # A run name is the path under the log dir, so "</" is made of two directories.
-SCRIPT_RUN = "<script>window.__xss=2</script>"
+SCRIPT_RUN = "<script>window.__xss=2</script>"  # a copy of good/replicas
 HOSTILE_INPUT = '<img src=x onerror="window.__xss=3">'
 BOLD_INPUT = "<b>ids</b>"
 CORRUPT_STEPS = 40
@@ -112,19 +113,13 @@ def build_bad_logs(logdir, strategy):
         os.path.join(logdir, HOSTILE_RUN),
         [strategy.experimental_distribute_values_from_function(hostile_inputs)] * 2,
     )
-    _probe_run(
-        strategy,
-        os.path.join(logdir, "<script>window.__xss=2<", "script>"),
-        strategy.experimental_distribute_dataset(tf.data.Dataset.range(12).batch(4)),
-    )
-    for name in ("good", "corrupt", "truncated"):
-        # 40 steps of [2, 2], then [1, 0]: a shape event at 0 and at 40, a dense point per step.
-        data = tf.data.Dataset.from_tensor_slices(np.zeros((4 * CORRUPT_STEPS + 1, 3), "float32"))
-        _probe_run(
-            strategy,
-            os.path.join(logdir, name, "replicas"),
-            strategy.experimental_distribute_dataset(data.batch(4)),
-        )
+    # 40 steps of [2, 2], then [1, 0]: a shape event at 0 and at 40, a dense point per step.
+    good = os.path.join(logdir, "good", "replicas")
+    data = tf.data.Dataset.from_tensor_slices(np.zeros((4 * CORRUPT_STEPS + 1, 3), "float32"))
+    _probe_run(strategy, good, strategy.experimental_distribute_dataset(data.batch(4)))
+    # Copies of it (one trace of the probe's step is enough; tracing is the slow part).
+    for copy in ("corrupt/replicas", "truncated/replicas", SCRIPT_RUN):
+        shutil.copytree(good, os.path.join(logdir, *copy.split("/")))
     path = _event_file(os.path.join(logdir, "corrupt", "replicas"))
     with open(path, "r+b") as handle:
         size = os.path.getsize(path)

@@ -39,7 +39,7 @@ def plugin_warnings(caught):
 def read_run(run_dir):
     """The one run of this plugin in `run_dir`'s parent log dir, read from disk now."""
     report = tb_replica_plugin.load(os.path.dirname(run_dir))
-    return report.runs[os.path.basename(run_dir)]
+    return report.runs[os.path.basename(run_dir)].inputs
 
 
 def xy(examples, features=3):
@@ -256,12 +256,15 @@ def test_exception_escaping_fit_restores_the_model_and_flushes(tmp_path):
     assert "train_step" not in model.__dict__
     assert "make_train_function" not in model.__dict__
     assert model.train_function is None
-    # Every step that trained is on disk (the pipeline's prefetching decides which step fails).
+    # Every step before the failing one is on disk. Which ops of the failing step itself ran
+    # (the optimizer's counter, the probe's state) depends on the replicas' threads.
     trained = int(model.optimizer.iterations.numpy())
     assert 5 <= trained < 8
     series = read_run(str(tmp_path / "replicas"))
-    assert series.steps.tolist() == list(range(trained))
-    assert series.batch_size.tolist() == [[4, 4]] * trained
+    recorded = len(series.steps)
+    assert trained - 1 <= recorded <= trained
+    assert series.steps.tolist() == list(range(recorded))
+    assert series.batch_size.tolist() == [[4, 4]] * recorded
 
 
 def test_keyboard_interrupt_in_a_step_restores_and_flushes(tmp_path):
@@ -323,7 +326,8 @@ def test_background_flush_writes_without_close(tmp_path):
         probe.observe_inputs(batch, step=step)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        series = tb_replica_plugin.load(str(tmp_path)).runs.get("replicas")
+        run = tb_replica_plugin.load(str(tmp_path)).runs.get("replicas")
+        series = run.inputs if run is not None else None
         if series is not None and series.dense_steps.tolist() == [0, 1, 2]:
             break
         time.sleep(0.1)
