@@ -19,6 +19,8 @@ propagates, and the model's `make_train_function` is wrapped so that the next `f
 import os
 import warnings
 
+import tensorflow as tf
+
 from tb_replica_plugin import keras_compat
 from tb_replica_plugin.collectors import inputs as inputs_collector
 from tb_replica_plugin.probe import DEFAULT_FLUSH_SECS, ReplicaProbe
@@ -202,6 +204,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         def train_function(*args, **kwargs):
             try:
                 return instrumented(*args, **kwargs)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                raise  # the end of a dataset of unknown length: fit goes on with the next epoch
             except BaseException:  # KeyboardInterrupt too; the exception goes on unchanged
                 self._fit_failed(model)
                 raise

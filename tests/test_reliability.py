@@ -267,6 +267,21 @@ def test_exception_escaping_fit_restores_the_model_and_flushes(tmp_path):
     assert series.batch_size.tolist() == [[4, 4]] * recorded
 
 
+def test_dataset_of_unknown_length_ends_epochs_without_unwrapping(tmp_path):
+    # The train function signals the end of such a dataset with StopIteration at every epoch:
+    # not a failure, the next epochs must still be recorded.
+    x, y = xy(24)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(8)
+    assert dataset.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    model = small_model(mirrored(2), 3)
+    callback = ReplicaCallback(str(tmp_path), flush_secs=NEVER)
+    model.fit(dataset, epochs=3, verbose=0, callbacks=[callback])
+    assert "train_step" not in model.__dict__
+    series = read_run(str(tmp_path / "replicas"))
+    assert series.steps.tolist() == list(range(9))
+    assert series.batch_size.tolist() == [[4, 4]] * 9
+
+
 def test_keyboard_interrupt_in_a_step_restores_and_flushes(tmp_path):
     # A real SIGINT, sent from inside the third step: Python raises KeyboardInterrupt in the main
     # thread when the step returns, as for Ctrl-C during training.
