@@ -3,7 +3,7 @@
 The probe is the one place that turns per-replica values into summaries:
 
     replica context ── merge_call ──► cross-replica context
-        per-replica tensors of this step → collectors (in-graph, small) → tf.summary.write
+        per-replica tensors of this step → collectors (in-graph, small) → queued summaries
 
 Everything runs in the graph of the training step; the host is not synchronised at any step.
 `ReplicaCallback` uses a probe for Keras `fit`; custom loops use it directly.
@@ -90,7 +90,10 @@ class _Flusher:
             now = time.monotonic()
             wait = 1.0
             for probe in probes:
-                wait = min(wait, probe._flush_if_due(now))
+                try:
+                    wait = min(wait, probe._flush_if_due(now))
+                except Exception:  # noqa: BLE001 - e.g. warnings turned into errors: keep going
+                    logger.exception("tb_replica_plugin: background flush failed")
             del probes
             self._wake.wait(max(wait, 0.01))
 
@@ -487,6 +490,8 @@ class ReplicaProbe:
 
     def _flush_if_due(self, now):
         """Called by the flush thread: flushes when due, returns seconds until the next one."""
+        if self._disabled_reason:
+            return self.flush_secs
         # Never block the flush thread behind a long host-side operation of the main thread.
         if now >= self._next_flush and self._lock.acquire(timeout=0.1):
             try:
