@@ -143,23 +143,24 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             self._probe.flush(window=self.update_freq == "epoch")
 
     def on_train_end(self, logs=None):
-        self._restore(self.model)
-        if self._probe is not None:
-            self._probe.flush()
-            try:
-                next_step = self._probe.next_step()
-                if next_step is not None:
-                    setattr(self.model, NEXT_STEP_ATTR, next_step)
-            except Exception:  # noqa: BLE001 - only keeps the step axis of a next fit
-                pass
+        self._finish(self.model)
 
-    def _fit_failed(self, model):
-        """An exception escapes a train step: restore the model, write what was recorded."""
+    def _finish(self, model):
+        """Restores the model and writes what was recorded: at train end, or when a step raised.
+
+        Also keeps where the steps stopped, so that the next fit continues the step axis.
+        """
         try:
             self._restore(model)
         finally:
             if self._probe is not None:
                 self._probe.flush()
+                try:
+                    next_step = self._probe.next_step()
+                    if next_step is not None:
+                        setattr(model, NEXT_STEP_ATTR, next_step)
+                except Exception:  # noqa: BLE001 - only keeps the step axis of a next fit
+                    pass
 
     # ------------------------------------------------------------------ helpers
 
@@ -207,7 +208,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise  # the end of a dataset of unknown length: fit goes on with the next epoch
             except BaseException:  # KeyboardInterrupt too; the exception goes on unchanged
-                self._fit_failed(model)
+                self._finish(model)
                 raise
 
         model.train_function = train_function
@@ -215,9 +216,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         def make_train_function(force=False):
             # Only a new fit/train_on_batch asks for a train function while this one is in place
             # (this fit asked before on_train_begin): the previous fit did not end normally.
-            self._restore(model)
-            if self._probe is not None:
-                self._probe.flush()
+            self._finish(model)
             return model.make_train_function(force=force)
 
         model.make_train_function = make_train_function
