@@ -11,6 +11,13 @@ Every scenario trains (or inspects) on logical CPU replicas and writes `LOGDIR/<
   pre-flight inspector run that explains why `fit` would fail.
 - `shape_mismatch`: a custom loop whose per-replica preprocessing is inconsistent: replica 2
   resizes images to 24×24 instead of 32×32, so `strategy.gather` of its features would fail.
+- `dropout_fit`: Keras `fit` of a model with a stock `Dropout` layer: every replica draws the same
+  dropout mask (Keras 3 under MirroredStrategy), the `identical_rng_streams` finding.
+- `generator_loop`: a custom loop whose noise comes from a `tf.random.Generator` created under
+  `strategy.scope()`: one stream per replica, no finding.
+- `unsharded_pipeline` / `sharded_pipeline`: `distribute_datasets_from_function` whose dataset
+  function ignores its `input_context` (every replica gets the same examples: the
+  `duplicate_examples` finding) next to the correctly sharded twin (no finding).
 
 Call `configure_devices(n)` before anything else touches TensorFlow devices.
 """
@@ -19,7 +26,16 @@ import os
 
 import numpy as np
 
-SCENARIOS = ("balanced", "empty_last_shard", "batch_not_divisible", "shape_mismatch")
+SCENARIOS = (
+    "balanced",
+    "empty_last_shard",
+    "batch_not_divisible",
+    "shape_mismatch",
+    "dropout_fit",
+    "generator_loop",
+    "unsharded_pipeline",
+    "sharded_pipeline",
+)
 
 
 def configure_devices(num_replicas=4):
@@ -148,6 +164,112 @@ def shape_mismatch_run(strategy, logdir, steps=6, per_replica_batch=4, odd_repli
     probe.close()
 
 
+def dropout_fit_run(strategy, logdir, examples=128, global_batch=32, epochs=2):
+    """Keras `fit` of an MLP with a stock Dropout layer, every step logged."""
+    import keras
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaCallback
+
+    x, y = _regression_data(examples)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((x.shape[1],)),
+                keras.layers.Dense(32, activation="relu"),
+                keras.layers.Dropout(0.3, name="dropout"),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer="adam", loss="mse")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+    model.fit(dataset, epochs=epochs, verbose=0, callbacks=[ReplicaCallback(logdir, update_freq=1)])
+
+
+def generator_loop_run(strategy, logdir, steps=8, per_replica_batch=8, features=8):
+    """A custom loop adding noise from a tf.random.Generator created under strategy.scope()."""
+    import keras
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaProbe
+
+    global_batch = per_replica_batch * strategy.num_replicas_in_sync
+    x, y = _regression_data(steps * global_batch, features)
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+    )
+    with strategy.scope():
+        noise = tf.random.Generator.from_seed(2026)
+        model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(1)])
+        optimizer = keras.optimizers.SGD(0.01)
+        optimizer.build(model.trainable_variables)
+    probe = ReplicaProbe(os.path.join(logdir, "replicas"), strategy, update_freq=1)
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(features_batch, labels):
+            probe.observe_inputs({"x": features_batch, "y": labels})
+            probe.observe_examples({"x": features_batch, "y": labels})
+            probe.observe_rng({"noise": noise}, include_global=False)
+            noisy = features_batch + 0.1 * noise.normal(tf.shape(features_batch))
+            with tf.GradientTape() as tape:
+                error = model(noisy) - labels
+                loss = tf.reduce_sum(error * error) / global_batch
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        return strategy.run(step_fn, args=batch)
+
+    for batch in dataset:
+        train_step(batch)
+    probe.close()
+
+
+def pipeline_run(strategy, logdir, sharded, examples=256, global_batch=32, epochs=1):
+    """`distribute_datasets_from_function`, with or without sharding by `input_context`.
+
+    One input pipeline per replica (`InputReplicationMode.PER_REPLICA`): the dataset function runs
+    once per replica, as it runs once per worker in a multi-worker job. A function that ignores
+    its `input_context` then feeds every replica the same examples.
+    """
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaProbe
+
+    x, y = _regression_data(examples)
+
+    def dataset_fn(input_context):
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+        if sharded:
+            dataset = dataset.shard(
+                input_context.num_input_pipelines, input_context.input_pipeline_id
+            )
+        # Both pipelines batch per replica as they should; only the sharding differs.
+        return dataset.batch(input_context.get_per_replica_batch_size(global_batch))
+
+    options = tf.distribute.InputOptions(
+        experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+        experimental_fetch_to_device=False,
+    )
+    dataset = strategy.distribute_datasets_from_function(dataset_fn, options)
+    probe = ReplicaProbe(os.path.join(logdir, "replicas"), strategy, update_freq=1)
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(features, labels):
+            probe.observe_inputs({"x": features, "y": labels})
+            probe.observe_examples({"x": features, "y": labels})
+            return tf.reduce_mean(features)
+
+        return strategy.run(step_fn, args=batch)
+
+    for _ in range(epochs):
+        for batch in dataset:
+            train_step(batch)
+    probe.close()
+
+
 def run_scenario(name, logdir, strategy):
     """Runs one demo scenario into `logdir/name`.
 
@@ -173,6 +295,12 @@ def run_scenario(name, logdir, strategy):
         inspect_dataset(strategy, dataset, run_dir, steps=4)
     elif name == "shape_mismatch":
         shape_mismatch_run(strategy, run_dir)
+    elif name == "dropout_fit":
+        dropout_fit_run(strategy, run_dir)
+    elif name == "generator_loop":
+        generator_loop_run(strategy, run_dir)
+    elif name in ("unsharded_pipeline", "sharded_pipeline"):
+        pipeline_run(strategy, run_dir, sharded=name == "sharded_pipeline")
     else:
         raise ValueError(f"unknown scenario {name!r}; expected one of {SCENARIOS}")
 

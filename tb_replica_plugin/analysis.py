@@ -12,6 +12,21 @@ Rules of the inputs family (kind → severity):
 - `empty_shard` (warning): a replica got 0 examples while another got some.
 - `shape_mismatch` (error): an input's rank or a non-leading dimension differs across replicas.
 - `dtype_mismatch` (error): an input's dtype differs across replicas.
+
+Rules of the rng family:
+
+- `identical_rng_streams` (warning): two or more replicas draw the same random numbers from one
+  generator with a mirrored state (equal stream fingerprints) at
+  `Thresholds.min_identical_rng_steps` logged steps or more, e.g. Keras 3 Dropout under
+  MirroredStrategy. Generators with one unmirrored state are skipped: replicas share it and their
+  draws are serialised.
+- `rng_desync` (warning): a generator whose state is one mirrored variable holds a different state
+  on some replicas (the replicas advanced it differently).
+
+Rules of the data family:
+
+- `duplicate_examples` (warning): replicas were fed the same examples at the same step, for more
+  than `Thresholds.max_duplicate_share` of their examples (an input pipeline that is not sharded).
 """
 
 import collections
@@ -30,9 +45,16 @@ class Thresholds:
     Attributes:
       max_imbalance_ratio: an `uneven_batch` finding is raised when max / min batch size over
         replicas exceeds this (1.0: any difference).
+      min_identical_rng_steps: an `identical_rng_streams` finding is raised when replicas draw
+        the same numbers from a generator at this many logged steps or more (1: any).
+      max_duplicate_share: a `duplicate_examples` finding is raised when, over the run, the
+        share of a replica's examples that another replica got at the same step exceeds this
+        (0.01: more than 1 %, so a dataset with a few repeated records is not flagged).
     """
 
     max_imbalance_ratio: float = 1.0
+    min_identical_rng_steps: int = 1
+    max_duplicate_share: float = 0.01
 
     @classmethod
     def from_overrides(cls, overrides):
@@ -84,7 +106,7 @@ class Finding:
         name (gradient and drift rules), None when it concerns the whole batch.
       value: the measured value (e.g. imbalance ratio), threshold: what it was compared with.
       message: one or two sentences with the likely cause and the fix.
-      view: the part of the tab that shows it ("batch" or "shapes").
+      view: the part of the tab that shows it ("batch", "shapes", "rng" or "data").
     """
 
     kind: str
@@ -328,7 +350,270 @@ def find_run(run_data, thresholds=Thresholds()):
       ['empty_shard']
     """
     findings = list(find_inputs(run_data.inputs, thresholds))
+    if getattr(run_data, "rng", None) is not None:
+        findings.extend(find_rng(run_data.rng, thresholds))
+    if getattr(run_data, "data", None) is not None:
+        findings.extend(find_data(run_data.data, thresholds))
     return sort_findings(findings)
+
+
+def replica_list_text(replicas):
+    """ "0–3" for a run of consecutive ids, "0, 2" otherwise."""
+    replicas = sorted(int(r) for r in replicas)
+    if len(replicas) > 2 and replicas == list(range(replicas[0], replicas[-1] + 1)):
+        return f"{replicas[0]}–{replicas[-1]}"
+    if len(replicas) == 2:
+        return f"{replicas[0]} and {replicas[1]}"
+    return ", ".join(str(r) for r in replicas)
+
+
+def stream_groups(values):
+    """Group id per replica: the index of the first replica holding an equal value.
+
+    Args:
+      values: array [R] (or [R, W]: rows are compared).
+
+    Returns:
+      A list of R ints; replicas with equal values share the id. E.g. `[0, 0, 2, 0]`.
+    """
+    values = np.asarray(values)
+    groups = []
+    for r in range(values.shape[0]):
+        for q in range(r + 1):
+            if np.array_equal(values[q], values[r]):
+                groups.append(q)
+                break
+    return groups
+
+
+def _rng_identical(series, index, generator, thresholds):
+    if not generator.get("mirrored"):
+        # One unmirrored state shared by every replica (a generator created outside
+        # strategy.scope()): TensorFlow serialises the replicas' draws, which take successive
+        # parts of one stream, so equal fingerprints of the state before the step mean nothing.
+        return None
+    steps, replicas = [], set()
+    for s in range(series.steps.size):
+        groups = stream_groups(series.fingerprint[s, index])
+        counts = collections.Counter(groups)
+        same = [series.replicas[r] for r, g in enumerate(groups) if counts[g] > 1]
+        if same:
+            steps.append(int(series.steps[s]))
+            replicas.update(same)
+    if not steps or len(steps) < thresholds.min_identical_rng_steps:
+        return None
+    who = replica_list_text(replicas)
+    total = int(series.steps.size)
+    when = f"at all {total} logged steps" if len(steps) == total else f"at {_fmt_steps(steps)}"
+    name = generator["name"]
+    layer_class = generator.get("layer_class") or ""
+    if generator["kind"] == "keras.SeedGenerator" and "Dropout" in layer_class:
+        head = f"Replicas {who} draw identical dropout masks in layer `{generator['layer']}`"
+        cause = (
+            "Keras 3 Dropout draws its mask statelessly from a SeedGenerator whose state is one "
+            "mirrored variable, so every replica applies the same mask to its examples. If the "
+            "noise should be independent per replica, draw the mask from a tf.random.Generator "
+            "created under strategy.scope() (one stream per replica) or fold the replica id "
+            "into the seed (tf.random.experimental.stateless_fold_in)."
+        )
+    elif generator["kind"] == "keras.SeedGenerator":
+        owner = f"layer `{generator['layer']}`" if generator.get("layer") else f"`{name}`"
+        head = f"Replicas {who} draw identical random numbers from the SeedGenerator of {owner}"
+        cause = (
+            "a Keras SeedGenerator draws statelessly from its (mirrored) state, so every "
+            "replica gets the same numbers; fold the replica id into the seed "
+            "(tf.random.experimental.stateless_fold_in) if they should differ."
+        )
+    else:
+        head = f"Replicas {who} draw identical random numbers from generator `{name}`"
+        cause = (
+            "create the tf.random.Generator under strategy.scope() (TensorFlow then folds the "
+            "replica id into its key) instead of giving each replica an identically seeded copy."
+        )
+    return Finding(
+        kind="identical_rng_streams",
+        severity="warning",
+        run=series.run,
+        first_step=steps[0],
+        last_step=steps[-1],
+        count=len(steps),
+        replicas=sorted(replicas),
+        name=name,
+        value=round(len(steps) / total, 6),
+        threshold=thresholds.min_identical_rng_steps,
+        message=f"{head} ({when}): {cause}",
+        view="rng",
+    )
+
+
+def _rng_desync(series, index, generator):
+    if not generator.get("mirrored"):
+        return None
+    steps, odd = [], set()
+    for s in range(series.steps.size):
+        states = series.state[s, index]
+        groups = stream_groups(states)
+        majority = collections.Counter(groups).most_common(1)[0][0]
+        differ = [series.replicas[r] for r, g in enumerate(groups) if g != majority]
+        if differ:
+            steps.append(int(series.steps[s]))
+            odd.update(differ)
+    if not steps:
+        return None
+    plural = "s" if len(odd) > 1 else ""
+    return Finding(
+        kind="rng_desync",
+        severity="warning",
+        run=series.run,
+        first_step=steps[0],
+        last_step=steps[-1],
+        count=len(steps),
+        replicas=sorted(odd),
+        name=generator["name"],
+        value=len(steps),
+        threshold=None,
+        message=(
+            f"Generator `{generator['name']}` desynchronised on replica{plural} "
+            f"{replica_list_text(odd)} from {_fmt_steps(steps[:1])} ({len(steps)} logged "
+            "step(s)): its state is one mirrored variable, yet it differs from the other "
+            "replicas', so some replicas drew more numbers (a draw inside a replica-dependent "
+            "tf.cond or a data-dependent loop). Checkpoints save one replica's state, so the "
+            "run cannot be resumed exactly; draw the same amount on every replica."
+        ),
+        view="rng",
+    )
+
+
+def find_rng(series, thresholds=Thresholds()):
+    """Findings of the rng family for one run.
+
+    Args:
+      series: a `reader.RngSeries`.
+      thresholds: the `Thresholds` to apply.
+
+    Returns:
+      A list of `Finding`, most severe first.
+
+    Example:
+      >>> [f.message[:44] for f in find_rng(series)]   # Keras Dropout, 4 replicas
+      ['Replicas 0–3 draw identical dropout masks i']
+    """
+    findings = []
+    for index, generator in enumerate(series.generators):
+        for finding in (
+            _rng_identical(series, index, generator, thresholds),
+            _rng_desync(series, index, generator),
+        ):
+            if finding is not None:
+                findings.append(finding)
+    return sort_findings(findings)
+
+
+def data_pair_shares(series):
+    """Per pair of replicas, over the whole run: shared examples / the smaller replica's count.
+
+    Returns:
+      `(share [R, R] float, steps_shared [R, R] int)`: the share of examples fed to both
+      replicas at the same step (relative to the replica with fewer distinct examples), and the
+      number of steps where they shared any. Diagonals: 1.0 and the number of steps.
+    """
+    shared = series.window_shared.sum(axis=0).astype(np.float64)
+    distinct = np.diagonal(shared).copy()
+    smaller = np.minimum(distinct[:, None], distinct[None, :])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(smaller > 0, shared / np.where(smaller > 0, smaller, 1), 0.0)
+    return share, series.steps_shared.sum(axis=0)
+
+
+def find_data(series, thresholds=Thresholds()):
+    """Findings of the data family for one run.
+
+    Replica pairs whose shared share exceeds `thresholds.max_duplicate_share` are grouped into
+    connected sets; one `duplicate_examples` finding per set.
+
+    Args:
+      series: a `reader.DataSeries`.
+      thresholds: the `Thresholds` to apply.
+
+    Returns:
+      A list of `Finding`.
+
+    Example:
+      >>> [f.replicas for f in find_data(series)]   # unsharded pipeline, 4 replicas
+      [[0, 1, 2, 3]]
+    """
+    num = series.num_replicas
+    if series.steps.size == 0 or num < 2:
+        return []
+    share, steps_shared = data_pair_shares(series)
+    parent = list(range(num))
+
+    def root(r):
+        while parent[r] != r:
+            r = parent[r]
+        return r
+
+    flagged = []
+    for r in range(num):
+        for q in range(r + 1, num):
+            if share[r, q] > thresholds.max_duplicate_share:
+                flagged.append((r, q))
+                parent[root(q)] = root(r)
+    findings = []
+    for group_root in sorted({root(r) for pair in flagged for r in pair}):
+        pairs = [(r, q) for r, q in flagged if root(r) == group_root]
+        members = sorted({r for pair in pairs for r in pair})
+        ids = [series.replicas[r] for r in members]
+        with_shared = np.zeros(series.steps.size, bool)
+        for r, q in pairs:
+            with_shared |= series.steps_shared[:, r, q] > 0
+        logged = np.flatnonzero(with_shared)
+        starts = series.steps - np.maximum(series.window_steps, 1) + 1
+        count = int(max(steps_shared[r, q] for r, q in pairs))
+        total_steps = int(series.window_steps.sum())
+        distinct = series.window_shared.sum(axis=0).diagonal()[members].sum()
+        duplicated = series.window_duplicated.sum(axis=0)[members].sum()
+        value = float(duplicated / distinct) if distinct else 0.0
+        complete = len(pairs) == len(members) * (len(members) - 1) // 2 and all(
+            share[r, q] >= 0.999 for r, q in pairs
+        )
+        when = f"at {count} of {total_steps} steps" if count < total_steps else "at every step"
+        if complete:
+            head = (
+                f"Replicas {replica_list_text(ids)} were fed the same examples at the same step "
+                f"({when}; {value:.0%} of their examples are also on another replica)"
+            )
+        else:
+            detail = ", ".join(
+                f"{series.replicas[r]}–{series.replicas[q]}: {share[r, q]:.0%}" for r, q in pairs
+            )
+            head = (
+                f"Replicas {replica_list_text(ids)} shared examples at the same step ({when}; "
+                f"shared share per pair {detail})"
+            )
+        findings.append(
+            Finding(
+                kind="duplicate_examples",
+                severity="warning",
+                run=series.run,
+                first_step=int(starts[logged[0]]),
+                last_step=int(series.steps[logged[-1]]),
+                count=count,
+                replicas=ids,
+                name=None,
+                value=round(value, 6),
+                threshold=thresholds.max_duplicate_share,
+                message=(
+                    f"{head}: the input pipeline is not sharded, so the effective batch is "
+                    "smaller than it looks. In distribute_datasets_from_function, use the "
+                    "input_context: dataset.shard(input_context.num_input_pipelines, "
+                    "input_context.input_pipeline_id) and "
+                    "input_context.get_per_replica_batch_size(global_batch)."
+                ),
+                view="data",
+            )
+        )
+    return findings
 
 
 def severity_counts(findings):

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from tb_replica_plugin import keras_compat
 from tb_replica_plugin.collectors import inputs as inputs_collector
+from tb_replica_plugin.collectors import rng as rng_collector
 from tb_replica_plugin.probe import DEFAULT_FLUSH_SECS, ReplicaProbe
 
 UPDATE_FREQ_WORDS = ("batch", "epoch")
@@ -49,7 +50,15 @@ class ReplicaCallback(*keras_compat.callback_bases()):
       update_freq: `"epoch"` (default), `"batch"` or an integer N: how often the dense
         batch-size series is written (every epoch end, every step, every N steps). Shape and
         dtype changes, and so every odd batch, are written at the step they happen whatever this
-        is; the dense series keeps the per-window minimum and maximum of every replica.
+        is; the dense series keeps the per-window minimum and maximum of every replica. The
+        rng and data families are written at the same frequency.
+      rng: record the random generators per replica (default True): every Keras
+        `SeedGenerator` of the model's layers (Dropout's, for instance), the generators given
+        in `generators`, and the global generators that exist. See `ReplicaProbe.observe_rng`.
+      generators: extra generators to observe (a dict `{name: tf.random.Generator}` or
+        anything `ReplicaProbe.observe_rng` accepts).
+      examples: record a fingerprint of every example each replica is fed, and which replicas
+        got the same examples (default True). See `ReplicaProbe.observe_examples`.
       flush_secs: seconds between background flushes of the event file (default 5). The file
         is also flushed at every epoch end, at the end of training and when `fit` raises.
 
@@ -79,6 +88,9 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         run_name="replicas",
         update_freq="epoch",
         flush_secs=DEFAULT_FLUSH_SECS,
+        rng=True,
+        generators=None,
+        examples=True,
     ):
         super().__init__()
         if update_freq == "batch":
@@ -100,6 +112,9 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         ):
             raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
         self.flush_secs = flush_secs
+        self.rng = rng
+        self.generators = generators
+        self.examples = examples
         self._probe = None
         self._patched = None
 
@@ -179,6 +194,11 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         had_own = "train_step" in model.__dict__
         original = model.train_step
         probe = self._probe
+        observers = [_inputs_observer(probe)]
+        if self.examples:
+            observers.append(_examples_observer(probe))
+        if self.rng:
+            observers.extend(_rng_observer(probe, model, self.generators))
 
         def train_step(data):
             try:
@@ -186,7 +206,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             except Exception as error:  # noqa: BLE001 - never break the training it watches
                 probe._warn_inputs_failed(error)  # noqa: SLF001 - the probe's one warning
             else:
-                probe.observe_inputs(batch)
+                for observe in observers:
+                    observe(batch)
             return original(data)
 
         self._patched = (had_own, model.__dict__.get("train_step"), model.jit_compile)
@@ -235,3 +256,25 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             model.jit_compile = jit_compile
         # The next fit must build a train function without the probe.
         model.train_function = None
+
+
+# Hooks of the train step, one per family; each takes the batch named by `name_fit_batch`.
+
+
+def _inputs_observer(probe):
+    return probe.observe_inputs
+
+
+def _examples_observer(probe):
+    return probe.observe_examples
+
+
+def _rng_observer(probe, model, generators):
+    """The rng hook, or none when the model uses no generator we can observe.
+
+    It runs before the model's own step so it sees the state each draw of this step starts from.
+    """
+    sources = [model] if generators is None else [model, generators]
+    if not rng_collector.find_generators(sources):
+        return []
+    return [lambda batch: probe.observe_rng(sources)]

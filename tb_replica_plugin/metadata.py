@@ -29,10 +29,35 @@ TAG_BATCH_SIZE = "inputs/batch_size"
 # dtypes differ from the previous observed step: a scalar string tensor holding JSON (see README).
 TAG_SHAPES = "inputs/shapes"
 
+# RNG family (README "Data written"), written every `update_freq` steps. `rng/streams`: int64
+# [G, R, 1 + W]: per generator and replica, the stream fingerprint of the next draw then the state
+# words (zero-padded to W). `rng/generators`: scalar JSON string naming the G generators, written
+# at the first written step of each layout.
+TAG_RNG_STREAMS = "rng/streams"
+TAG_RNG_GENERATORS = "rng/generators"
+# Data family, written every `update_freq` steps. `data/examples`: int64 [R, 4 + K]: per replica
+# the batch size, distinct examples, examples also on another replica (this step, then summed over
+# the window) and a bottom-K sketch of the per-example fingerprints. `data/overlap`: int64
+# [3, R, R]: examples shared by two replicas (this step, summed over the window) and the window's
+# steps with any shared example.
+TAG_DATA_EXAMPLES = "data/examples"
+TAG_DATA_OVERLAP = "data/overlap"
+
 KIND_BATCH_SIZE = "batch_size"
 KIND_SHAPES = "shapes"
+KIND_RNG_STREAMS = "rng_streams"
+KIND_RNG_GENERATORS = "rng_generators"
+KIND_DATA_EXAMPLES = "data_examples"
+KIND_DATA_OVERLAP = "data_overlap"
 
-TAG_KINDS = {TAG_BATCH_SIZE: KIND_BATCH_SIZE, TAG_SHAPES: KIND_SHAPES}
+TAG_KINDS = {
+    TAG_BATCH_SIZE: KIND_BATCH_SIZE,
+    TAG_SHAPES: KIND_SHAPES,
+    TAG_RNG_STREAMS: KIND_RNG_STREAMS,
+    TAG_RNG_GENERATORS: KIND_RNG_GENERATORS,
+    TAG_DATA_EXAMPLES: KIND_DATA_EXAMPLES,
+    TAG_DATA_OVERLAP: KIND_DATA_OVERLAP,
+}
 
 
 class UnsupportedSchemaError(ValueError):

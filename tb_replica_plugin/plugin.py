@@ -70,6 +70,102 @@ def downsample_inputs(series, max_points):
     }
 
 
+def _pick(count, max_points):
+    """Indices of at most `max_points` evenly spaced items of `count` (all when None/fewer)."""
+    if max_points is None or count <= max_points:
+        return np.arange(count)
+    return np.unique(np.linspace(0, count - 1, max_points).round().astype(np.int64))
+
+
+def _hex(value):
+    return f"{int(value) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def rng_body(series, max_points=None):
+    """The `/rng` response body (documented in `http_api.md`) for a `reader.RngSeries`.
+
+    Fingerprints and states are 64-bit: they are sent as hex strings (JavaScript numbers hold
+    53 bits), and per step as stream groups (replicas with equal streams share a group id).
+
+    Args:
+      series: the series.
+      max_points: most logged steps sent (evenly spaced); None sends every one. The match
+        matrices always cover every logged step.
+    """
+    picked = _pick(series.steps.size, max_points)
+    generators = []
+    for index, generator in enumerate(series.generators):
+        fingerprint = series.fingerprint[:, index]
+        state = series.state[:, index, :, : generator["state_size"]]
+        equal = fingerprint[:, :, None] == fingerprint[:, None, :]
+        last = series.steps.size - 1
+        generators.append(
+            {
+                **generator,
+                "match": equal.mean(axis=0).round(6).tolist() if last >= 0 else [],
+                "stream_groups": [analysis.stream_groups(fingerprint[s]) for s in picked],
+                "state_groups": [analysis.stream_groups(state[s]) for s in picked],
+                "last_fingerprint": [_hex(v) for v in fingerprint[last]] if last >= 0 else [],
+                "last_state": [[_hex(w) for w in row] for row in state[last]] if last >= 0 else [],
+            }
+        )
+    return {
+        "run": series.run,
+        "replicas": series.replicas,
+        "devices": series.devices,
+        "steps": series.steps[picked].tolist(),
+        "logged_steps": int(series.steps.size),
+        "downsampled": bool(picked.size < series.steps.size),
+        "generators": generators,
+        "notes": series.notes,
+    }
+
+
+def data_body(series, max_points=None):
+    """The `/data` response body (documented in `http_api.md`) for a `reader.DataSeries`.
+
+    Args:
+      series: the series.
+      max_points: most logged steps sent (evenly spaced; `duplicate_share` keeps each bucket's
+        maximum); None sends every one. Totals and matrices always cover every logged step.
+    """
+    share, steps_shared = analysis.data_pair_shares(series)
+    window_distinct = np.diagonal(series.window_shared, axis1=1, axis2=2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dup_share = np.where(
+            window_distinct > 0, series.window_duplicated / np.maximum(window_distinct, 1), 0.0
+        )
+    picked = _pick(series.steps.size, max_points)
+    if picked.size < series.steps.size and picked.size:
+        dup_share = np.maximum.reduceat(dup_share, picked, axis=0)
+    else:
+        dup_share = dup_share[picked]
+    totals = series.window_shared.sum(axis=0).diagonal()
+    last = series.steps.size - 1
+    sketch = []
+    if last >= 0:
+        for row, distinct in zip(series.sketch[last], series.distinct[last], strict=True):
+            sketch.append([_hex(v) for v in row[: min(int(distinct), row.size)]])
+    return {
+        "run": series.run,
+        "replicas": series.replicas,
+        "steps": series.steps[picked].tolist(),
+        "window_steps": series.window_steps[picked].tolist(),
+        "logged_steps": int(series.steps.size),
+        "total_steps": int(series.window_steps.sum()),
+        "downsampled": bool(picked.size < series.steps.size),
+        "batch_size": series.batch_size[picked].tolist(),
+        "distinct": series.distinct[picked].tolist(),
+        "duplicate_share": dup_share.round(6).tolist(),
+        "share": share.round(6).tolist(),
+        "steps_shared": steps_shared.tolist(),
+        "total_distinct": totals.tolist(),
+        "total_duplicated": series.window_duplicated.sum(axis=0).tolist(),
+        "last_sketch": sketch,
+        "notes": series.notes,
+    }
+
+
 def parse_max_points(raw):
     """Parses the `max_points` argument.
 
@@ -106,6 +202,8 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             "/runs": self._serve_runs,
             "/inputs": self._serve_inputs,
             "/findings": self._serve_findings,
+            "/rng": self._serve_rng,
+            "/data": self._serve_data,
         }
 
     def is_active(self):
@@ -196,6 +294,32 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         except reader.RunNotFoundError:
             return _error(request, 404, f"no replica data for run {run!r}")
         return http_util.Respond(request, body, "application/json")
+
+    @wrappers.Request.application
+    def _serve_rng(self, request):
+        return self._family_response(request, "rng", rng_body)
+
+    @wrappers.Request.application
+    def _serve_data(self, request):
+        return self._family_response(request, "data", data_body)
+
+    def _family_response(self, request, family, body):
+        run = request.args.get("run")
+        if not run:
+            return _error(request, 400, "missing argument 'run'")
+        try:
+            max_points = parse_max_points(request.args.get("max_points"))
+            series = getattr(self._read_runs(request, run)[run], family)
+        except BadRequestError as error:
+            return _error(request, 400, str(error))
+        except reader.RunNotFoundError:
+            return _error(request, 404, f"no replica data for run {run!r}")
+        if series is None:
+            # A run without this family answers 200 with no data: the tab asks every run.
+            empty = {"run": run, "replicas": [], "steps": [], "logged_steps": 0, "notes": []}
+            empty.update({"generators": []} if family == "rng" else {"total_steps": 0})
+            return http_util.Respond(request, empty, "application/json")
+        return http_util.Respond(request, body(series, max_points), "application/json")
 
     @wrappers.Request.application
     def _serve_findings(self, request):

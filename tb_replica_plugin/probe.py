@@ -20,6 +20,8 @@ off; it can never fail a training step.
 import atexit
 import contextlib
 import functools
+import hashlib
+import json
 import logging
 import os
 import re
@@ -31,13 +33,17 @@ import weakref
 import tensorflow as tf
 
 from tb_replica_plugin import metadata
+from tb_replica_plugin.collectors import data as data_collector
 from tb_replica_plugin.collectors import inputs as inputs_collector
+from tb_replica_plugin.collectors import rng as rng_collector
 
 logger = logging.getLogger(__name__)
 
 SOURCES = ("fit", "custom_loop", "inspect_dataset")
 # Slots of the probe's packed int64 counters variable.
 _STEP, _HAS_PREV, _PREV_FP, _LAST_STEP, _WIN_COUNT = range(5)
+# Slots of the probe's family step counters.
+_FAMILY_STEP = {"rng": 0, "data": 1}
 
 # Default seconds between background flushes: at most this much recorded data is lost when the
 # process is killed (SIGKILL, OOM killer) without running any Python.
@@ -250,10 +256,47 @@ class ReplicaProbe:
                     # variable: the host may turn it off while a step runs (counters are
                     # rewritten by every step).
                     "recording": tf.Variable(True, trainable=False, name="probe_recording"),
+                    # steps of the rng and data families (each counts its own calls)
+                    "family_steps": tf.Variable(
+                        [0, 0], dtype=tf.int64, trainable=False, name="probe_family_steps"
+                    ),
                 }
+        self._families = {}
         self._next_flush = time.monotonic() + self.flush_secs
         _FLUSHER.register(self)
         return True
+
+    def _family_state(self, family, shapes):
+        """The int64 state variables of one family, created on its first use (outside any graph).
+
+        Args:
+          family: the family name ("rng", "data").
+          shapes: `{name: shape}`; variables start at 0 (-1 for names ending in "step").
+
+        Raises:
+          ValueError: if the family was first used with other shapes (e.g. another number of
+            generators): a probe records one layout per family.
+        """
+        existing = self._families.get(family)
+        if existing is None:
+            with tf.init_scope(), tf.device("/cpu:0"):
+                existing = {
+                    name: tf.Variable(
+                        tf.fill(shape, tf.constant(-1 if name.endswith("step") else 0, tf.int64)),
+                        trainable=False,
+                        name=f"probe_{family}_{name}",
+                    )
+                    for name, shape in shapes.items()
+                }
+            self._families[family] = existing
+            return existing
+        for name, shape in shapes.items():
+            if tuple(existing[name].shape) != tuple(shape):
+                raise ValueError(
+                    f"{family}: {name} has shape {tuple(shape)}, first recorded with "
+                    f"{tuple(existing[name].shape)}; use one probe per layout"
+                )
+        return existing
 
     def _disable(self, reason):
         """Turns recording off for good (in-graph writes too) and warns once."""
@@ -283,13 +326,16 @@ class ReplicaProbe:
         """Sets the step the next `observe_inputs` call without `step=` records at.
 
         Args:
-          step: an int (or int tensor); following calls count up from it.
+          step: an int (or int tensor); following calls count up from it. Every family
+            (`observe_inputs`, `observe_rng`, `observe_examples`) counts its own calls from it.
         """
         if self._build():
             counters = self._state["counters"]
             counters.assign(
                 tf.tensor_scatter_nd_update(counters, [[_STEP]], [tf.cast(step, tf.int64)])
             )
+            family_steps = self._state["family_steps"]
+            family_steps.assign(tf.fill([2], tf.cast(step, tf.int64)))
 
     def next_step(self):
         """The step the next `observe_inputs` call without `step=` would record at (host side).
@@ -428,10 +474,300 @@ class ReplicaProbe:
 
         return tf.cond(condition, write, lambda: tf.constant(False))
 
+    # ------------------------------------------------------- rng and data families
+
+    def _next_step(self, family, step):
+        """The step to record at: `step`, or the family's own call counter (then advanced)."""
+        if step is not None:
+            return tf.cast(step, tf.int64)
+        index = _FAMILY_STEP[family]
+        counter = self._state["family_steps"]
+        value = counter.read_value()[index]
+        counter.assign(tf.tensor_scatter_nd_add(counter.read_value(), [[index]], [1]))
+        return value
+
+    def _run_local_then_merge(self, local_fn, merge_fn, args):
+        """Runs `local_fn(*args)` on every replica (replica context), then `merge_fn` across.
+
+        In replica context `local_fn` runs on this replica and its result goes through
+        `merge_call`; in cross-replica context (arguments may be `PerReplica` values) the same
+        happens through `strategy.run`.
+        """
+        replica_context = tf.distribute.get_replica_context()
+        distributed = any(
+            isinstance(a, tf.distribute.DistributedValues) for a in tf.nest.flatten(args)
+        )
+        if replica_context is not None and not distributed:
+            replica_context.merge_call(merge_fn, args=(local_fn(*args),))
+            return
+
+        def replica_fn(*replica_args):
+            tf.distribute.get_replica_context().merge_call(
+                merge_fn, args=(local_fn(*replica_args),)
+            )
+
+        self.strategy.run(replica_fn, args=args)
+
+    def _local_values(self, strategy, value):
+        values = [tf.convert_to_tensor(t) for t in strategy.experimental_local_results(value)]
+        if len(values) != len(self._static["devices"]):
+            raise ValueError(
+                f"got values for {len(values)} replicas, the probe was built for "
+                f"{len(self._static['devices'])}; create the probe with this strategy"
+            )
+        return values
+
+    def _warn_family_failed(self, family, error):
+        self._warn_once(
+            family,
+            f"tb_replica_plugin: could not record {family}, training goes on without it: "
+            f"{type(error).__name__}: {error}",
+        )
+
+    def _window_write(self, family, step_value, write_fn):
+        """Writes in-graph every `update_freq` steps; returns the next window count.
+
+        `write_fn(condition)` queues the family's summaries when `condition` holds (a write step
+        while recording).
+        """
+        count = family["win_count"]
+        if self.update_freq is None:
+            return count + 1
+        write = tf.equal(step_value % self.update_freq, 0)
+        write_fn(tf.logical_and(write, self._state["recording"].read_value()))
+        return tf.where(write, tf.constant(0, tf.int64), count + 1)
+
+    def observe_rng(self, generators=None, step=None, include_global=True):
+        """Records, per replica, the state and the stream fingerprint of random generators.
+
+        Call it at the start of the step, before the model draws, in replica context (inside
+        `strategy.run`) or in cross-replica context (it then runs itself through `strategy.run`).
+        The stream fingerprint hashes the first numbers the generator's *next* draw would give
+        on each replica, computed statelessly (the generator is not advanced), so equal
+        fingerprints mean the replicas draw the same numbers (see `collectors/rng.py`).
+        A failure warns once and never stops training.
+
+        Args:
+          generators: what to observe: a `tf.random.Generator`, a `keras.random.SeedGenerator`,
+            a Keras layer or model (every SeedGenerator of its layers, named by layer, e.g.
+            Dropout's), a dict `{name: any of these}`, or a list of them. Create
+            `tf.random.Generator`s under `strategy.scope()` so each replica has its own stream.
+          step: the step to record at; when omitted the probe counts `observe_rng` calls from 0
+            (or from `set_step`).
+          include_global: also observe TensorFlow's global generator and Keras's global seed
+            generator if they already exist (they are never created here).
+
+        Example:
+          ```python
+          with strategy.scope():
+              noise = tf.random.Generator.from_seed(1)
+
+          def step_fn(x):
+              probe.observe_rng({"noise": noise, "model": model})
+              x = x + noise.normal(tf.shape(x))
+              ...
+          ```
+        """
+        if not self._build():
+            return
+        try:
+            infos = rng_collector.find_generators(generators, include_global=include_global)
+            if not infos:
+                self._warn_once("rng_none", "tb_replica_plugin: observe_rng found no generator.")
+                return
+            width = max(info.state_size for info in infos)
+            num = len(self._static["devices"])
+            self._family_state(
+                "rng",
+                {"last": [len(infos), num, 1 + width], "last_step": [], "win_count": [], "doc": []},
+            )
+            document = json.dumps(
+                {"generators": [info.to_json() for info in infos], **self._static},
+                sort_keys=True,
+            )
+            self._rng_document = document
+            local = functools.partial(rng_collector.local_streams, infos, width)
+            merge = functools.partial(self._merge_rng, document=document, step=step)
+            self._run_local_then_merge(local, merge, ())
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self._warn_family_failed("rng", error)
+
+    def _merge_rng(self, strategy, rows, *, document, step):
+        try:
+            streams = tf.stack(self._local_values(strategy, rows), axis=1)  # [G, R, 1 + W]
+            family = self._families["rng"]
+            step_value = self._next_step("rng", step)
+            next_count = self._window_write(
+                family,
+                step_value,
+                lambda condition: self._write_rng(streams, step_value, document, condition),
+            )
+            family["last"].assign(streams)
+            family["last_step"].assign(step_value)
+            family["win_count"].assign(next_count)
+        except Exception as error:  # noqa: BLE001
+            self._warn_family_failed("rng", error)
+
+    def _write_rng(self, streams, step, document, condition):
+        """Queues the streams, and the generators document when it differs from the last one.
+
+        The document (names of the G rows) changes only when the step is traced again with other
+        generators, so it is written once per layout, not at every logged step.
+        """
+        family = self._families["rng"]
+        document_id = 1 + int.from_bytes(
+            hashlib.blake2b(document.encode("utf-8"), digest_size=7).digest(), "little"
+        )
+        self._write(
+            condition, metadata.TAG_RNG_STREAMS, lambda: streams, step, metadata.KIND_RNG_STREAMS
+        )
+        new_document = tf.logical_and(condition, tf.not_equal(family["doc"], document_id))
+        self._write(
+            new_document,
+            metadata.TAG_RNG_GENERATORS,
+            lambda: tf.constant(document),
+            step,
+            metadata.KIND_RNG_GENERATORS,
+        )
+        family["doc"].assign(
+            tf.where(new_document, tf.constant(document_id, tf.int64), family["doc"])
+        )
+
+    def observe_examples(self, batch, step=None):
+        """Records a fingerprint of every example each replica is fed, and their overlaps.
+
+        Per replica it hashes every example of the batch in-graph (`tf.fingerprint`, see
+        `collectors/data.py`), counts the examples shared with each other replica at this step
+        (exact), and keeps a small sketch of the fingerprints that can be compared across
+        workers. Call it like `observe_inputs`: in replica context with the local batch, or in
+        cross-replica context with a distributed batch. A failure warns once and never stops
+        training.
+
+        Args:
+          batch: the (nested) structure of input tensors; every leaf with a leading batch
+            dimension is part of an example's fingerprint.
+          step: the step to record at; when omitted the probe counts `observe_examples` calls
+            from 0 (or from `set_step`).
+
+        Example:
+          ```python
+          def step_fn(x, y):
+              probe.observe_examples({"x": x, "y": y})
+              ...
+          ```
+        """
+        if not self._build():
+            return
+        try:
+            leaves = [leaf for _, leaf in inputs_collector.flatten_with_names(batch)]
+            if not leaves:
+                self._warn_once("data_none", "tb_replica_plugin: observe_examples got no tensors.")
+                return
+            num = len(self._static["devices"])
+            width = 4 + data_collector.SKETCH_SIZE
+            self._family_state(
+                "data",
+                {
+                    "last_examples": [num, width],
+                    "last_overlap": [3, num, num],
+                    "win_dup": [num],
+                    "win_shared": [num, num],
+                    "win_steps": [num, num],
+                    "win_count": [],
+                    "last_step": [],
+                },
+            )
+            merge = functools.partial(self._merge_examples, step=step)
+            local = data_collector.example_fingerprints
+            self._run_local_then_merge(lambda *parts: local(list(parts)), merge, tuple(leaves))
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self._warn_family_failed("data", error)
+
+    def _merge_examples(self, strategy, fingerprints, *, step):
+        try:
+            stats = data_collector.OverlapStats(self._local_values(strategy, fingerprints))
+            family = self._families["data"]
+            step_value = self._next_step("data", step)
+            fresh = tf.equal(family["win_count"], 0)
+
+            def accumulate(name, value):
+                return tf.where(fresh, tf.zeros_like(value), family[name]) + value
+
+            ones = tf.ones_like(stats.distinct)
+            any_shared = tf.linalg.set_diag(tf.cast(stats.shared > 0, tf.int64), ones)
+            win_dup = accumulate("win_dup", stats.duplicated)
+            win_shared = accumulate("win_shared", stats.shared)
+            win_steps = accumulate("win_steps", any_shared)
+            column = functools.partial(tf.expand_dims, axis=1)
+            examples = tf.concat(
+                [
+                    column(stats.batch_size),
+                    column(stats.distinct),
+                    column(stats.duplicated),
+                    column(win_dup),
+                    stats.sketch,
+                ],
+                axis=1,
+            )
+            overlap = tf.stack([stats.shared, win_shared, win_steps])
+            next_count = self._window_write(
+                family,
+                step_value,
+                lambda condition: self._write_data(examples, overlap, step_value, condition),
+            )
+            for name, value in (
+                ("last_examples", examples),
+                ("last_overlap", overlap),
+                ("win_dup", win_dup),
+                ("win_shared", win_shared),
+                ("win_steps", win_steps),
+                ("last_step", step_value),
+                ("win_count", next_count),
+            ):
+                family[name].assign(value)
+        except Exception as error:  # noqa: BLE001
+            self._warn_family_failed("data", error)
+
+    def _write_data(self, examples, overlap, step, condition):
+        self._write(
+            condition,
+            metadata.TAG_DATA_EXAMPLES,
+            lambda: examples,
+            step,
+            metadata.KIND_DATA_EXAMPLES,
+        )
+        self._write(
+            condition, metadata.TAG_DATA_OVERLAP, lambda: overlap, step, metadata.KIND_DATA_OVERLAP
+        )
+
+    def _write_family_windows(self):
+        """Host side: writes the last step of the rng and data families if not yet written."""
+        always = tf.constant(True)
+        rng = self._families.get("rng")
+        if rng is not None and int(rng["win_count"].numpy()) > 0:
+            with tf.init_scope():
+                self._write_rng(
+                    rng["last"].read_value(),
+                    rng["last_step"].read_value(),
+                    self._rng_document,
+                    always,
+                )
+            rng["win_count"].assign(0)
+        data = self._families.get("data")
+        if data is not None and int(data["win_count"].numpy()) > 0:
+            with tf.init_scope():
+                self._write_data(
+                    data["last_examples"].read_value(),
+                    data["last_overlap"].read_value(),
+                    data["last_step"].read_value(),
+                    always,
+                )
+            data["win_count"].assign(0)
+
     # ------------------------------------------------------------- host side
 
     def write_window(self):
-        """Writes the dense batch-size series for steps observed since its last write.
+        """Writes the dense series of every family for steps observed since its last write.
 
         Called by `flush`/`close` and by `ReplicaCallback` at each epoch end. Host side (eager).
         """
@@ -441,20 +777,20 @@ class ReplicaProbe:
             try:
                 counters = self._state["counters"]
                 values = counters.numpy()
-                if int(values[_WIN_COUNT]) == 0:
-                    return
-                window = self._state["window"]
-                with tf.init_scope():
-                    self._write(
-                        tf.constant(True),
-                        metadata.TAG_BATCH_SIZE,
-                        window.read_value,
-                        int(values[_LAST_STEP]),
-                        metadata.KIND_BATCH_SIZE,
-                    )
-                counters.assign(tf.tensor_scatter_nd_update(counters, [[_WIN_COUNT]], [0]))
+                if int(values[_WIN_COUNT]) > 0:
+                    window = self._state["window"]
+                    with tf.init_scope():
+                        self._write(
+                            tf.constant(True),
+                            metadata.TAG_BATCH_SIZE,
+                            window.read_value,
+                            int(values[_LAST_STEP]),
+                            metadata.KIND_BATCH_SIZE,
+                        )
+                    counters.assign(tf.tensor_scatter_nd_update(counters, [[_WIN_COUNT]], [0]))
+                self._write_family_windows()
             except Exception as error:  # noqa: BLE001
-                self._disable(f"could not write the batch-size window: {error}")
+                self._disable(f"could not write the pending windows: {error}")
 
     def flush(self, window=True):
         """Writes the pending window of the dense series and flushes the event file.

@@ -5,6 +5,8 @@ Used by the plugin routes (TensorBoard's provider: Python loader or RustBoard), 
 every sample). Imports no TensorFlow.
 """
 
+import bisect
+import collections
 import dataclasses
 import fnmatch
 import json
@@ -231,6 +233,193 @@ def list_runs(provider, ctx, experiment_id):
 
 
 @dataclasses.dataclass
+class RngSeries:
+    """The rng family of one run, at its logged steps.
+
+    Attributes:
+      run: the run name.
+      replicas, devices: as in `InputsSeries`.
+      generators: one dict per generator: `name`, `kind` ("keras.SeedGenerator" or
+        "tf.random.Generator"), `layer`, `layer_class`, `mirrored`, `state_size`.
+      steps: int64 [S], the logged steps.
+      fingerprint: int64 [S, G, R], stream fingerprint of each generator's next draw per replica:
+        equal values mean equal random numbers.
+      state: int64 [S, G, R, W], state words (zero-padded beyond `state_size`).
+      notes: plain-language problems met while reading.
+    """
+
+    run: str
+    replicas: list
+    devices: list
+    generators: list
+    steps: np.ndarray
+    fingerprint: np.ndarray
+    state: np.ndarray
+    notes: list
+
+    @property
+    def num_replicas(self):
+        return len(self.replicas)
+
+
+@dataclasses.dataclass
+class DataSeries:
+    """The data family of one run, at its logged steps (each closing a window of steps).
+
+    Attributes:
+      run, replicas: as in `InputsSeries` (replica order of every per-replica axis).
+      steps: int64 [S], the logged steps.
+      window_steps: int64 [S], steps in the window each logged step closes (1 when every step
+        is logged).
+      batch_size, distinct: int64 [S, R], examples and distinct examples at the logged step.
+      duplicated: int64 [S, R], distinct examples of that replica also fed to another replica
+        at that step; `window_duplicated` the same summed over the window.
+      shared: int64 [S, R, R], distinct examples fed to both replicas at the logged step
+        (diagonal: distinct examples); `window_shared` summed over the window.
+      steps_shared: int64 [S, R, R], steps of the window where the two replicas shared at least
+        one example (diagonal: `window_steps`).
+      sketch: int64 [S, R, K], bottom-K sketch of each replica's example fingerprints (the first
+        `min(distinct, K)` entries are valid).
+      notes: plain-language problems met while reading.
+    """
+
+    run: str
+    replicas: list
+    steps: np.ndarray
+    window_steps: np.ndarray
+    batch_size: np.ndarray
+    distinct: np.ndarray
+    duplicated: np.ndarray
+    window_duplicated: np.ndarray
+    shared: np.ndarray
+    window_shared: np.ndarray
+    steps_shared: np.ndarray
+    sketch: np.ndarray
+    notes: list
+
+    @property
+    def num_replicas(self):
+        return len(self.replicas)
+
+
+def rng_from_samples(run, samples, notes):
+    """Builds the `RngSeries` of a run from its raw samples, or None when it has none.
+
+    A streams sample is read with the latest generators document written at or before its step,
+    when their layouts (generator count) match; the layout of the last logged step wins.
+    """
+    streams = samples.get(metadata.TAG_RNG_STREAMS, [])
+    if not streams:
+        return None
+    documents = {}
+    for step, value in samples.get(metadata.TAG_RNG_GENERATORS, []):
+        try:
+            text = value.item()
+            documents[step] = json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            continue
+    # The document is written at the first logged step of each layout: each streams sample
+    # takes the latest document written at or before its step.
+    document_steps = sorted(documents)
+    paired = []
+    for step, value in streams:
+        at = bisect.bisect_right(document_steps, step) - 1
+        document = documents[document_steps[at]] if at >= 0 else None
+        if document is None or value.ndim != 3:
+            continue
+        if value.shape[0] != len(document.get("generators", [])):
+            continue
+        paired.append((step, value, document))
+    if not paired:
+        notes.append("rng: no readable generator series (missing generator names).")
+        return None
+    last = paired[-1][2]
+    layout = [g.get("name") for g in last["generators"]]
+    kept = [
+        (step, value)
+        for step, value, document in paired
+        if [g.get("name") for g in document["generators"]] == layout
+        and value.shape == paired[-1][1].shape
+    ]
+    if len(kept) < len(streams):
+        notes.append(
+            f"rng: {len(streams) - len(kept)} logged step(s) with another generator layout "
+            "were skipped."
+        )
+    values = np.stack([v for _, v in kept]).astype(np.int64)
+    num = values.shape[2]
+    return RngSeries(
+        run=run,
+        replicas=[int(r) for r in last.get("replicas", range(num))],
+        devices=[str(d) for d in last.get("devices", [""] * num)],
+        generators=[
+            {
+                "name": str(g.get("name")),
+                "kind": str(g.get("kind", "")),
+                "layer": g.get("layer"),
+                "layer_class": g.get("layer_class"),
+                "mirrored": bool(g.get("mirrored", False)),
+                "state_size": int(g.get("state_size", values.shape[3] - 1)),
+            }
+            for g in last["generators"]
+        ],
+        steps=np.array([s for s, _ in kept], dtype=np.int64),
+        fingerprint=values[:, :, :, 0],
+        state=values[:, :, :, 1:],
+        notes=notes,
+    )
+
+
+def data_from_samples(run, samples, notes, replicas=None):
+    """Builds the `DataSeries` of a run from its raw samples, or None when it has none.
+
+    Args:
+      run: the run name.
+      samples: `RunData.samples`.
+      notes: the run's notes list (appended to).
+      replicas: replica ids (from the inputs family); `range(R)` when None.
+    """
+    examples = dict(samples.get(metadata.TAG_DATA_EXAMPLES, []))
+    overlap = dict(samples.get(metadata.TAG_DATA_OVERLAP, []))
+    steps = sorted(set(examples) & set(overlap))
+    if not steps:
+        return None
+    counts = collections.Counter(examples[s].shape[0] for s in steps)
+    num = counts.most_common(1)[0][0]
+    kept = [
+        s
+        for s in steps
+        if examples[s].ndim == 2
+        and examples[s].shape[0] == num
+        and examples[s].shape[1] >= 4
+        and overlap[s].shape == (3, num, num)
+    ]
+    if len(kept) < len(steps):
+        notes.append(f"data: {len(steps) - len(kept)} logged step(s) of another layout skipped.")
+    if not kept:
+        return None
+    ex = np.stack([examples[s] for s in kept]).astype(np.int64)
+    ov = np.stack([overlap[s] for s in kept]).astype(np.int64)
+    if replicas is None or len(replicas) != num:
+        replicas = list(range(num))
+    return DataSeries(
+        run=run,
+        replicas=[int(r) for r in replicas],
+        steps=np.array(kept, dtype=np.int64),
+        window_steps=np.diagonal(ov[:, 2], axis1=1, axis2=2)[:, 0].copy(),
+        batch_size=ex[:, :, 0],
+        distinct=ex[:, :, 1],
+        duplicated=ex[:, :, 2],
+        window_duplicated=ex[:, :, 3],
+        shared=ov[:, 0],
+        window_shared=ov[:, 1],
+        steps_shared=ov[:, 2],
+        sketch=ex[:, :, 4:],
+        notes=notes,
+    )
+
+
+@dataclasses.dataclass
 class RunData:
     """Every family of one run, as read from the data provider.
 
@@ -241,6 +430,8 @@ class RunData:
     Attributes:
       run: the run name.
       inputs: the `InputsSeries` (empty arrays when the run has no inputs tags).
+      rng: the `RngSeries`, or None when the run has no rng tags.
+      data: the `DataSeries`, or None when the run has no data tags.
       samples: raw samples per readable tag.
       notes: plain-language problems met while reading (shared by every family).
     """
@@ -249,6 +440,8 @@ class RunData:
     inputs: InputsSeries
     samples: dict
     notes: list
+    rng: RngSeries | None = None
+    data: DataSeries | None = None
 
 
 def _readable_tags(tags_of_run, notes):
@@ -305,7 +498,9 @@ def read_run(provider, ctx, experiment_id, run, tags_of_run=None):
         for tag in readable
     }
     inputs = inputs_from_samples(run, samples, notes)
-    return RunData(run=run, inputs=inputs, samples=samples, notes=notes)
+    rng = rng_from_samples(run, samples, notes)
+    data = data_from_samples(run, samples, notes, inputs.replicas or None)
+    return RunData(run=run, inputs=inputs, samples=samples, notes=notes, rng=rng, data=data)
 
 
 def inputs_from_samples(run, samples, notes):

@@ -7,7 +7,7 @@
 import dataclasses
 import os
 
-from tb_replica_plugin import analysis, reader
+from tb_replica_plugin import analysis, plugin, reader
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -54,6 +54,8 @@ class Report:
                     "shape_events": [
                         {"step": e["step"], "inputs": e["inputs"]} for e in series.shape_events
                     ],
+                    "rng": plugin.rng_body(run_data.rng) if run_data.rng else None,
+                    "data": plugin.data_body(run_data.data) if run_data.data else None,
                     "findings": [f.to_json() for f in self.findings[name]],
                     "notes": run_data.notes,
                 }
@@ -96,6 +98,8 @@ class Report:
                     lines.append(f"      {entry['name']}: {shapes}{flag}")
             if len(series.shape_events) > 20:
                 lines.append(f"    … {len(series.shape_events) - 20} more changes (see --json)")
+            lines.extend(_rng_text(run_data.rng))
+            lines.extend(_data_text(run_data.data))
             for note in run_data.notes:
                 lines.append(f"  note: {note}")
             findings = self.findings[name]
@@ -112,6 +116,49 @@ class Report:
             f"warning(s), {counts['info']} info."
         )
         return "\n".join(lines)
+
+
+def _rng_text(series):
+    """The rng block of the text report: per generator, which replicas draw the same numbers."""
+    if series is None or series.steps.size == 0:
+        return []
+    lines = [f"  random generators ({series.steps.size} logged steps):"]
+    for index, generator in enumerate(series.generators):
+        fingerprint = series.fingerprint[:, index]
+        identical = sum(
+            len(set(analysis.stream_groups(row))) < series.num_replicas for row in fingerprint
+        )
+        groups = analysis.stream_groups(fingerprint[-1])
+        owner = f", layer {generator['layer_class']}" if generator.get("layer_class") else ""
+        if not generator.get("mirrored"):
+            lines.append(
+                f"    {generator['name']} [{generator['kind']}{owner}]: one state shared by "
+                "every replica (not mirrored), draws serialised; not compared"
+            )
+            continue
+        lines.append(
+            f"    {generator['name']} [{generator['kind']}{owner}]: replicas draw the same "
+            f"numbers at {identical}/{series.steps.size} logged steps; last step stream "
+            f"groups {groups}"
+        )
+    return lines
+
+
+def _data_text(series):
+    """The data block of the text report: examples shared by replica pairs over the run."""
+    if series is None or series.steps.size == 0:
+        return []
+    share, steps_shared = analysis.data_pair_shares(series)
+    total = int(series.window_steps.sum())
+    pairs = [
+        f"{series.replicas[r]}–{series.replicas[q]}: {share[r, q]:.0%} at "
+        f"{int(steps_shared[r, q])} steps"
+        for r in range(series.num_replicas)
+        for q in range(r + 1, series.num_replicas)
+        if share[r, q] > 0
+    ]
+    head = f"  examples ({total} steps): shared at the same step by replica pair: "
+    return [head + ("; ".join(pairs) if pairs else "none")]
 
 
 def load(logdir, run=None, thresholds=None):

@@ -17,7 +17,13 @@ def test_every_benchmark_runs_and_prints_its_figures():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = {r["benchmark"]: r for r in json.loads(done.stdout)}
-    assert set(results) == {"fit_overhead", "loop_overhead", "backend", "frontend_render"}
+    assert set(results) == {
+        "fit_overhead",
+        "loop_overhead",
+        "backend",
+        "frontend_render",
+        "fingerprint_overhead",
+    }
     fit = results["fit_overhead"]
     assert fit["ratio_to_no_callback"]["no_callback"] == 1.0
     assert set(fit["ratio_to_no_callback"]) == {
@@ -34,3 +40,12 @@ def test_every_benchmark_runs_and_prints_its_figures():
     assert backend["points_per_plugin"] == 8 * 2000
     assert backend["ratio_replicas_to_scalars"] > 0
     assert results["frontend_render"]["median_render_ms"] > 0
+    fingerprints = results["fingerprint_overhead"]
+    assert set(fingerprints["fit"]["median_cpu_seconds_per_step"]) == {
+        "no_callback",
+        "inputs_only",
+        "inputs_rng",
+        "inputs_examples",
+        "all_default",
+    }
+    assert fingerprints["ops_alone_by_batch"]["256"]["fingerprints_us_per_example"] != 0

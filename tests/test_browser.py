@@ -31,7 +31,7 @@ def demo_server(demo_logs):
     try:
         server.wait_for(
             "/data/plugin/replicas/runs",
-            lambda status, body: status == 200 and len(json.loads(body)["runs"]) == 5,
+            lambda status, body: status == 200 and len(json.loads(body)["runs"]) >= 9,
         )
         yield server
     finally:
@@ -87,13 +87,13 @@ def test_tab_shows_every_replica_and_the_imbalance_note(demo_server, browser, tm
     wait_ready(frame)
 
     runs = frame.eval_on_selector_all("#run-select option", "els => els.map(e => e.value)")
-    assert sorted(runs) == [
+    assert {
         "balanced/replicas",
         "batch_not_divisible/inspect_dataset",
         "batch_not_divisible/replicas",
         "empty_last_shard/replicas",
         "shape_mismatch/replicas",
-    ]
+    } <= set(runs)
 
     frame.select_option("#run-select", "batch_not_divisible/replicas")
     wait_ready(frame)
@@ -159,4 +159,70 @@ def test_clicking_a_finding_zooms_the_charts_to_its_steps(demo_server, browser):
     assert float(batch.get_attribute("data-zoom-min")) == 0
     assert float(batch.get_attribute("data-zoom-max")) == 3
     assert "flash" in batch.get_attribute("class")
+
+
+def open_tab(demo_server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(demo_server.url + "/#replicas", wait_until="load")
+    frame = None
+    for _ in range(300):
+        frame = tab_frame(page)
+        if frame:
+            break
+        page.wait_for_timeout(100)
+    assert frame is not None, [f.url for f in page.frames]
+    wait_ready(frame)
+    return page, frame, errors
+
+
+def matrix_cells(frame, section):
+    return frame.eval_on_selector_all(
+        f'[data-view="{section}"] table.match-matrix td',
+        "els => els.map(e => [Number(e.dataset.r), Number(e.dataset.q), Number(e.dataset.share)])",
+    )
+
+
+def test_rng_and_data_sections(demo_server, browser):
+    page, frame, errors = open_tab(demo_server, browser)
+
+    frame.select_option("#run-select", "dropout_fit/replicas")
+    wait_ready(frame)
+    kinds = frame.eval_on_selector_all(
+        '[data-view="findings"] .finding', "els => els.map(e => e.dataset.kind)"
+    )
+    assert "identical_rng_streams" in kinds
+    assert frame.is_visible('[data-view="rng"] [data-generator="dropout"] table.match-matrix')
+    cells = matrix_cells(frame, "rng")
+    assert len(cells) == 16
+    assert all(share == 1.0 for r, q, share in cells if r != q)
+    caption = frame.inner_text('[data-view="rng"] table.rng-states caption')
+    assert "replicas 0, 1, 2, 3 draw the same numbers" in caption
+    frame.click('[data-view="findings"] .finding[data-kind="identical_rng_streams"]')
+    frame.wait_for_selector('section[data-view="rng"].flash')
+
+    frame.select_option("#run-select", "generator_loop/replicas")
+    wait_ready(frame)
+    assert "No problems found" in frame.inner_text('[data-view="findings"]')
+    cells = matrix_cells(frame, "rng")
+    assert all(share == 0.0 for r, q, share in cells if r != q)
+    assert "every replica draws its own numbers" in frame.inner_text('[data-view="rng"]')
+
+    frame.select_option("#run-select", "unsharded_pipeline/replicas")
+    wait_ready(frame)
+    cells = matrix_cells(frame, "data")
+    assert all(share == 1.0 for r, q, share in cells if r != q)
+    assert "duplicate_examples" in frame.inner_text('[data-view="findings"]')
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    page.set_viewport_size({"width": 1400, "height": 2400})
+    page.wait_for_timeout(300)
+    page.screenshot(path=os.path.join(ARTIFACTS, "rng_data_sections.png"), full_page=True)
+
+    frame.select_option("#run-select", "sharded_pipeline/replicas")
+    wait_ready(frame)
+    cells = matrix_cells(frame, "data")
+    assert len(cells) == 16 and all(share == 0.0 for r, q, share in cells if r != q)
+    assert errors == []
     page.close()

@@ -110,3 +110,43 @@ export async function fetchFindings(run, opts) {
     }))
     .sort((a, b) => rank(a.severity) - rank(b.severity) || (a.first_step ?? 0) - (b.first_step ?? 0));
 }
+
+/** Random generators per replica of one run (null when the run has none). */
+export async function fetchRng(run, maxPoints, opts) {
+  const body = await fetchJson(`./rng?${q({ run, max_points: maxPoints })}`, opts);
+  if (!list(body.generators).length) return null;
+  return {
+    replicas: list(body.replicas),
+    steps: numbers(body.steps),
+    logged_steps: toNumber(body.logged_steps),
+    downsampled: Boolean(body.downsampled),
+    generators: list(body.generators).map((g) => ({
+      name: String(g.name ?? ''),
+      kind: String(g.kind ?? ''),
+      layer: g.layer ?? null,
+      layer_class: g.layer_class ?? null,
+      mirrored: Boolean(g.mirrored),
+      match: matrix(g.match),
+      stream_groups: list(g.stream_groups),
+      state_groups: list(g.state_groups),
+      last_state: list(g.last_state),
+      last_fingerprint: list(g.last_fingerprint),
+    })),
+  };
+}
+
+/** Example fingerprints and replica overlaps of one run (null when the run has none). */
+export async function fetchData(run, maxPoints, opts) {
+  const body = await fetchJson(`./data?${q({ run, max_points: maxPoints })}`, opts);
+  if (!list(body.steps).length) return null;
+  return {
+    replicas: list(body.replicas),
+    steps: numbers(body.steps),
+    total_steps: toNumber(body.total_steps),
+    share: matrix(body.share),
+    steps_shared: matrix(body.steps_shared),
+    total_distinct: numbers(body.total_distinct),
+    total_duplicated: numbers(body.total_duplicated),
+    duplicate_share: matrix(body.duplicate_share),
+  };
+}

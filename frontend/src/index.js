@@ -2,13 +2,15 @@
 import uplotCss from 'uplot/dist/uPlot.min.css';
 import appCss from './style.css';
 import { h } from './dom.js';
-import { fetchRuns, fetchInputs, fetchFindings } from './data.js';
+import { fetchRuns, fetchInputs, fetchFindings, fetchRng, fetchData } from './data.js';
 import { createZoom } from './zoom.js';
 import { createFindings } from './views/findings.js';
 import { createBatchChart } from './views/batch_chart.js';
 import { createImbalanceChart } from './views/imbalance_chart.js';
 import { createHeatmap } from './views/heatmap.js';
 import { createShapesTable } from './views/shapes_table.js';
+import { createRngView } from './views/rng_view.js';
+import { createDataView } from './views/data_view.js';
 
 /** Steps asked of ./inputs: exact up to this many, bucketed (with min/max) beyond. */
 const MAX_POINTS = 10000;
@@ -88,14 +90,16 @@ export async function render() {
     main.replaceChildren(h('p', { class: 'muted loading' }, 'Loading…'));
     setState('loading');
     try {
-      const [inputs, findings] = await Promise.all([
+      const [inputs, findings, rng, data] = await Promise.all([
         fetchInputs(runName, MAX_POINTS, { signal: abort.signal }),
         fetchFindings(runName, { signal: abort.signal }),
+        fetchRng(runName, MAX_POINTS, { signal: abort.signal }),
+        fetchData(runName, MAX_POINTS, { signal: abort.signal }),
       ]);
       if (abort.signal.aborted) return;
       performance.mark('replicas:data');
       const t0 = performance.now();
-      buildRun(main, run, inputs, findings, views);
+      buildRun(main, run, inputs, findings, views, { rng, data });
       await new Promise((r) => setTimeout(r, 0)); // let uPlot finish its first draw
       if (abort.signal.aborted) return;
       document.body.dataset.renderMs = String(Math.round(performance.now() - t0));
@@ -112,7 +116,7 @@ export async function render() {
   await show(runs[0].run);
 }
 
-function buildRun(main, run, inputs, findings, views) {
+function buildRun(main, run, inputs, findings, views, { rng, data } = {}) {
   const steps = inputs.steps;
   const lastStep = run.last_step ?? steps[steps.length - 1] ?? 0;
   // Step ranges are [start, end): the last step gets its full width.
@@ -153,7 +157,11 @@ function buildRun(main, run, inputs, findings, views) {
   );
   const heat = section('heatmap', 'Batch size heatmap', 'One row per replica. Hover for values, drag to zoom, double-click to reset.');
   const shapes = section('shapes', 'Input shapes', 'Each input\'s shape and dtype per replica, at the first step and at every step where they change. Highlighted: inputs the replicas disagree on (dtype, rank or a non-leading dimension).');
+  const rngSec = section('rng', 'Random streams', 'Per generator: how often two replicas draw identical numbers (same next-draw fingerprint), and each replica\'s state at the last logged step. A state equal on every replica does not mean equal streams: tf.random.Generator folds the replica id into its key.');
+  const dataSec = section('data', 'Examples per replica', 'Per pair of replicas: the share of examples both got at the same step (per-example fingerprints). Non-zero off the diagonal means replicas train on the same data: an unsharded input pipeline.');
   main.replaceChildren(findingsSec.el, batch.el, imbalance.el, heat.el, shapes.el);
+  if (rng) main.append(rngSec.el);
+  if (data) main.append(dataSec.el);
 
   const onSelect = (f) => {
     const view = f.view && main.querySelector(`section[data-view="${CSS.escape(f.view)}"]`) ? f.view : /shape|dtype|rank/.test(f.kind) ? 'shapes' : 'batch';
@@ -185,6 +193,8 @@ function buildRun(main, run, inputs, findings, views) {
     );
   }
   views.push(timed('shapes', () => createShapesTable(shapes.body, { inputs, deviceName })));
+  if (rng) views.push(timed('rng', () => createRngView(rngSec.body, { rng, deviceName })));
+  if (data) views.push(timed('data', () => createDataView(dataSec.body, { data, deviceName })));
   const newNotes = inputs.notes.filter((n) => !run.notes.includes(n));
   if (newNotes.length) main.prepend(h('div', { class: 'run-notes' }, newNotes.map((n) => h('p', { class: 'note' }, n))));
 }

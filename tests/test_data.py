@@ -1,0 +1,258 @@
+"""Data family: per-example fingerprints and the examples replicas share, checked by hand.
+
+In-process on 2 replicas (replica context in a tf.function and cross-replica context eagerly),
+and on the 4-replica demo (`demo_logs`): the unsharded `distribute_datasets_from_function`
+pipeline is flagged at every step with every replica pair, its sharded twin never.
+"""
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import tensorflow as tf
+from conftest import VENV_BIN, TensorBoardServer, http_get, mirrored
+
+import tb_replica_plugin
+from demo import scenarios
+from tb_replica_plugin import ReplicaProbe, analysis, reader
+from tb_replica_plugin.collectors import data as data_collector
+
+
+def only_run(logdir):
+    report = tb_replica_plugin.load(logdir)
+    (name,) = report.runs
+    return report.runs[name], report.findings[name]
+
+
+def rows(tensor):
+    return [tuple(np.asarray(row).reshape(-1).tolist()) for row in np.asarray(tensor)]
+
+
+def test_shared_examples_match_a_hand_count_eagerly(tmp_path):
+    """Cross-replica context (PerReplica batch), 3-step windows, a few repeated records."""
+    strategy = mirrored(2)
+    # 24 examples, batch 8 → replicas get 4 each; some records repeat across the two halves.
+    values = np.arange(24, dtype="float32")
+    values[[4, 12, 13, 20]] = values[[0, 8, 9, 16]]
+    labels = (values % 3).astype("int64")
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices({"v": values[:, None], "label": labels}).batch(8)
+    )
+    expected_shared, expected_distinct = [], []
+    with ReplicaProbe(str(tmp_path), strategy, update_freq=3) as probe:
+        for batch in dataset:
+            local = [
+                set(zip(rows(v), rows(lab), strict=True))
+                for v, lab in zip(
+                    strategy.experimental_local_results(batch["v"]),
+                    strategy.experimental_local_results(batch["label"]),
+                    strict=True,
+                )
+            ]
+            expected_shared.append(len(local[0] & local[1]))
+            expected_distinct.append([len(s) for s in local])
+            probe.observe_examples(batch)
+    run, findings = only_run(str(tmp_path))
+    series = run.data
+    assert expected_shared == [1, 2, 1]
+    # update_freq=3: steps 0 and 3 are written in-graph, and close() writes the last one (2).
+    assert series.steps.tolist() == [0, 2]
+    assert series.window_steps.tolist() == [1, 2]
+    assert series.shared[:, 0, 1].tolist() == [expected_shared[0], expected_shared[2]]
+    assert series.window_shared[:, 0, 1].tolist() == [1, 3]
+    assert series.steps_shared[:, 0, 1].tolist() == [1, 2]
+    assert series.distinct.tolist() == [expected_distinct[0], expected_distinct[2]]
+    assert series.window_duplicated.tolist() == [[1, 1], [3, 3]]
+    # 4 of 12 examples per replica are also on the other replica: over the 1 % threshold.
+    (finding,) = findings
+    assert (finding.kind, finding.replicas, finding.count, finding.first_step) == (
+        "duplicate_examples",
+        [0, 1],
+        3,
+        0,
+    )
+    assert finding.value == round(4 / 12, 6)
+    loose = analysis.find_data(series, analysis.Thresholds(max_duplicate_share=0.5))
+    assert loose == []
+
+
+def test_fingerprints_and_sketch_layout():
+    x = tf.constant([[1.0, 2.0], [1.0, 2.0], [3.0, 4.0]])
+    y = tf.constant([0, 0, 1])
+    fingerprints = data_collector.example_fingerprints([x, y]).numpy()
+    assert fingerprints[0] == fingerprints[1] != fingerprints[2]
+    assert data_collector.example_fingerprints([x]).numpy()[0] != fingerprints[0]
+    # A leaf without the batch's leading dimension contributes zeros, it does not fail.
+    odd = data_collector.example_fingerprints([x, tf.constant([7, 8])]).numpy()
+    assert odd.shape == (3,)
+    strings = data_collector.example_fingerprints([tf.constant(["a", "b", "a"])]).numpy()
+    assert strings[0] == strings[2] != strings[1]
+    assert data_collector.example_fingerprints([tf.zeros([0, 3])]).numpy().shape == (0,)
+    stats = data_collector.OverlapStats(
+        [tf.constant([5, 3, 3, 9], tf.int64), tf.constant([9, 1], tf.int64)], sketch_size=3
+    )
+    assert stats.batch_size.numpy().tolist() == [4, 2]
+    assert stats.distinct.numpy().tolist() == [3, 2]
+    assert stats.shared.numpy().tolist() == [[3, 1], [1, 2]]
+    assert stats.duplicated.numpy().tolist() == [1, 1]
+    assert stats.sketch.numpy().tolist() == [[3, 5, 9], [1, 9, 0]]
+
+
+def pipeline_logs(logdir, sharded):
+    strategy = mirrored(2)
+    scenarios.pipeline_run(strategy, logdir, sharded=sharded, examples=48, global_batch=8)
+    return only_run(os.path.join(logdir))
+
+
+def test_unsharded_pipeline_flagged_at_every_step_on_2_replicas(tmp_path):
+    run, findings = pipeline_logs(str(tmp_path), sharded=False)
+    series = run.data
+    # Each replica reads the whole dataset: 48 / 4 per replica = 12 steps, all identical.
+    assert series.steps.tolist() == list(range(12))
+    assert series.shared[:, 0, 1].tolist() == [4] * 12
+    assert (series.sketch[:, 0] == series.sketch[:, 1]).all()
+    (finding,) = [f for f in findings if f.kind == "duplicate_examples"]
+    assert (finding.replicas, finding.first_step, finding.last_step, finding.count) == (
+        [0, 1],
+        0,
+        11,
+        12,
+    )
+    assert finding.value == 1.0
+    assert "Replicas 0 and 1 were fed the same examples at the same step (at every step" in (
+        finding.message
+    )
+    assert "input_context.input_pipeline_id" in finding.message
+
+
+def test_sharded_pipeline_has_no_duplicates_on_2_replicas(tmp_path):
+    run, findings = pipeline_logs(str(tmp_path), sharded=True)
+    series = run.data
+    assert series.steps.tolist() == list(range(6))
+    assert series.shared[:, 0, 1].tolist() == [0] * 6
+    assert series.distinct.tolist() == [[4, 4]] * 6
+    assert findings == []
+
+
+def test_demo_pipelines_on_4_replicas(demo_logs):
+    report = tb_replica_plugin.load(demo_logs, run="*_pipeline/replicas")
+    unsharded = report.runs["unsharded_pipeline/replicas"].data
+    steps = unsharded.steps.size
+    assert steps == 256 // 8  # every replica reads all 256 examples, 8 per step
+    pairs = [(r, q) for r in range(4) for q in range(r + 1, 4)]
+    for r, q in pairs:
+        assert unsharded.shared[:, r, q].tolist() == [8] * steps
+        assert unsharded.steps_shared[:, r, q].tolist() == [1] * steps
+    (finding,) = report.findings["unsharded_pipeline/replicas"]
+    assert (finding.kind, finding.replicas, finding.first_step, finding.last_step) == (
+        "duplicate_examples",
+        [0, 1, 2, 3],
+        0,
+        steps - 1,
+    )
+    assert finding.count == steps
+    assert finding.message.startswith("Replicas 0–3 were fed the same examples")
+    sharded = report.runs["sharded_pipeline/replicas"].data
+    assert sharded.steps.tolist() == list(range(8))
+    assert (sharded.shared.sum(axis=0) == np.diag(np.diagonal(sharded.shared.sum(axis=0)))).all()
+    assert report.findings["sharded_pipeline/replicas"] == []
+
+
+def test_sketch_written_by_another_process_matches_this_one(demo_logs):
+    """Fingerprints are deterministic across processes: the demo subprocess's sketch of the
+    sharded pipeline's first step equals the one computed here for the same examples."""
+    report = tb_replica_plugin.load(demo_logs, run="sharded_pipeline/replicas")
+    series = report.runs["sharded_pipeline/replicas"].data
+    x, y = scenarios._regression_data(256)
+    for replica in range(4):
+        index = np.arange(replica, 256, 4)[:8]  # dataset.shard(4, replica), first batch of 8
+        local = data_collector.example_fingerprints([x[index], y[index]])
+        expected = np.sort(np.unique(local.numpy()))[: data_collector.SKETCH_SIZE]
+        sketch = series.sketch[0, replica]
+        assert sketch[: expected.size].tolist() == expected.tolist()
+        assert (sketch[expected.size :] == 0).all()
+
+
+def test_find_data_partial_overlap_message():
+    steps = np.array([0, 1])
+    shared = np.array([[[4, 2, 0], [2, 4, 0], [0, 0, 4]]] * 2)
+    steps_shared = np.array([[[1, 1, 0], [1, 1, 0], [0, 0, 1]]] * 2)
+    series = reader.DataSeries(
+        run="r",
+        replicas=[0, 1, 2],
+        steps=steps,
+        window_steps=np.array([1, 1]),
+        batch_size=np.full((2, 3), 4),
+        distinct=np.full((2, 3), 4),
+        duplicated=np.array([[2, 2, 0]] * 2),
+        window_duplicated=np.array([[2, 2, 0]] * 2),
+        shared=shared,
+        window_shared=shared,
+        steps_shared=steps_shared,
+        sketch=np.zeros((2, 3, 16), np.int64),
+        notes=[],
+    )
+    (finding,) = analysis.find_data(series)
+    assert (finding.replicas, finding.count, finding.value) == ([0, 1], 2, 0.5)
+    assert "0–1: 50%" in finding.message
+
+
+def test_rng_and_data_routes_on_rustboard(demo_logs):
+    server = TensorBoardServer(demo_logs, load_fast=True)
+    try:
+        base = server.url + "/data/plugin/replicas"
+        server.wait_for(
+            "/data/plugin/replicas/runs",
+            lambda status, body: status == 200 and len(json.loads(body)["runs"]) >= 9,
+        )
+        status, body, _ = http_get(base + "/data?run=unsharded_pipeline/replicas")
+        data = json.loads(body)
+        assert status == 200
+        assert data["replicas"] == [0, 1, 2, 3] and data["total_steps"] == 32
+        assert data["share"] == [[1.0] * 4] * 4
+        assert data["steps_shared"] == [[32] * 4] * 4
+        assert data["duplicate_share"][0] == [1.0] * 4
+        assert len(data["last_sketch"][0]) == 8 and data["last_sketch"][0] == data["last_sketch"][3]
+        status, body, _ = http_get(base + "/rng?run=dropout_fit/replicas&max_points=3")
+        rng = json.loads(body)
+        assert status == 200 and rng["downsampled"] is True and rng["logged_steps"] == 8
+        assert len(rng["steps"]) == 3 and rng["steps"][0] == 0 and rng["steps"][-1] == 7
+        (dropout,) = rng["generators"]
+        assert (dropout["name"], dropout["kind"], dropout["mirrored"]) == (
+            "dropout",
+            "keras.SeedGenerator",
+            True,
+        )
+        assert dropout["match"] == [[1.0] * 4] * 4
+        assert dropout["stream_groups"] == [[0, 0, 0, 0]] * 3
+        status, body, _ = http_get(base + "/rng?run=shape_mismatch/replicas")
+        assert (status, json.loads(body)["generators"]) == (200, [])
+        _, body, _ = http_get(base + "/rng?run=generator_loop/replicas")
+        assert json.loads(body)["generators"][0]["stream_groups"][-1] == [0, 1, 2, 3]
+        for path, code, message in [
+            ("/rng", 400, "missing argument 'run'"),
+            ("/data?run=nope", 404, "no replica data for run 'nope'"),
+            ("/data?run=balanced/replicas&max_points=1", 400, "max_points must be between"),
+        ]:
+            status, body, _ = http_get(base + path)
+            assert (status, message in json.loads(body)["error"]) == (code, True), path
+    finally:
+        server.stop()
+
+
+def test_report_json_and_text_have_both_families(demo_logs):
+    result = subprocess.run(
+        [os.path.join(VENV_BIN, "tb-replica"), "report", demo_logs, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    runs = {r["run"]: r for r in json.loads(result.stdout)["runs"]}
+    assert runs["unsharded_pipeline/replicas"]["data"]["share"][0] == [1.0] * 4
+    assert runs["dropout_fit/replicas"]["rng"]["generators"][0]["match"][0] == [1.0] * 4
+    assert runs["shape_mismatch/replicas"]["rng"] is None
+    text = tb_replica_plugin.load(demo_logs, run="*_pipeline/replicas").to_text()
+    assert "0–1: 100% at 32 steps" in text
+    assert "examples (8 steps): shared at the same step by replica pair: none" in text

@@ -1,0 +1,206 @@
+"""RNG family: the tool's stream findings agree with the dropout masks each replica applied.
+
+Real MirroredStrategy, real `fit`: 2 replicas in-process, 4 replicas in a subprocess (one strategy
+size per process). The masks are captured by the layers themselves (`dropout_masks.py`).
+"""
+
+import os
+import subprocess
+import sys
+
+import dropout_masks
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import REPO, mirrored
+
+import tb_replica_plugin
+from tb_replica_plugin import ReplicaProbe, analysis, reader
+
+
+def actual_groups(masks):
+    """Replica groups of equal masks (same convention as `analysis.stream_groups`)."""
+    return analysis.stream_groups(np.stack([m.reshape(-1) for m in masks]))
+
+
+def check_masks_agree(logdir, masks, num):
+    report = tb_replica_plugin.load(logdir)
+    rng = report.runs["replicas"].rng
+    steps = dropout_masks.STEPS_PER_EPOCH * dropout_masks.EPOCHS
+    assert rng.steps.tolist() == list(range(steps))
+    names = [g["name"] for g in rng.generators]
+    assert names[:2] == ["dropout", "g"]
+    assert rng.generators[0]["kind"] == "keras.SeedGenerator"
+    assert rng.generators[0]["layer_class"] == "RecordingDropout"
+    assert rng.generators[1]["kind"] == "tf.random.Generator"
+    for index, layer in ((0, "dropout"), (1, "gen_dropout")):
+        for t in range(steps):
+            applied = [masks[(layer, r)][t] for r in range(num)]
+            assert analysis.stream_groups(rng.fingerprint[t, index]) == actual_groups(applied), (
+                layer,
+                t,
+            )
+    # Stock Keras Dropout: the same mask on every replica at every step; the generator: never.
+    for t in range(steps):
+        assert actual_groups([masks[("dropout", r)][t] for r in range(num)]) == [0] * num
+        assert actual_groups([masks[("gen_dropout", r)][t] for r in range(num)]) == list(range(num))
+    findings = report.findings["replicas"]
+    identical = [f for f in findings if f.kind == "identical_rng_streams"]
+    assert [(f.name, f.replicas, f.first_step, f.last_step, f.count) for f in identical] == [
+        ("dropout", list(range(num)), 0, steps - 1, steps)
+    ]
+    who = "0 and 1" if num == 2 else f"0–{num - 1}"
+    assert identical[0].message.startswith(
+        f"Replicas {who} draw identical dropout masks in layer `dropout`"
+    )
+    assert not [f for f in findings if f.kind == "rng_desync"]
+    return rng
+
+
+def check_recorded_state_is_the_drawn_one(rng, masks, num):
+    """The recorded state reproduces, on its own, the exact mask each replica applied."""
+    for t in range(rng.steps.size):
+        for r in range(num):
+            keras_state = rng.state[t, 0, r, :2]
+            seed = tf.cast(tf.math.floormod(keras_state, tf.int32.max - 1), tf.int32)
+            shape = masks[("dropout", r)][t].shape
+            redrawn = tf.nn.experimental.stateless_dropout(
+                tf.ones(shape), rate=dropout_masks.RATE, seed=seed
+            )
+            np.testing.assert_array_equal(redrawn.numpy() != 0, masks[("dropout", r)][t])
+
+            state = rng.state[t, 1, r, :3]
+            counter = tf.bitcast(tf.constant(state[:2], tf.int64), tf.uint64)
+            key = tf.bitcast(tf.constant(state[2:3], tf.int64), tf.uint64)
+            replica_key = tf.raw_ops.StatelessRandomUniformFullIntV2(
+                shape=[1], key=key, counter=tf.constant([r, 0], tf.uint64), alg=1, dtype=tf.uint64
+            )
+            uniform = tf.raw_ops.StatelessRandomUniformV2(
+                shape=shape, key=replica_key, counter=counter, alg=1, dtype=tf.float32
+            )
+            np.testing.assert_array_equal(
+                uniform.numpy() >= dropout_masks.RATE, masks[("gen_dropout", r)][t]
+            )
+
+
+@pytest.fixture(scope="module")
+def two_replica_masks(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("rng_2"))
+    masks = dropout_masks.train(mirrored(2), logdir)
+    return logdir, masks
+
+
+def test_keras_dropout_masks_agree_with_finding_on_2_replicas(two_replica_masks):
+    logdir, masks = two_replica_masks
+    rng = check_masks_agree(logdir, masks, 2)
+    check_recorded_state_is_the_drawn_one(rng, masks, 2)
+    # The generator names are written once (one layout), the streams at every logged step.
+    samples = tb_replica_plugin.load(logdir).runs["replicas"].samples
+    assert [step for step, _ in samples["rng/generators"]] == [0]
+    assert len(samples["rng/streams"]) == 8
+    # A mirrored generator: equal state on both replicas even though their streams differ.
+    assert (rng.state[:, 1, 0] == rng.state[:, 1, 1]).all()
+    assert (rng.fingerprint[:, 1, 0] != rng.fingerprint[:, 1, 1]).all()
+
+
+def test_keras_dropout_masks_agree_with_finding_on_4_replicas(tmp_path):
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO, "tests", "dropout_masks.py"), str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    masks = dropout_masks.load_masks(os.path.join(tmp_path, "masks.npz"))
+    rng = check_masks_agree(str(tmp_path), masks, 4)
+    check_recorded_state_is_the_drawn_one(rng, masks, 4)
+
+
+def test_generator_desynchronised_on_one_replica(tmp_path):
+    strategy = mirrored(2)
+    with strategy.scope():
+        g = tf.random.Generator.from_seed(5)
+    probe = ReplicaProbe(str(tmp_path), strategy, update_freq=1)
+
+    @tf.function
+    def step(index):
+        def step_fn():
+            probe.observe_rng({"g": g}, include_global=False)
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            # Replica 1 draws 3 more numbers than replica 0 at step 2 (after the probe).
+            extra = tf.cond(
+                tf.logical_and(tf.equal(replica, 1), tf.equal(index, 2)),
+                lambda: tf.reduce_sum(g.normal([3])),
+                lambda: tf.constant(0.0),
+            )
+            return tf.reduce_sum(g.normal([4])) + extra
+
+        return strategy.run(step_fn)
+
+    for index in range(5):
+        step(tf.constant(index))
+    probe.close()
+    report = tb_replica_plugin.load(str(tmp_path))
+    series = next(iter(report.runs.values())).rng
+    assert series.state[:3, 0, 0].tolist() == series.state[:3, 0, 1].tolist()
+    assert series.state[3, 0, 0, 0] != series.state[3, 0, 1, 0]
+    (finding,) = [f for f in next(iter(report.findings.values())) if f.kind == "rng_desync"]
+    assert (finding.name, finding.replicas, finding.first_step, finding.count) == ("g", [1], 3, 2)
+    assert finding.message.startswith("Generator `g` desynchronised on replica 1")
+
+
+def test_stream_groups_and_rng_findings_on_series():
+    generators = [
+        {
+            "name": "aug",
+            "kind": "tf.random.Generator",
+            "layer": None,
+            "layer_class": None,
+            "mirrored": True,
+            "state_size": 3,
+        }
+    ]
+    fingerprint = np.array([[[5, 6, 5, 7]], [[1, 2, 3, 4]]])  # [S=2, G=1, R=4]
+    state = np.zeros((2, 1, 4, 3), np.int64)
+    series = reader.RngSeries(
+        "r", [0, 1, 2, 3], [""] * 4, generators, np.array([0, 9]), fingerprint, state, []
+    )
+    (finding,) = analysis.find_rng(series)
+    assert (finding.kind, finding.replicas, finding.first_step, finding.count) == (
+        "identical_rng_streams",
+        [0, 2],
+        0,
+        1,
+    )
+    assert "Replicas 0 and 2 draw identical random numbers from generator `aug`" in (
+        finding.message
+    )
+    assert analysis.find_rng(series, analysis.Thresholds(min_identical_rng_steps=2)) == []
+    generators[0]["mirrored"] = False  # one shared state: draws serialised, not compared
+    assert analysis.find_rng(series) == []
+    assert analysis.stream_groups([5, 6, 5, 7]) == [0, 1, 0, 3]
+
+
+def test_generator_created_outside_the_scope_is_shared_and_not_judged(tmp_path):
+    strategy = mirrored(2)
+    shared = tf.random.Generator.from_seed(3)  # outside strategy.scope(): one state
+    probe = ReplicaProbe(str(tmp_path), strategy, update_freq=1)
+
+    @tf.function
+    def step():
+        def step_fn():
+            probe.observe_rng({"shared": shared}, include_global=False)
+            return shared.normal([2])
+
+        return strategy.run(step_fn)
+
+    draws = [strategy.experimental_local_results(step()) for _ in range(3)]
+    probe.close()
+    # TensorFlow serialises the replicas' draws: they differ although the state is one.
+    assert all(not np.array_equal(a.numpy(), b.numpy()) for a, b in draws)
+    report = tb_replica_plugin.load(str(tmp_path))
+    series = next(iter(report.runs.values())).rng
+    assert series.generators[0]["mirrored"] is False
+    assert next(iter(report.findings.values())) == []
+    assert "not mirrored" in report.to_text()
