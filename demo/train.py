@@ -11,6 +11,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("logdir", nargs="?", default="demo_logs")
     parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument(
+        "--no-multiworker",
+        action="store_true",
+        help="skip the multi-worker job (2 worker processes on localhost, demo/multiworker.py)",
+    )
     args = parser.parse_args()
 
     from demo import scenarios
@@ -23,6 +28,13 @@ def main():
         start = time.perf_counter()
         scenarios.run_scenario(name, args.logdir, strategy)
         print(f"demo: {name} done in {time.perf_counter() - start:.1f}s", flush=True)
+    if not args.no_multiworker:
+        from demo import multiworker
+
+        # Separate processes (one MultiWorkerMirroredStrategy worker each, 1 CPU replica each).
+        seconds = multiworker.launch(args.logdir, num_workers=2)
+        names = ", ".join(multiworker.SCENARIOS)
+        print(f"demo: multi-worker job ({names}) done in {seconds:.1f}s", flush=True)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,13 @@ Rules of the data family:
 
 - `duplicate_examples` (warning): replicas were fed the same examples at the same step, for more
   than `Thresholds.max_duplicate_share` of their examples (an input pipeline that is not sharded).
+
+Rules of multi-worker jobs:
+
+- `straggler` (warning): a worker's median busy time per step (its step period minus the time
+  it waited for the last worker) exceeds the median over workers by `Thresholds.straggler_factor`
+  and by at least `Thresholds.straggler_min_seconds` (the first timed step, a warm-up, is left
+  out).
 """
 
 import collections
@@ -50,11 +57,17 @@ class Thresholds:
       max_duplicate_share: a `duplicate_examples` finding is raised when, over the run, the
         share of a replica's examples that another replica got at the same step exceeds this
         (0.01: more than 1 %, so a dataset with a few repeated records is not flagged).
+      straggler_factor: a worker of a multi-worker job is a `straggler` when its median busy
+        seconds per step exceed the median over workers times this...
+      straggler_min_seconds: ...and exceed it by at least this many seconds (timer noise on
+        millisecond steps is not a straggler).
     """
 
     max_imbalance_ratio: float = 1.0
     min_identical_rng_steps: int = 1
     max_duplicate_share: float = 0.01
+    straggler_factor: float = 1.25
+    straggler_min_seconds: float = 0.01
 
     @classmethod
     def from_overrides(cls, overrides):
@@ -106,7 +119,8 @@ class Finding:
         name (gradient and drift rules), None when it concerns the whole batch.
       value: the measured value (e.g. imbalance ratio), threshold: what it was compared with.
       message: one or two sentences with the likely cause and the fix.
-      view: the part of the tab that shows it ("batch", "shapes", "rng" or "data").
+      view: the part of the tab that shows it ("batch", "shapes", "rng", "data" or
+        "step_time").
     """
 
     kind: str
@@ -335,6 +349,143 @@ def find_inputs(series, thresholds=Thresholds()):
     return sort_findings(_batch_findings(series, thresholds) + _shape_findings(series))
 
 
+def _worker_text(worker):
+    replicas = worker["replicas"]
+    ids = ", ".join(str(r) for r in replicas)
+    return f"{worker['name']} (replica{'s' if len(replicas) > 1 else ''} {ids})"
+
+
+def timed_steps(step_time):
+    """Which steps of a `reader.StepTimeSeries` the straggler rule uses (bool [S]).
+
+    Steps where every worker has a busy time, except the first one when later ones exist: a
+    warm-up (workers finish tracing and their first step at different times).
+    """
+    valid = np.all(np.isfinite(step_time.busy), axis=1)
+    first = np.flatnonzero(valid)
+    if first.size > 1:
+        valid[first[0]] = False
+    return valid
+
+
+def step_time_medians(step_time):
+    """Per-worker medians of busy seconds and lateness over `timed_steps` (None if no step).
+
+    Returns:
+      `(median_busy, median_lateness)`, two lists with one float (or None) per worker.
+    """
+    valid = timed_steps(step_time)
+    if not np.any(valid):
+        return [None] * len(step_time.workers), [None] * len(step_time.workers)
+    return (
+        [float(v) for v in np.median(step_time.busy[valid], axis=0)],
+        [float(v) for v in np.median(step_time.lateness[valid], axis=0)],
+    )
+
+
+def find_stragglers(step_time, workers, thresholds=Thresholds()):
+    """Stragglers of a multi-worker job.
+
+    Args:
+      step_time: a `reader.StepTimeSeries` (or None).
+      workers: the job's per-worker grouping (`RunData.workers`), in the same worker order.
+      thresholds: the `Thresholds` to apply.
+
+    Returns:
+      A list of `Finding` of kind "straggler", one per slow worker.
+
+    Example:
+      >>> [f.name for f in find_stragglers(run_data.step_time, run_data.workers)]
+      ['worker_1']
+    """
+    if step_time is None or len(workers) < 2 or step_time.steps.size == 0:
+        return []
+    busy = step_time.busy
+    valid = timed_steps(step_time)
+    if not np.any(valid):
+        return []
+    busy, steps = busy[valid], step_time.steps[valid]
+    lateness = step_time.lateness[valid]
+    per_worker = np.median(busy, axis=0)
+    middle = float(np.median(per_worker))
+    findings = []
+    for w, worker in enumerate(workers):
+        own = float(per_worker[w])
+        if own <= thresholds.straggler_factor * middle:
+            continue
+        if own - middle < thresholds.straggler_min_seconds:
+            continue
+        at_step = np.median(busy, axis=1)
+        slow = steps[busy[:, w] > thresholds.straggler_factor * at_step]
+        slow = slow if slow.size else steps
+        ratio = own / middle if middle > 0 else float("inf")
+        others = [float(per_worker[v]) for v in range(len(workers)) if v != w]
+        findings.append(
+            Finding(
+                kind="straggler",
+                severity="warning",
+                run=step_time.run,
+                first_step=int(slow[0]),
+                last_step=int(slow[-1]),
+                count=int(slow.size),
+                replicas=list(worker["replicas"]),
+                name=worker["name"],
+                value=round(ratio, 3),
+                threshold=thresholds.straggler_factor,
+                message=(
+                    f"Worker {_worker_text(worker)} is a straggler: it needs {own:.3f} s per "
+                    f"step against a median of {middle:.3f} s over workers (the others "
+                    f"{', '.join(f'{o:.3f}' for o in others)} s), and arrives "
+                    f"{float(np.median(lateness[:, w])):.3f} s after the first worker, so every "
+                    "worker waits for it at each all-reduce. Look at its input pipeline (tf.data "
+                    "prefetch/parallel map, data on a slow disk), its host load and its "
+                    "hardware; this measures the time until its step inputs are ready."
+                ),
+                view="step_time",
+            )
+        )
+    return findings
+
+
+def _per_worker_sizes(series, workers, step):
+    """`{worker name: batch size}` at `step` if every worker's replicas agree, else None."""
+    at = np.flatnonzero(series.steps == step)
+    if not at.size:
+        return None
+    row = series.batch_size[at[0]]
+    column = {r: c for c, r in enumerate(series.replicas)}
+    sizes = {}
+    for worker in workers:
+        values = {int(row[column[r]]) for r in worker["replicas"] if r in column}
+        if len(values) != 1:
+            return None
+        sizes[worker["name"]] = values.pop()
+    return sizes
+
+
+def _name_workers(findings, series, workers):
+    """Says which worker holds the replicas of each finding of a job, and when the sizes differ
+    by worker (one input pipeline per worker), that the per-worker pipelines disagree."""
+    where = {r: worker["name"] for worker in workers for r in worker["replicas"]}
+    for finding in findings:
+        names = sorted({where[r] for r in finding.replicas if r in where})
+        if not names or finding.kind == "straggler":
+            continue
+        finding.message += f" On {', '.join(names)}."
+        if finding.view != "batch":
+            continue
+        sizes = _per_worker_sizes(series, workers, finding.first_step)
+        if sizes and len(set(sizes.values())) > 1:
+            listed = ", ".join(f"{name}: {size}" for name, size in sizes.items())
+            finding.message += (
+                f" The batch size differs by worker ({listed} per replica): with one input "
+                "pipeline per worker (distribute_datasets_from_function), batch each with "
+                "input_context.get_per_replica_batch_size(global_batch) and shard it with "
+                "input_context.num_input_pipelines / input_pipeline_id."
+            )
+    return findings
+
+
 def find_run(run_data, thresholds=Thresholds()):
     """Findings of every family of one run.
 
@@ -354,6 +505,10 @@ def find_run(run_data, thresholds=Thresholds()):
         findings.extend(find_rng(run_data.rng, thresholds))
     if getattr(run_data, "data", None) is not None:
         findings.extend(find_data(run_data.data, thresholds))
+    workers = getattr(run_data, "workers", None) or []
+    if workers:
+        findings += find_stragglers(getattr(run_data, "step_time", None), workers, thresholds)
+        _name_workers(findings, run_data.inputs, workers)
     return sort_findings(findings)
 
 

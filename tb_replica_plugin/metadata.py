@@ -49,6 +49,14 @@ KIND_RNG_STREAMS = "rng_streams"
 KIND_RNG_GENERATORS = "rng_generators"
 KIND_DATA_EXAMPLES = "data_examples"
 KIND_DATA_OVERLAP = "data_overlap"
+# Multi-worker jobs only, dense like `inputs/batch_size` (same steps): float64 tensor [3] with
+# (host wall-clock time in seconds since the epoch when this worker's step inputs were ready,
+# seconds since the previous observed step, mean seconds per step over the window).
+TAG_STEP_TIME = "workers/step_time"
+
+KIND_BATCH_SIZE = "batch_size"
+KIND_SHAPES = "shapes"
+KIND_STEP_TIME = "step_time"
 
 TAG_KINDS = {
     TAG_BATCH_SIZE: KIND_BATCH_SIZE,
@@ -57,6 +65,7 @@ TAG_KINDS = {
     TAG_RNG_GENERATORS: KIND_RNG_GENERATORS,
     TAG_DATA_EXAMPLES: KIND_DATA_EXAMPLES,
     TAG_DATA_OVERLAP: KIND_DATA_OVERLAP,
+    TAG_STEP_TIME: KIND_STEP_TIME,
 }
 
 

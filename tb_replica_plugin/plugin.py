@@ -66,6 +66,7 @@ def downsample_inputs(series, max_points):
         "shape_events": [
             {"step": event["step"], "inputs": event["inputs"]} for event in series.shape_events
         ],
+        "workers": series.workers,
         "notes": series.notes,
     }
 
@@ -166,6 +167,60 @@ def data_body(series, max_points=None):
     }
 
 
+def _bucket_means(values, starts):
+    """Mean of each bucket of rows (NaN-aware; an all-NaN bucket stays NaN)."""
+    sums = np.add.reduceat(np.nan_to_num(values), starts, axis=0)
+    counts = np.add.reduceat(np.isfinite(values).astype(np.int64), starts, axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def step_time_body(run_data, max_points):
+    """The `/step_time` response body of a multi-worker job (see `http_api.md`).
+
+    Args:
+      run_data: a `reader.RunData` (a job; a single-worker run gives empty series).
+      max_points: most buckets on the step axis (bucket means beyond).
+
+    Returns:
+      The JSON-ready dict: per-worker busy seconds, lateness, period and summary medians.
+    """
+    series = run_data.step_time
+    workers = run_data.workers
+    if series is None or not series.steps.size:
+        return {
+            "run": run_data.run,
+            "workers": workers,
+            "steps": [],
+            "busy": [],
+            "lateness": [],
+            "period": [],
+            "median_busy": [],
+            "median_lateness": [],
+            "downsampled": False,
+        }
+    steps, busy, lateness, period = series.steps, series.busy, series.lateness, series.period
+    count = int(steps.size)
+    downsampled = count > max_points
+    if downsampled:
+        starts = np.arange(0, count, -(-count // max_points))
+        steps = steps[starts]
+        busy, lateness, period = (_bucket_means(v, starts) for v in (busy, lateness, period))
+
+    median_busy, median_lateness = analysis.step_time_medians(series)
+    return {
+        "run": run_data.run,
+        "workers": workers,
+        "steps": steps.tolist(),
+        "busy": busy.tolist(),
+        "lateness": lateness.tolist(),
+        "period": period.tolist(),
+        "median_busy": median_busy,
+        "median_lateness": median_lateness,
+        "downsampled": downsampled,
+    }
+
+
 def parse_max_points(raw):
     """Parses the `max_points` argument.
 
@@ -204,6 +259,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             "/findings": self._serve_findings,
             "/rng": self._serve_rng,
             "/data": self._serve_data,
+            "/step_time": self._serve_step_time,
         }
 
     def is_active(self):
@@ -252,15 +308,8 @@ class ReplicasPlugin(base_plugin.TBPlugin):
 
         ctx = plugin_util.context(request.environ)
         experiment_id = plugin_util.experiment_id(request.environ)
-        runs = reader.list_runs(self._provider, ctx, experiment_id)
-        if run is not None:
-            if run not in runs:
-                raise reader.RunNotFoundError(run)
-            runs = {run: runs[run]}
-        return {
-            name: reader.read_run(self._provider, ctx, experiment_id, name, tags)
-            for name, tags in runs.items()
-        }
+        # The workers of a multi-worker job are read and merged as one job named after it.
+        return reader.read_runs(self._provider, ctx, experiment_id, run=run)
 
     @wrappers.Request.application
     def _serve_runs(self, request):
@@ -277,6 +326,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
                     "last_step": int(series.steps[-1]) if series.steps.size else None,
                     "findings": analysis.severity_counts(analysis.find_run(run_data)),
                     "notes": run_data.notes,
+                    "workers": run_data.workers,
                 }
             )
         return http_util.Respond(request, {"runs": result}, "application/json")
@@ -320,6 +370,20 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             empty.update({"generators": []} if family == "rng" else {"total_steps": 0})
             return http_util.Respond(request, empty, "application/json")
         return http_util.Respond(request, body(series, max_points), "application/json")
+
+    @wrappers.Request.application
+    def _serve_step_time(self, request):
+        run = request.args.get("run")
+        if not run:
+            return _error(request, 400, "missing argument 'run'")
+        try:
+            max_points = parse_max_points(request.args.get("max_points"))
+            body = step_time_body(self._read_runs(request, run)[run], max_points)
+        except BadRequestError as error:
+            return _error(request, 400, str(error))
+        except reader.RunNotFoundError:
+            return _error(request, 404, f"no replica data for run {run!r}")
+        return http_util.Respond(request, body, "application/json")
 
     @wrappers.Request.application
     def _serve_findings(self, request):

@@ -23,6 +23,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -44,6 +45,8 @@ SOURCES = ("fit", "custom_loop", "inspect_dataset")
 _STEP, _HAS_PREV, _PREV_FP, _LAST_STEP, _WIN_COUNT = range(5)
 # Slots of the probe's family step counters.
 _FAMILY_STEP = {"rng": 0, "data": 1}
+# Slots of the float64 timing variable of a multi-worker worker's probe.
+_LAST_TIME, _LAST_PERIOD, _WIN_TIME, _WIN_STEPS = range(4)
 
 # Default seconds between background flushes: at most this much recorded data is lost when the
 # process is killed (SIGKILL, OOM killer) without running any Python.
@@ -132,6 +135,41 @@ def _local_devices(strategy):
     return [f"/job:localhost/replica:0/task:0/device:{kind}:0"]
 
 
+def worker_info(strategy):
+    """This worker's place in a multi-worker job, or None for a single-worker strategy.
+
+    Args:
+      strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+      None unless the strategy spans several workers (`MultiWorkerMirroredStrategy` with a
+      `TF_CONFIG` cluster of 2 or more workers); else a dict with `task_type`, `task_index`,
+      `worker` (the worker's index among the workers, chief first: global replica ids start at
+      `worker * local replicas`), `num_workers` and `job` (a fingerprint of the cluster spec, the
+      same on every worker of one job).
+    """
+    extended = getattr(strategy, "extended", None)
+    num_workers = getattr(extended, "_num_workers", 1)
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if not isinstance(num_workers, int) or num_workers < 2 or resolver is None:
+        return None
+    from tensorflow.python.distribute import multi_worker_util
+
+    task_type, task_index = resolver.task_type, resolver.task_id
+    cluster = resolver.cluster_spec()
+    worker = getattr(extended, "_id_in_cluster", None)
+    if worker is None:
+        worker = multi_worker_util.id_in_cluster(cluster, task_type, task_index)
+    spec = json.dumps(cluster.as_dict(), sort_keys=True).encode("utf-8")
+    return {
+        "task_type": str(task_type),
+        "task_index": int(task_index),
+        "worker": int(worker),
+        "num_workers": int(num_workers),
+        "job": hashlib.blake2b(spec, digest_size=6).hexdigest(),
+    }
+
+
 class ReplicaProbe:
     """Records, per replica and step, what each replica of a `tf.distribute` strategy was fed.
 
@@ -156,6 +194,11 @@ class ReplicaProbe:
       flush_secs: seconds between background flushes of the event file (default 5): a process
         killed without running Python (SIGKILL) loses at most the data recorded in this
         interval. `flush` and `close` write everything at once.
+      per_worker_run: under a multi-worker strategy (`MultiWorkerMirroredStrategy` with 2 or
+        more workers), write to `log_dir/<task_type>_<task_index>` (e.g. `worker_1`) so every
+        worker has its own run; the tab and the report show the runs of one job as one job
+        (see `run_dir`). With False every worker writes `log_dir` itself: give each worker its
+        own `log_dir` then.
 
     Raises:
       ValueError: if `update_freq`, `source` or `flush_secs` is invalid (raised at
@@ -185,6 +228,7 @@ class ReplicaProbe:
         update_freq=100,
         source="custom_loop",
         flush_secs=DEFAULT_FLUSH_SECS,
+        per_worker_run=True,
     ):
         if update_freq is not None and (
             isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1
@@ -204,7 +248,10 @@ class ReplicaProbe:
         self.update_freq = update_freq
         self.source = source
         self.flush_secs = float(flush_secs)
+        self.per_worker_run = per_worker_run
         self._strategy = strategy
+        self._worker = None
+        self._run_dir = None
         self._writer = None
         self._state = None
         self._disabled_reason = None
@@ -219,28 +266,57 @@ class ReplicaProbe:
     def strategy(self):
         return self._strategy or tf.distribute.get_strategy()
 
+    @property
+    def worker(self):
+        """This worker's place in a multi-worker job (see `worker_info`), None on one worker.
+
+        Known once the probe has recorded (or `set_step` was called).
+        """
+        return self._worker
+
+    @property
+    def run_dir(self):
+        """The directory this probe writes: `log_dir`, or `log_dir/<task_type>_<task_index>` for
+        a worker of a multi-worker job (with `per_worker_run`). None before the first record."""
+        return self._run_dir
+
     def _build(self):
         """Creates the writer and the state variables once, outside any graph."""
         if self._state is not None or self._disabled_reason:
             return self._state is not None
         with tf.init_scope():
+            strategy = self.strategy
+            try:
+                self._worker = worker_info(strategy)
+            except Exception as error:  # noqa: BLE001 - a single-worker view is still useful
+                self._warn_once("worker", f"tb_replica_plugin: unknown worker of the job: {error}")
+                self._worker = None
+            run_dir = self.log_dir
+            if self._worker is not None and self.per_worker_run:
+                worker = self._worker
+                run_dir = os.path.join(run_dir, f"{worker['task_type']}_{worker['task_index']}")
+            self._run_dir = run_dir
             try:
                 self._writer = tf.summary.create_file_writer(
-                    self.log_dir, max_queue=_MAX_QUEUE, flush_millis=_NEVER_FLUSH_MILLIS
+                    run_dir, max_queue=_MAX_QUEUE, flush_millis=_NEVER_FLUSH_MILLIS
                 )
                 self._writer.flush()  # creates the event file now: unwritable dirs fail here
-                self._dir_identity = _dir_identity(self.log_dir)
+                self._dir_identity = _dir_identity(run_dir)
             except Exception as error:  # noqa: BLE001 - any failure must not stop training
-                self._disable(f"cannot write summaries to {self.log_dir!r}: {error}")
+                self._disable(f"cannot write summaries to {run_dir!r}: {error}")
                 return False
-            strategy = self.strategy
             devices = _local_devices(strategy)
             num_replicas = len(devices)
+            # Global replica ids: MultiWorkerMirroredStrategy numbers the replicas of the worker
+            # with id `worker` from `worker * local replicas` (replica_id_in_sync_group).
+            first = self._worker["worker"] * num_replicas if self._worker else 0
             self._static = {
                 "devices": devices,
-                "replicas": list(range(num_replicas)),
+                "replicas": list(range(first, first + num_replicas)),
                 "source": self.source,
             }
+            if self._worker is not None:
+                self._static["worker"] = dict(self._worker)
             with tf.device("/cpu:0"):
                 # Packed so that a step reads and writes each variable once.
                 self._state = {
@@ -261,6 +337,14 @@ class ReplicaProbe:
                         [0, 0], dtype=tf.int64, trainable=False, name="probe_family_steps"
                     ),
                 }
+                if self._worker is not None:
+                    # Step timing (multi-worker jobs only), wall-clock seconds, NaN until known:
+                    # last arrival, last period, arrival at the window start, steps in window.
+                    self._state["timing"] = tf.Variable(
+                        tf.constant([math.nan, math.nan, math.nan, 0.0], tf.float64),
+                        trainable=False,
+                        name="probe_timing",
+                    )
         self._families = {}
         self._next_flush = time.monotonic() + self.flush_secs
         _FLUSHER.register(self)
@@ -402,11 +486,16 @@ class ReplicaProbe:
                     f"{len(self._static['devices'])}; create the probe with this strategy"
                 )
             stats = inputs_collector.InputsStats(names, per_replica, self._static["devices"])
-            self._write_inputs(stats, step)
+            now = None
+            if self._worker is not None:
+                # Host wall-clock time once this step's inputs are ready (cheap, CPU, no sync).
+                with tf.control_dependencies([t for leaf in per_replica for t in leaf]):
+                    now = tf.timestamp()
+            self._write_inputs(stats, step, now)
         except Exception as error:  # noqa: BLE001 - must never break training
             self._warn_inputs_failed(error)
 
-    def _write_inputs(self, stats, step):
+    def _write_inputs(self, stats, step, now=None):
         state = self._state
         counters = state["counters"].read_value()
         window = state["window"].read_value()
@@ -435,6 +524,7 @@ class ReplicaProbe:
         if self.update_freq is None:
             # Host-written only (e.g. at epoch ends): no dense write op in the step's graph.
             next_count = counters[_WIN_COUNT] + 1
+            write_dense = tf.constant(False)
         else:
             write_dense = tf.equal(step_value % self.update_freq, 0)
             self._write(
@@ -445,11 +535,55 @@ class ReplicaProbe:
                 metadata.KIND_BATCH_SIZE,
             )
             next_count = tf.where(write_dense, tf.constant(0, tf.int64), counters[_WIN_COUNT] + 1)
+        if now is not None:
+            self._record_time(now, step_value, write_dense, recording)
         one = tf.constant(1, tf.int64)
         state["counters"].assign(
             tf.stack([next_step, one, stats.fingerprint, step_value, next_count])
         )
         state["window"].assign(tf.stack([batch_size, win_min, win_max]))
+
+    def _record_time(self, now, step, write, recording):
+        """Step timing of a multi-worker job: arrival time, period, window mean (in-graph)."""
+        timing = self._state["timing"]
+        last_time, _, win_time, win_steps = tf.unstack(timing.read_value())
+        period = now - last_time
+        steps = win_steps + 1.0
+        mean = (now - win_time) / steps
+        if self.update_freq is not None:
+            self._write(
+                tf.logical_and(write, recording),
+                metadata.TAG_STEP_TIME,
+                lambda: tf.stack([now, period, mean]),
+                step,
+                metadata.KIND_STEP_TIME,
+            )
+        timing.assign(
+            tf.stack(
+                [
+                    now,
+                    period,
+                    tf.where(write, now, win_time),
+                    tf.where(write, tf.constant(0.0, tf.float64), steps),
+                ]
+            )
+        )
+
+    def _write_time_window(self, step):
+        """Host side: the step time of the last step of a window that had no in-graph write."""
+        timing = self._state.get("timing")
+        if timing is None or float(timing.numpy()[_WIN_STEPS]) == 0:
+            return
+        last, period, start, steps = (float(v) for v in timing.numpy())
+        with tf.init_scope():
+            self._write(
+                tf.constant(True),
+                metadata.TAG_STEP_TIME,
+                lambda: tf.constant([last, period, (last - start) / steps], tf.float64),
+                step,
+                metadata.KIND_STEP_TIME,
+            )
+        timing.assign([last, period, last, 0.0])
 
     def _write(self, condition, tag, value_fn, step, kind):
         """Queues one summary in the writer when `condition` holds (in-graph or eagerly).
@@ -788,6 +922,7 @@ class ReplicaProbe:
                             metadata.KIND_BATCH_SIZE,
                         )
                     counters.assign(tf.tensor_scatter_nd_update(counters, [[_WIN_COUNT]], [0]))
+                    self._write_time_window(int(values[_LAST_STEP]))
                 self._write_family_windows()
             except Exception as error:  # noqa: BLE001
                 self._disable(f"could not write the pending windows: {error}")
@@ -810,9 +945,10 @@ class ReplicaProbe:
         if self._writer is None or self._disabled_reason:
             return
         self._next_flush = time.monotonic() + self.flush_secs
-        if self._dir_identity is not None and _dir_identity(self.log_dir) != self._dir_identity:
+        run_dir = self._run_dir or self.log_dir
+        if self._dir_identity is not None and _dir_identity(run_dir) != self._dir_identity:
             self._disable(
-                f"the log dir {self.log_dir!r} was removed or replaced while training; summaries "
+                f"the log dir {run_dir!r} was removed or replaced while training; summaries "
                 "written since the last flush are lost"
             )
             return
@@ -820,7 +956,7 @@ class ReplicaProbe:
             self._writer.flush()
         except Exception as error:  # noqa: BLE001 - full disk, I/O error, closed writer...
             self._disable(
-                f"could not write summaries to {self.log_dir!r}: {type(error).__name__}: "
+                f"could not write summaries to {run_dir!r}: {type(error).__name__}: "
                 f"{_first_line(error)}"
             )
 

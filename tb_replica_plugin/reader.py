@@ -10,11 +10,13 @@ import collections
 import dataclasses
 import fnmatch
 import json
+import re
 
 import numpy as np
 
 from tb_replica_plugin import metadata
 
+TAG_TIME = metadata.TAG_STEP_TIME
 # More samples than any run writes: read_tensors must return every sample it kept.
 ALL_SAMPLES = 10_000_000
 # Largest step range reconstructed step by step; beyond it only recorded steps are kept.
@@ -42,6 +44,11 @@ class InputsSeries:
       dense_steps: int64 array [D]: steps of the dense batch-size series.
       dense: int64 array [D, 3, R]: (value, window min, window max) at those steps.
       notes: plain-language problems met while reading.
+      worker: for one worker's run of a multi-worker job, its place in the job (`task_type`,
+        `task_index`, `worker`, `num_workers`, `job`); None otherwise.
+      workers: for a multi-worker job, the per-worker grouping of the replica axis: one dict per
+        worker, in replica order, `{"run", "name", "task_type", "task_index", "worker",
+        "replicas", "devices"}`; empty for a single-worker run.
     """
 
     run: str
@@ -54,6 +61,8 @@ class InputsSeries:
     dense_steps: np.ndarray
     dense: np.ndarray
     notes: list
+    worker: dict | None = None
+    workers: list = dataclasses.field(default_factory=list)
 
     @property
     def num_replicas(self):
@@ -107,12 +116,24 @@ def parse_shape_event(step, document):
                 "mismatch_dims": dims,
             }
         )
+    worker = parsed.get("worker")
     return {
         "step": int(step),
         "inputs": inputs,
         "devices": [str(d) for d in parsed.get("devices", [])],
         "replicas": [int(r) for r in parsed.get("replicas", [])],
         "source": str(parsed.get("source", "")),
+        "worker": _parse_worker(worker) if isinstance(worker, dict) else None,
+    }
+
+
+def _parse_worker(worker):
+    return {
+        "task_type": str(worker.get("task_type", "worker")),
+        "task_index": int(worker.get("task_index", 0)),
+        "worker": int(worker.get("worker", worker.get("task_index", 0))),
+        "num_workers": int(worker.get("num_workers", 0)),
+        "job": str(worker.get("job", "")),
     }
 
 
@@ -212,6 +233,7 @@ def build_inputs_series(run, shape_events, dense_points, notes=()):
         dense_steps=dense_steps,
         dense=dense,
         notes=notes,
+        worker=(last_event or {}).get("worker"),
     )
 
 
@@ -420,6 +442,38 @@ def data_from_samples(run, samples, notes, replicas=None):
 
 
 @dataclasses.dataclass
+class StepTimeSeries:
+    """Per-worker step timing of a multi-worker job, at the steps every worker logged.
+
+    Times are host wall-clock seconds taken in-graph (`tf.timestamp`) when a worker's inputs of
+    the step were ready (where `observe_inputs` runs). In a synchronous job every worker waits
+    at the all-reduce for the last one, so all workers have the same period; what differs is
+    when they arrive. A worker's `busy` time is its period minus the time it waited for the
+    last worker to arrive: the time per step it would take alone.
+
+    Attributes:
+      run: the job name.
+      workers: worker names (`worker_0`, ...), the order of every per-worker axis.
+      steps: int64 [S], steps logged by every worker.
+      arrival: float64 [S, W], wall-clock seconds (since the epoch) of each worker's arrival.
+      period: float64 [S, W], seconds since the worker's previous step (NaN at its first).
+      window_mean: float64 [S, W], mean seconds per step over the logging window (NaN at first).
+      lateness: float64 [S, W], seconds after the first worker's arrival at that step.
+      busy: float64 [S, W], `max(0, period - (latest arrival - arrival))` (NaN where period is
+        NaN).
+    """
+
+    run: str
+    workers: list
+    steps: np.ndarray
+    arrival: np.ndarray
+    period: np.ndarray
+    window_mean: np.ndarray
+    lateness: np.ndarray
+    busy: np.ndarray
+
+
+@dataclasses.dataclass
 class RunData:
     """Every family of one run, as read from the data provider.
 
@@ -427,13 +481,22 @@ class RunData:
     dataclass, or None when the run has none of its tags. `samples` keeps the raw decoded
     samples per tag, `{tag: [(step, numpy value), ...]}` sorted by step, for family builders.
 
+    A multi-worker job (the runs `<job>/worker_<i>` written by the workers of one
+    `MultiWorkerMirroredStrategy` job) is one `RunData` named `<job>`: its families are merged
+    over workers on global replica ids (see `JOB_MERGERS`), `workers` groups the replica axis by
+    worker and `worker_runs` keeps each worker's own `RunData`.
+
     Attributes:
-      run: the run name.
+      run: the run (or job) name.
       inputs: the `InputsSeries` (empty arrays when the run has no inputs tags).
       rng: the `RngSeries`, or None when the run has no rng tags.
       data: the `DataSeries`, or None when the run has no data tags.
-      samples: raw samples per readable tag.
+      samples: raw samples per readable tag (empty for a job: see `worker_runs`).
       notes: plain-language problems met while reading (shared by every family).
+      workers: for a job, one dict per worker in replica order (see `InputsSeries.workers`);
+        empty for a single-worker run.
+      worker_runs: for a job, `{run: RunData}` of its workers' runs.
+      step_time: for a job, the `StepTimeSeries`; None otherwise.
     """
 
     run: str
@@ -442,6 +505,13 @@ class RunData:
     notes: list
     rng: RngSeries | None = None
     data: DataSeries | None = None
+    workers: list = dataclasses.field(default_factory=list)
+    worker_runs: dict = dataclasses.field(default_factory=dict)
+    step_time: StepTimeSeries | None = None
+
+    @property
+    def is_job(self):
+        return bool(self.workers)
 
 
 def _readable_tags(tags_of_run, notes):
@@ -531,6 +601,301 @@ def read_inputs(provider, ctx, experiment_id, run, tags_of_run=None):
     return read_run(provider, ctx, experiment_id, run, tags_of_run).inputs
 
 
+# ------------------------------------------------------------------------ multi-worker jobs
+
+# `<job>/<task_type>_<task_index>`: the run a worker's probe writes (`ReplicaProbe.run_dir`).
+WORKER_RUN = re.compile(r"^(?:(?P<job>.+)/)?(?P<task_type>chief|worker)_(?P<task_index>\d+)$")
+ROOT_JOB = "."
+
+
+def job_of_run(run):
+    """The job name of a worker's run (`"mw/replicas"` for `"mw/replicas/worker_1"`), else None.
+
+    Whether it is one is confirmed by its data (the worker fields of its shapes events).
+    """
+    match = WORKER_RUN.match(run)
+    if match is None:
+        return None
+    return match.group("job") or ROOT_JOB
+
+
+def candidate_jobs(run_names):
+    """`{job: [worker runs]}` for runs named like a worker's run, grouped by job name."""
+    jobs = {}
+    for run in run_names:
+        job = job_of_run(run)
+        if job is not None:
+            jobs.setdefault(job, []).append(run)
+    return jobs
+
+
+def _worker_name(worker):
+    return f"{worker['task_type']}_{worker['task_index']}"
+
+
+def merge_inputs(job, members, workers, notes):
+    """The inputs family of a job: every worker's series on one global replica axis.
+
+    Args:
+      job: the job name.
+      members: the workers' `InputsSeries`, in worker order.
+      workers: the per-worker grouping (`InputsSeries.workers`).
+      notes: the job's notes list (appended to).
+
+    Returns:
+      An `InputsSeries` whose replicas are the global replica ids of every worker; per step,
+      each worker's batch sizes and shapes at that step (held from its last change).
+    """
+    with_steps = [m for m in members if m.steps.size]
+    steps = np.unique(np.concatenate([m.steps for m in with_steps])) if with_steps else None
+    if steps is None:
+        steps = np.zeros((0,), np.int64)
+    ranges = {(int(m.steps[0]), int(m.steps[-1])) for m in with_steps}
+    if len(ranges) > 1 or len(with_steps) < len(members):
+        notes.append(
+            "The workers recorded different step ranges; a worker's batch sizes are held from "
+            "its nearest recorded step where it has none."
+        )
+    columns = []
+    for member in members:
+        if not member.steps.size:
+            columns.append(np.zeros((steps.size, member.num_replicas), np.int64))
+            continue
+        index = np.searchsorted(member.steps, steps, side="right") - 1
+        columns.append(member.batch_size[np.clip(index, 0, member.steps.size - 1)])
+    batch_size = np.concatenate(columns, axis=1) if columns else np.zeros((0, 0), np.int64)
+
+    event_steps = sorted({e["step"] for m in members for e in m.shape_events})
+    events = []
+    for step in event_steps:
+        in_force = []
+        for member in members:
+            before = [e for e in member.shape_events if e["step"] <= step]
+            event = before[-1] if before else (member.shape_events or [None])[0]
+            in_force.append(event)
+        names = []
+        for event in in_force:
+            for entry in (event or {}).get("inputs", []):
+                if entry["name"] not in names:
+                    names.append(entry["name"])
+        inputs = []
+        for name in names:
+            dtypes, shapes = [], []
+            for member, event in zip(members, in_force, strict=True):
+                entries = (event or {}).get("inputs", [])
+                entry = next((e for e in entries if e["name"] == name), None)
+                if entry is None:
+                    dtypes += ["missing"] * member.num_replicas
+                    shapes += [[]] * member.num_replicas
+                else:
+                    dtypes += entry["dtypes"]
+                    shapes += entry["shapes"]
+            dims = _mismatch_dims(dtypes, shapes)
+            inputs.append(
+                {
+                    "name": name,
+                    "dtypes": dtypes,
+                    "shapes": shapes,
+                    "mismatch": bool(dims),
+                    "mismatch_dims": dims,
+                }
+            )
+        events.append({"step": step, "inputs": inputs})
+
+    dense_sets = [set(m.dense_steps.tolist()) for m in members]
+    dense_common = sorted(set.intersection(*dense_sets)) if dense_sets else []
+    dense_steps = np.array(dense_common, dtype=np.int64)
+    if dense_common:
+        parts = []
+        for member in members:
+            at = np.searchsorted(member.dense_steps, dense_steps)
+            parts.append(member.dense[at])
+        dense = np.concatenate(parts, axis=2)
+    else:
+        dense = np.zeros((0, 3, sum(m.num_replicas for m in members)), np.int64)
+    sources = {m.source for m in members if m.source}
+    return InputsSeries(
+        run=job,
+        replicas=[r for m in members for r in m.replicas],
+        devices=[d for m in members for d in m.devices],
+        source=sources.pop() if len(sources) == 1 else ",".join(sorted(sources)),
+        steps=steps,
+        batch_size=batch_size,
+        shape_events=events,
+        dense_steps=dense_steps,
+        dense=dense,
+        notes=notes,
+        workers=workers,
+    )
+
+
+def merge_step_time(job, member_runs, workers, notes):
+    """The `StepTimeSeries` of a job from each worker's `workers/step_time` samples.
+
+    Args:
+      job: the job name.
+      member_runs: the workers' `RunData`, in worker order.
+      workers: the per-worker grouping.
+      notes: the job's notes list (appended to).
+
+    Returns:
+      A `StepTimeSeries` over the steps every worker logged, or None if no worker logged any.
+    """
+    per_worker = [
+        {step: np.asarray(value, np.float64) for step, value in m.samples.get(TAG_TIME, [])}
+        for m in member_runs
+    ]
+    if not any(per_worker):
+        return None
+    common = sorted(set.intersection(*(set(p) for p in per_worker)))
+    if any(len(p) != len(common) for p in per_worker):
+        notes.append(
+            "Step times are compared at the steps every worker logged; some workers logged "
+            "steps the others did not."
+        )
+    shape = (len(common), len(per_worker))
+    table = np.full(shape + (3,), np.nan)
+    for w, points in enumerate(per_worker):
+        for i, step in enumerate(common):
+            value = points[step]
+            if value.shape == (3,):
+                table[i, w] = value
+    arrival, period, window_mean = table[..., 0], table[..., 1], table[..., 2]
+    if arrival.size:
+        with np.errstate(invalid="ignore"):
+            first = np.nanmin(arrival, axis=1, keepdims=True) if shape[1] else arrival
+            last = np.nanmax(arrival, axis=1, keepdims=True) if shape[1] else arrival
+    else:
+        first = last = arrival
+    return StepTimeSeries(
+        run=job,
+        workers=[w["name"] for w in workers],
+        steps=np.array(common, dtype=np.int64),
+        arrival=arrival,
+        period=period,
+        window_mean=window_mean,
+        lateness=arrival - first,
+        # Clamped at 0: a worker that started its first steps late can show a period shorter
+        # than its wait right after.
+        busy=np.maximum(period - (last - arrival), 0.0),
+    )
+
+
+def _merge_inputs_family(job, member_runs, workers, notes):
+    return merge_inputs(job, [m.inputs for m in member_runs], workers, notes)
+
+
+# How each family of a job is built from its workers' `RunData` (in worker order):
+# `{RunData attribute: fn(job, member_runs, workers, notes) -> series or None}`. A family that
+# compares workers (cross-worker weight drift from per-copy fingerprints, duplicated data from
+# batch fingerprints) adds its merger here; families without one stay None on the job.
+JOB_MERGERS = {
+    "inputs": _merge_inputs_family,
+    "step_time": merge_step_time,
+}
+
+
+def merge_job(job, member_runs):
+    """One `RunData` for the runs of the workers of one job (see `RunData`).
+
+    Args:
+      job: the job name.
+      member_runs: the `RunData` of its workers' runs, each with `inputs.worker` set.
+
+    Returns:
+      The job's `RunData`, replica axis in global replica order.
+    """
+    members = sorted(member_runs, key=lambda m: (m.inputs.worker["worker"], m.run))
+    notes = []
+    workers = []
+    for member in members:
+        info = member.inputs.worker
+        workers.append(
+            {
+                "run": member.run,
+                "name": _worker_name(info),
+                "task_type": info["task_type"],
+                "task_index": info["task_index"],
+                "worker": info["worker"],
+                "replicas": list(member.inputs.replicas),
+                "devices": list(member.inputs.devices),
+            }
+        )
+        notes.extend(f"{_worker_name(info)}: {note}" for note in member.notes)
+    expected = max(m.inputs.worker["num_workers"] for m in members)
+    if len(members) < expected:
+        seen = {m.inputs.worker["worker"] for m in members}
+        missing = sorted(set(range(expected)) - seen)
+        notes.append(
+            f"Only {len(members)} of the job's {expected} workers wrote data (workers "
+            f"{missing} are missing): give every worker the same log dir or copy their runs in."
+        )
+    if len({m.inputs.worker["job"] for m in members}) > 1:
+        notes.append(
+            "These worker runs come from jobs with different cluster specs (the log dir was "
+            "reused); write each job to its own log dir."
+        )
+    data = RunData(
+        run=job,
+        inputs=None,
+        samples={},
+        notes=notes,
+        workers=workers,
+        worker_runs={m.run: m for m in members},
+    )
+    for attribute, merger in JOB_MERGERS.items():
+        setattr(data, attribute, merger(job, members, workers, notes))
+    return data
+
+
+def read_runs(provider, ctx, experiment_id, run=None, runs=None):
+    """Reads runs and multi-worker jobs: `{name: RunData}`, the workers of a job as one entry.
+
+    Runs named `<job>/<task_type>_<index>` whose data says they are workers of one job are read
+    and merged into one `RunData` named `<job>` (they are not listed on their own).
+
+    Args:
+      provider, ctx, experiment_id: as for `read_run`.
+      run: a run or job name to read alone (a worker's own run can be read by its name too).
+      runs: `list_runs(...)` if already listed.
+
+    Returns:
+      `{name: RunData}` sorted by name.
+
+    Raises:
+      RunNotFoundError: if `run` is neither a run nor a job with data of this plugin.
+    """
+    if runs is None:
+        runs = list_runs(provider, ctx, experiment_id)
+    jobs = {job: members for job, members in candidate_jobs(runs).items() if job not in runs}
+
+    def read(name):
+        return read_run(provider, ctx, experiment_id, name, runs[name])
+
+    def read_job(job):
+        members = [read(name) for name in jobs[job]]
+        if all(m.inputs.worker is not None for m in members):
+            return {job: merge_job(job, members)}
+        return {m.run: m for m in members}
+
+    if run is not None:
+        if run in runs:
+            return {run: read(run)}
+        if run in jobs:
+            result = read_job(run)
+            if run in result:
+                return result
+        raise RunNotFoundError(run)
+    result = {}
+    in_jobs = {name for members in jobs.values() for name in members}
+    for name in runs:
+        if name not in in_jobs:
+            result[name] = read(name)
+    for job in jobs:
+        result.update(read_job(job))
+    return {name: result[name] for name in sorted(result)}
+
+
 def local_provider(logdir):
     """A data provider over a local log dir that keeps every sample of this plugin.
 
@@ -559,12 +924,12 @@ def read_log_dir(logdir, run_pattern=None):
       run_pattern: optional shell-style pattern (`fnmatch`) the run names must match.
 
     Returns:
-      A dict `{run: RunData}` sorted by run name.
+      A dict `{run: RunData}` sorted by run name; the workers of a multi-worker job are one
+      entry named after the job (see `read_runs`).
     """
     provider, ctx, experiment_id = local_provider(logdir)
-    runs = list_runs(provider, ctx, experiment_id)
     return {
-        run: read_run(provider, ctx, experiment_id, run, tags)
-        for run, tags in runs.items()
-        if run_pattern is None or fnmatch.fnmatchcase(run, run_pattern)
+        name: data
+        for name, data in read_runs(provider, ctx, experiment_id).items()
+        if run_pattern is None or fnmatch.fnmatchcase(name, run_pattern)
     }

@@ -7,6 +7,8 @@
 import dataclasses
 import os
 
+import numpy as np
+
 from tb_replica_plugin import analysis, plugin, reader
 
 REPORT_SCHEMA_VERSION = 1
@@ -58,6 +60,8 @@ class Report:
                     "data": plugin.data_body(run_data.data) if run_data.data else None,
                     "findings": [f.to_json() for f in self.findings[name]],
                     "notes": run_data.notes,
+                    "workers": run_data.workers,
+                    "step_time": _step_time_json(run_data),
                 }
             )
         findings = self.all_findings()
@@ -83,8 +87,11 @@ class Report:
             )
             lines.append(f"run {name}  [{series.source or 'unknown source'}]")
             lines.append(f"  replicas: {series.num_replicas}   {steps}")
+            if run_data.workers:
+                lines.append(f"  multi-worker job: {len(run_data.workers)} workers")
             for replica, device in zip(series.replicas, series.devices, strict=False):
                 lines.append(f"    replica {replica}: {device}")
+            lines.extend(_step_time_lines(run_data))
             lines.append("  batch size per replica (step: sizes), at every change:")
             for event in series.shape_events[:20]:
                 sizes = reader.event_batch_sizes(event)
@@ -159,6 +166,48 @@ def _data_text(series):
     ]
     head = f"  examples ({total} steps): shared at the same step by replica pair: "
     return [head + ("; ".join(pairs) if pairs else "none")]
+
+
+def _rounded(values):
+    return [None if v is None else round(v, 6) for v in values]
+
+
+def _step_time_json(run_data):
+    """The `step_time` block of a job in the JSON report (None for a single-worker run)."""
+    series = run_data.step_time
+    if series is None:
+        return None
+    return {
+        "workers": series.workers,
+        "steps": series.steps.tolist(),
+        "busy": [[_finite(v) for v in row] for row in series.busy.tolist()],
+        "lateness": [[_finite(v) for v in row] for row in series.lateness.tolist()],
+        "period": [[_finite(v) for v in row] for row in series.period.tolist()],
+        "median_busy": _rounded(analysis.step_time_medians(series)[0]),
+        "median_lateness": _rounded(analysis.step_time_medians(series)[1]),
+    }
+
+
+def _finite(value):
+    return None if value is None or not np.isfinite(value) else round(float(value), 6)
+
+
+def _step_time_lines(run_data):
+    series = run_data.step_time
+    if series is None or not series.steps.size:
+        return []
+    lines = ["  step time per worker (median over logged steps after the first):"]
+    busy, late = analysis.step_time_medians(series)
+    for index, worker in enumerate(run_data.workers):
+        replicas = ", ".join(str(r) for r in worker["replicas"])
+        if busy[index] is None:
+            lines.append(f"    {worker['name']} (replicas {replicas}): not enough steps")
+            continue
+        lines.append(
+            f"    {worker['name']} (replicas {replicas}): busy {busy[index]:.3f} s/step, "
+            f"arrives {late[index]:.3f} s after the first worker"
+        )
+    return lines
 
 
 def load(logdir, run=None, thresholds=None):

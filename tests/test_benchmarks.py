@@ -23,6 +23,7 @@ def test_every_benchmark_runs_and_prints_its_figures():
         "backend",
         "frontend_render",
         "fingerprint_overhead",
+        "multiworker_load",
     }
     fit = results["fit_overhead"]
     assert fit["ratio_to_no_callback"]["no_callback"] == 1.0
@@ -49,3 +50,5 @@ def test_every_benchmark_runs_and_prints_its_figures():
         "all_default",
     }
     assert fingerprints["ops_alone_by_batch"]["256"]["fingerprints_us_per_example"] != 0
+    workers = results["multiworker_load"]
+    assert workers["workers"] == 2 and workers["bytes_per_worker_per_step"] > 0

@@ -31,7 +31,12 @@ def demo_server(demo_logs):
     try:
         server.wait_for(
             "/data/plugin/replicas/runs",
-            lambda status, body: status == 200 and len(json.loads(body)["runs"]) >= 9,
+            # Every run, and the 4 multi-worker jobs with both of their workers.
+            lambda status, body: (
+                status == 200
+                and len(json.loads(body)["runs"]) >= 13
+                and sum(len(r["workers"]) == 2 for r in json.loads(body)["runs"]) == 4
+            ),
         )
         yield server
     finally:
@@ -93,7 +98,12 @@ def test_tab_shows_every_replica_and_the_imbalance_note(demo_server, browser, tm
         "batch_not_divisible/replicas",
         "empty_last_shard/replicas",
         "shape_mismatch/replicas",
+        "mw_clean/replicas",
+        "mw_fit_tf_keras/replicas",
+        "mw_straggler/replicas",
+        "mw_uneven_shard/replicas",
     } <= set(runs)
+    assert not [run for run in runs if "/worker_" in run]
 
     frame.select_option("#run-select", "batch_not_divisible/replicas")
     wait_ready(frame)
@@ -224,5 +234,54 @@ def test_rng_and_data_sections(demo_server, browser):
     wait_ready(frame)
     cells = matrix_cells(frame, "data")
     assert len(cells) == 16 and all(share == 0.0 for r, q, share in cells if r != q)
+    assert errors == []
+    page.close()
+
+
+def test_multi_worker_job_grouped_by_worker(demo_server, browser):
+    """A 2-worker job: one view, replicas labelled by worker, the straggler in its own table."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(demo_server.url + "/#replicas", wait_until="load")
+    frame = None
+    for _ in range(300):
+        frame = tab_frame(page)
+        if frame:
+            break
+        page.wait_for_timeout(100)
+    assert frame is not None
+    wait_ready(frame)
+
+    frame.select_option("#run-select", "mw_straggler/replicas")
+    wait_ready(frame)
+    assert "2 workers" in frame.inner_text(".run-summary")
+    rows = frame.eval_on_selector_all(
+        '[data-view="step_time"] table.step-time tbody tr',
+        "els => els.map(e => [e.dataset.worker, e.className, e.textContent])",
+    )
+    assert [(name, cls) for name, cls, _ in rows] == [("worker_0", ""), ("worker_1", "straggler")]
+    finding = frame.inner_text('[data-view="findings"] .finding[data-kind="straggler"]')
+    assert "replica 1 on worker_1" in finding and "straggler" in finding
+    legend = frame.inner_text('[data-view="batch"]')
+    assert "replica 0 · worker_0" in legend and "replica 1 · worker_1" in legend
+    # Clicking the finding scrolls to the step-time view.
+    frame.click('[data-view="findings"] .finding[data-kind="straggler"]')
+    frame.wait_for_function(
+        "document.querySelector('section[data-view=\"step_time\"]').classList.contains('flash')"
+    )
+
+    frame.select_option("#run-select", "mw_uneven_shard/replicas")
+    wait_ready(frame)
+    workers = frame.eval_on_selector_all(
+        '[data-view="shapes"] table.shapes:first-of-type tr.worker-row th[data-worker]',
+        "els => els.map(e => e.textContent)",
+    )
+    assert workers[:2] == ["worker_0", "worker_1"]
+    cells = frame.eval_on_selector_all(
+        '[data-view="shapes"] tbody tr:first-child td', "els => els.map(e => e.textContent)"
+    )
+    assert cells[:2] == ["[4, 4] float32", "[3, 4] float32"]
     assert errors == []
     page.close()

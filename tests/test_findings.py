@@ -31,6 +31,14 @@ EXPECTED = {
     "generator_loop/replicas": [],
     "unsharded_pipeline/replicas": [("duplicate_examples", "warning", [0, 1, 2, 3], 0)],
     "sharded_pipeline/replicas": [],
+    # Multi-worker jobs (2 worker processes, one replica each; demo/multiworker.py).
+    "mw_clean/replicas": [],
+    "mw_fit_tf_keras/replicas": [],
+    "mw_straggler/replicas": [("straggler", "warning", [1], 2)],
+    "mw_uneven_shard/replicas": [
+        ("first_batch_uneven", "error", [1], 0),
+        ("uneven_batch", "warning", [1], 0),
+    ],
 }
 
 
@@ -73,6 +81,8 @@ def _report(*args):
         ("empty_last_shard/*", "warning", 1),
         ("empty_last_shard/*", "info", 1),
         ("shape_mismatch/*", "error", 1),
+        ("mw_straggler/*", "error", 0),
+        ("mw_straggler/*", "warning", 1),
     ],
 )
 def test_report_exit_status_follows_fail_on(demo_logs, run, fail_on, status):

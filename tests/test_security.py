@@ -180,7 +180,7 @@ def test_fuzz_raw_query_strings(client):
     ).map("&".join)
 
     @settings(FUZZ, max_examples=200)
-    @given(route=st.sampled_from(["/inputs", "/findings", "/runs"]), query=raw_query)
+    @given(route=st.sampled_from(["/inputs", "/findings", "/runs", "/step_time"]), query=raw_query)
     def case(route, query):
         cases.append(1)
         check_json_error(client.get(PREFIX + route + "?" + query))

@@ -53,7 +53,37 @@ export async function fetchRuns(opts) {
     last_step: r.last_step ?? null,
     findings: r.findings ?? {},
     notes: list(r.notes),
+    workers: workerList(r.workers),
   }));
+}
+
+/** Per-worker grouping of a multi-worker job's replica axis ([] for a single-worker run). */
+function workerList(workers) {
+  return list(workers).map((w) => ({
+    run: String(w.run ?? ''),
+    name: String(w.name ?? ''),
+    task_type: String(w.task_type ?? ''),
+    task_index: toNumber(w.task_index),
+    worker: toNumber(w.worker),
+    replicas: list(w.replicas),
+    devices: list(w.devices),
+  }));
+}
+
+/** Per-worker step timing of a multi-worker job, non-finite values as JS numbers. */
+export async function fetchStepTime(run, maxPoints, opts) {
+  const body = await fetchJson(`./step_time?${q({ run, max_points: maxPoints })}`, opts);
+  return {
+    run: String(body.run ?? run),
+    workers: workerList(body.workers),
+    steps: numbers(body.steps),
+    busy: matrix(body.busy),
+    lateness: matrix(body.lateness),
+    period: matrix(body.period),
+    median_busy: numbers(body.median_busy),
+    median_lateness: numbers(body.median_lateness),
+    downsampled: Boolean(body.downsampled),
+  };
 }
 
 /** Per-step, per-replica inputs of one run, non-finite values as JS numbers. */
@@ -80,6 +110,7 @@ export async function fetchInputs(run, maxPoints, opts) {
         mismatch_dims: list(inp.mismatch_dims),
       })),
     })),
+    workers: workerList(body.workers),
     notes: list(body.notes),
   };
 }

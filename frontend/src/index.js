@@ -2,7 +2,7 @@
 import uplotCss from 'uplot/dist/uPlot.min.css';
 import appCss from './style.css';
 import { h } from './dom.js';
-import { fetchRuns, fetchInputs, fetchFindings, fetchRng, fetchData } from './data.js';
+import { fetchRuns, fetchInputs, fetchFindings, fetchRng, fetchData, fetchStepTime } from './data.js';
 import { createZoom } from './zoom.js';
 import { createFindings } from './views/findings.js';
 import { createBatchChart } from './views/batch_chart.js';
@@ -11,6 +11,7 @@ import { createHeatmap } from './views/heatmap.js';
 import { createShapesTable } from './views/shapes_table.js';
 import { createRngView } from './views/rng_view.js';
 import { createDataView } from './views/data_view.js';
+import { createStepTime } from './views/step_time.js';
 
 /** Steps asked of ./inputs: exact up to this many, bucketed (with min/max) beyond. */
 const MAX_POINTS = 10000;
@@ -90,16 +91,18 @@ export async function render() {
     main.replaceChildren(h('p', { class: 'muted loading' }, 'Loading…'));
     setState('loading');
     try {
-      const [inputs, findings, rng, data] = await Promise.all([
+      const [inputs, findings, rng, data, stepTime] = await Promise.all([
         fetchInputs(runName, MAX_POINTS, { signal: abort.signal }),
         fetchFindings(runName, { signal: abort.signal }),
         fetchRng(runName, MAX_POINTS, { signal: abort.signal }),
         fetchData(runName, MAX_POINTS, { signal: abort.signal }),
+        // Multi-worker jobs only: per-worker step time.
+        run.workers.length ? fetchStepTime(runName, MAX_POINTS, { signal: abort.signal }) : null,
       ]);
       if (abort.signal.aborted) return;
       performance.mark('replicas:data');
       const t0 = performance.now();
-      buildRun(main, run, inputs, findings, views, { rng, data });
+      buildRun(main, run, inputs, findings, views, { rng, data, stepTime });
       await new Promise((r) => setTimeout(r, 0)); // let uPlot finish its first draw
       if (abort.signal.aborted) return;
       document.body.dataset.renderMs = String(Math.round(performance.now() - t0));
@@ -116,8 +119,16 @@ export async function render() {
   await show(runs[0].run);
 }
 
-function buildRun(main, run, inputs, findings, views, { rng, data } = {}) {
+/** The worker name of each global replica id of a job (null for a single-worker run). */
+function workerNamer(workers) {
+  const of = new Map();
+  for (const w of workers || []) for (const r of w.replicas) of.set(r, w.name);
+  return (id) => of.get(id) ?? null;
+}
+
+function buildRun(main, run, inputs, findings, views, { rng, data, stepTime } = {}) {
   const steps = inputs.steps;
+  const workerOf = workerNamer(inputs.workers.length ? inputs.workers : run.workers);
   const lastStep = run.last_step ?? steps[steps.length - 1] ?? 0;
   // Step ranges are [start, end): the last step gets its full width.
   const full = steps.length ? [steps[0], Math.max(steps[steps.length - 1], lastStep) + 1] : [0, 1];
@@ -159,7 +170,14 @@ function buildRun(main, run, inputs, findings, views, { rng, data } = {}) {
   const shapes = section('shapes', 'Input shapes', 'Each input\'s shape and dtype per replica, at the first step and at every step where they change. Highlighted: inputs the replicas disagree on (dtype, rank or a non-leading dimension).');
   const rngSec = section('rng', 'Random streams', 'Per generator: how often two replicas draw identical numbers (same next-draw fingerprint), and each replica\'s state at the last logged step. A state equal on every replica does not mean equal streams: tf.random.Generator folds the replica id into its key.');
   const dataSec = section('data', 'Examples per replica', 'Per pair of replicas: the share of examples both got at the same step (per-example fingerprints). Non-zero off the diagonal means replicas train on the same data: an unsharded input pipeline.');
-  main.replaceChildren(findingsSec.el, batch.el, imbalance.el, heat.el, shapes.el);
+  const timing = stepTime
+    ? section(
+        'step_time',
+        'Step time per worker',
+        'Busy time per step of each worker of this multi-worker job: its step period minus the time it waited for the last worker to arrive (taken when its step inputs were ready). The workers wait for a straggler at every all-reduce.',
+      )
+    : null;
+  main.replaceChildren(...[findingsSec.el, timing?.el, batch.el, imbalance.el, heat.el, shapes.el].filter(Boolean));
   if (rng) main.append(rngSec.el);
   if (data) main.append(dataSec.el);
 
@@ -180,12 +198,12 @@ function buildRun(main, run, inputs, findings, views, { rng, data } = {}) {
     target.classList.add('flash');
   };
 
-  views.push(createFindings(findingsSec.body, { findings, onSelect }));
+  views.push(createFindings(findingsSec.body, { findings, onSelect, workerOf }));
   const width = widthOf(main);
   if (!steps.length || !inputs.replicas.length) {
     for (const s of [chart, imbalance.body, heat.body]) s.append(h('p', { class: 'muted' }, 'No steps recorded for this run yet.'));
   } else {
-    const ctx = { inputs, zoom, width, lastStep, deviceName };
+    const ctx = { inputs, zoom, width, lastStep, deviceName, workerOf };
     views.push(
       timed('batch', () => createBatchChart(chart, ctx)),
       timed('imbalance', () => createImbalanceChart(imbalance.body, ctx)),
@@ -195,6 +213,10 @@ function buildRun(main, run, inputs, findings, views, { rng, data } = {}) {
   views.push(timed('shapes', () => createShapesTable(shapes.body, { inputs, deviceName })));
   if (rng) views.push(timed('rng', () => createRngView(rngSec.body, { rng, deviceName })));
   if (data) views.push(timed('data', () => createDataView(dataSec.body, { data, deviceName })));
+  if (timing) {
+    const stragglers = new Set(findings.filter((f) => f.kind === 'straggler').map((f) => f.name));
+    views.push(timed('step_time', () => createStepTime(timing.body, { data: stepTime, zoom, width, stragglers })));
+  }
   const newNotes = inputs.notes.filter((n) => !run.notes.includes(n));
   if (newNotes.length) main.prepend(h('div', { class: 'run-notes' }, newNotes.map((n) => h('p', { class: 'note' }, n))));
 }
@@ -210,7 +232,8 @@ function timed(name, make) {
 function runSummary(run) {
   const n = run.replicas.length;
   const steps = run.first_step == null ? 'no steps' : `steps ${run.first_step}–${run.last_step}`;
-  return [`${n} replica${n === 1 ? '' : 's'}`, steps, run.source && `source: ${run.source}`].filter(Boolean).join(' · ');
+  const workers = run.workers.length ? `${run.workers.length} workers (multi-worker job)` : null;
+  return [`${n} replica${n === 1 ? '' : 's'}`, workers, steps, run.source && `source: ${run.source}`].filter(Boolean).join(' · ');
 }
 
 function showError(where, e) {

@@ -10,7 +10,7 @@ const finiteOrNull = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : n
  * Mounts the chart into `target`. When the data is downsampled each line shows the
  * smallest batch of its bucket, so a single short or empty step stays visible.
  */
-export function createBatchChart(target, { inputs, zoom, width }) {
+export function createBatchChart(target, { inputs, zoom, width, workerOf = () => null }) {
   const { steps, replicas, downsampled } = inputs;
   const shown = downsampled ? inputs.batch_size_min : inputs.batch_size;
   const columns = replicas.map((_, r) => steps.map((_, i) => finiteOrNull(shown[i]?.[r])));
@@ -37,7 +37,7 @@ export function createBatchChart(target, { inputs, zoom, width }) {
     series: [
       stepSeries,
       ...replicas.map((id, r) => ({
-        label: `replica ${id}`,
+        label: workerOf(id) ? `replica ${id} · ${workerOf(id)}` : `replica ${id}`,
         stroke: replicaColor(r),
         width: 1.25,
         paths: stepped,

@@ -7,12 +7,14 @@ function stepsText({ first_step: a, last_step: b, count }) {
   return count > 1 ? `${range} (${count} times)` : range;
 }
 
-function replicasText(replicas) {
+function replicasText(replicas, workerOf) {
   if (!replicas.length) return null;
-  return replicas.length === 1 ? `replica ${replicas[0]}` : `replicas ${shortList(replicas, 10)}`;
+  const text = replicas.length === 1 ? `replica ${replicas[0]}` : `replicas ${shortList(replicas, 10)}`;
+  const workers = [...new Set(replicas.map(workerOf).filter(Boolean))];
+  return workers.length ? `${text} on ${shortList(workers, 4)}` : text;
 }
 
-export function createFindings(target, { findings, onSelect }) {
+export function createFindings(target, { findings, onSelect, workerOf = () => null }) {
   if (!findings.length) {
     target.append(h('p', { class: 'no-findings' }, 'No problems found in this run.'));
     return {};
@@ -31,7 +33,7 @@ export function createFindings(target, { findings, onSelect }) {
     const select = () => onSelect(f);
     const meta = [
       stepsText(f),
-      replicasText(f.replicas),
+      replicasText(f.replicas, workerOf),
       f.name != null ? `${f.name}` : null,
       f.value != null && !Number.isNaN(f.value) ? `value ${fmt(f.value)}` : null,
     ].filter(Boolean);

@@ -32,7 +32,7 @@ function niceTicks(lo, hi, max) {
   return out;
 }
 
-export function createHeatmap(target, { inputs, zoom, width, lastStep, deviceName }) {
+export function createHeatmap(target, { inputs, zoom, width, lastStep, deviceName, workerOf = () => null }) {
   const { steps, replicas, downsampled } = inputs;
   const n = steps.length;
   const R = replicas.length;
@@ -141,7 +141,9 @@ export function createHeatmap(target, { inputs, zoom, width, lastStep, deviceNam
     const every = 2 ** Math.ceil(Math.log2(Math.max(1, 13 / rowH)));
     for (let r = 0; r < R; r += every) {
       const y = Math.min(plotH - 6, Math.max(6, r * rowH + rowH / 2));
-      ctx.fillText(`replica ${replicas[r]}`, GUTTER_LEFT - 6, y);
+      const worker = workerOf(replicas[r]);
+      // A job's rows are grouped by worker: "w1 r3" is replica 3 on worker_1.
+      ctx.fillText(worker ? `${worker.replace(/^worker_/, 'w')} r${replicas[r]}` : `replica ${replicas[r]}`, GUTTER_LEFT - 6, y);
     }
     ctx.textBaseline = 'top';
     const s0 = steps[i0];

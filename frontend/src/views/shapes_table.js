@@ -39,12 +39,22 @@ function shapeCell(shape, dtype, mismatchDims, odd) {
   return h('td', { class: 'mismatch' }, parts);
 }
 
+/** A header row naming each worker of a multi-worker job over its replicas' columns. */
+function workerRow(inputs) {
+  if (!inputs.workers?.length) return null;
+  return h('tr', { class: 'worker-row' }, [
+    h('th', {}, 'worker'),
+    ...inputs.workers.map((w) => h('th', { colspan: Math.max(1, w.replicas.length), dataset: { worker: w.name } }, w.name)),
+  ]);
+}
+
 export function createShapesTable(target, { inputs, deviceName }) {
   const events = inputs.shape_events;
   if (!events.length) {
     target.append(h('p', { class: 'muted' }, 'No input shapes were recorded for this run.'));
     return {};
   }
+  const workers = workerRow(inputs);
   const header = h('tr', {}, [
     h('th', {}, 'input'),
     ...inputs.replicas.map((id, r) => h('th', {}, deviceName(r) ? `replica ${id} (${deviceName(r)})` : `replica ${id}`)),
@@ -62,7 +72,7 @@ export function createShapesTable(target, { inputs, deviceName }) {
     });
     const table = h('table', { class: 'shapes', dataset: { step: ev.step } }, [
       h('caption', {}, `step ${ev.step}`),
-      h('thead', {}, header.cloneNode(true)),
+      h('thead', {}, [workers?.cloneNode(true), header.cloneNode(true)]),
       h('tbody', {}, rows),
     ]);
     target.append(h('div', { class: 'table-scroll' }, table));

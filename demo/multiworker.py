@@ -1,0 +1,269 @@
+"""A real MultiWorkerMirroredStrategy job on localhost: 2 worker processes with `TF_CONFIG`.
+
+`python -m demo.multiworker LOGDIR [--workers 2] [--timeout 300]` picks free ports, starts one
+process per worker (`python -m demo.multiworker LOGDIR --worker I`, with `TF_CONFIG` in its
+environment), waits for all of them with a bounded timeout and always stops them. Each worker
+runs every scenario of `SCENARIOS` in sequence (one strategy per process) and its probe writes
+its own run, `LOGDIR/<scenario>/replicas/worker_<i>`; the tab shows the workers of a scenario as
+one job. The public MultiWorkerMirroredStrategy gives each worker one CPU device, so 2 workers
+are 2 global replicas.
+
+- `mw_clean`: custom loop with `ReplicaProbe`, 64 examples, global batch 8 → [4, 4] on every
+  step, the workers in step: no findings.
+- `mw_straggler`: the same, but worker 1 sleeps `STRAGGLER_SLEEP` seconds on the host before
+  each step (as a slow input pipeline or a busy host would): worker 1 is reported as the
+  straggler.
+- `mw_uneven_shard`: each worker builds its own input pipeline
+  (`distribute_datasets_from_function`) and worker 1 batches 3 examples instead of 4: global
+  replica 1, on worker 1, gets fewer examples at every step.
+- `mw_fit_tf_keras`: tf_keras (`TF_USE_LEGACY_KERAS=1`) `model.fit` with `ReplicaCallback`, 64
+  examples, global batch 8, 2 epochs → [4, 4] at each of 16 steps.
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+SCENARIOS = ("mw_clean", "mw_straggler", "mw_uneven_shard", "mw_fit_tf_keras")
+# The workers run with `tf.keras` = tf_keras (Keras 2): Keras 3 `fit` cannot run under
+# MultiWorkerMirroredStrategy, tf_keras `fit` can. The custom loops import Keras 3 directly.
+WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1"}
+STRAGGLER_SLEEP = 0.2
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------------------- launcher
+
+
+def free_ports(count):
+    """`count` distinct free localhost ports (bound together, then released)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _stop(process):
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def launch(logdir, num_workers=2, timeout=300, scenarios=SCENARIOS, env=None):
+    """Runs a `num_workers`-worker job on localhost and waits for it.
+
+    Args:
+      logdir: the log dir every worker writes to (one run per worker and scenario).
+      num_workers: worker processes to start.
+      timeout: seconds the whole job may take; then every worker is killed.
+      scenarios: scenario names to run, in order.
+      env: extra environment variables for the workers (default `WORKER_ENV`).
+
+    Returns:
+      The seconds the job took.
+
+    Raises:
+      RuntimeError: if a worker fails or the job times out (with the tail of each worker's log
+        and `pids`, the worker processes, all stopped and reaped by then).
+    """
+    ports = free_ports(num_workers)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    processes, logs = [], []
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tb_replica_mw_") as log_root:
+        try:
+            for index in range(num_workers):
+                worker_env = dict(os.environ, **(WORKER_ENV if env is None else env))
+                worker_env["TF_CONFIG"] = json.dumps(
+                    {"cluster": cluster, "task": {"type": "worker", "index": index}}
+                )
+                worker_env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+                worker_env["PYTHONPATH"] = os.pathsep.join(
+                    p for p in (REPO, worker_env.get("PYTHONPATH")) if p
+                )
+                log = open(os.path.join(log_root, f"worker_{index}.log"), "w+")  # noqa: SIM115
+                logs.append(log)
+                command = [sys.executable, "-m", "demo.multiworker", os.fspath(logdir)]
+                command += ["--worker", str(index), "--scenarios", ",".join(scenarios)]
+                processes.append(
+                    subprocess.Popen(
+                        command, cwd=REPO, env=worker_env, stdout=log, stderr=subprocess.STDOUT
+                    )
+                )
+            deadline = start + timeout
+            failed = None
+            while any(p.poll() is None for p in processes):
+                if time.monotonic() > deadline:
+                    failed = f"timed out after {timeout}s"
+                    break
+                if any(p.poll() not in (None, 0) for p in processes):
+                    failed = "a worker failed"
+                    break
+                time.sleep(0.2)
+            codes = [p.poll() for p in processes]
+            if failed is None and any(code != 0 for code in codes):
+                failed = "a worker failed"
+            if failed:
+                tails = []
+                for index, log in enumerate(logs):
+                    log.flush()
+                    log.seek(0)
+                    tails.append(f"--- worker {index} (exit {codes[index]}):\n{log.read()[-3000:]}")
+                error = RuntimeError(f"multi-worker job {failed}\n" + "\n".join(tails))
+                error.pids = [p.pid for p in processes]
+                raise error
+        finally:
+            for process in processes:
+                _stop(process)
+            for log in logs:
+                log.close()
+    return time.monotonic() - start
+
+
+# ------------------------------------------------------------------------------------ worker
+
+
+def _data(count, features=4):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(count, features)).astype("float32")
+    return x, (x.sum(axis=1, keepdims=True) * 0.1).astype("float32")
+
+
+def custom_loop(strategy, run_dir, dataset, global_batch, epochs=1, before_step=None):
+    """A custom training loop under `strategy` with a `ReplicaProbe` writing `run_dir`."""
+    import keras
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaProbe
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        optimizer = keras.optimizers.SGD(0.01)
+        optimizer.build(model.trainable_variables)
+    probe = ReplicaProbe(run_dir, strategy, update_freq=1)
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(features, labels):
+            probe.observe_inputs({"x": features, "y": labels})
+            with tf.GradientTape() as tape:
+                error = model(features) - labels
+                loss = tf.reduce_sum(error * error) / global_batch
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        return strategy.run(step_fn, args=batch)
+
+    for _ in range(epochs):
+        for batch in dataset:
+            if before_step is not None:
+                before_step()
+            train_step(batch)
+    probe.close()
+    return probe
+
+
+def fit_tf_keras(strategy, run_dir, x, y, epochs=2):
+    """tf_keras (Keras 2) `fit` with `ReplicaCallback` (needs `TF_USE_LEGACY_KERAS=1`).
+
+    Keras 3 `fit` cannot run under MultiWorkerMirroredStrategy (it fails inside Keras before
+    training); tf_keras `fit` can.
+    """
+    import tensorflow as tf
+    import tf_keras
+
+    from tb_replica_plugin import ReplicaCallback
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    with strategy.scope():
+        model = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(1)])
+        model.compile(optimizer=tf_keras.optimizers.SGD(0.01), loss="mse")
+    # ReplicaCallback(log_dir, run_name): each worker writes run_dir/worker_<i>.
+    callback = ReplicaCallback(os.path.dirname(run_dir), os.path.basename(run_dir), update_freq=1)
+    model.fit(dataset, epochs=epochs, verbose=0, callbacks=[callback])
+
+
+def run_scenario(name, logdir, strategy):
+    """Runs one scenario on this worker (every worker runs the same scenarios in order)."""
+    import tensorflow as tf
+
+    task = strategy.cluster_resolver.task_id
+    run_dir = os.path.join(logdir, name, "replicas")
+    x, y = _data(64)
+    if name in ("mw_clean", "mw_straggler"):
+        dataset = strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+        )
+        sleep = None
+        if name == "mw_straggler" and task == 1:
+
+            def sleep():
+                time.sleep(STRAGGLER_SLEEP)
+
+        custom_loop(strategy, run_dir, dataset, 8, before_step=sleep)
+    elif name == "mw_fit_tf_keras":
+        fit_tf_keras(strategy, run_dir, x, y)
+    elif name == "mw_uneven_shard":
+
+        def dataset_fn(context):
+            # Worker 1's pipeline is misconfigured: 3 examples per step instead of 4.
+            per_replica = 3 if context.input_pipeline_id == 1 else 4
+            shard = tf.data.Dataset.from_tensor_slices((x, y)).shard(
+                context.num_input_pipelines, context.input_pipeline_id
+            )
+            return shard.batch(per_replica).take(4)
+
+        dataset = strategy.distribute_datasets_from_function(dataset_fn)
+        custom_loop(strategy, run_dir, dataset, 8)
+    else:
+        raise ValueError(f"unknown scenario {name!r}; expected one of {SCENARIOS}")
+
+
+def worker_main(logdir, scenarios):
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    for name in scenarios:
+        start = time.perf_counter()
+        run_scenario(name, logdir, strategy)
+        print(f"worker: {name} done in {time.perf_counter() - start:.1f}s", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("logdir")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--worker", type=int, default=None, help="(internal) run as this worker")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    args = parser.parse_args()
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    if args.worker is not None:
+        worker_main(args.logdir, scenarios)
+        return
+    seconds = launch(args.logdir, args.workers, args.timeout, scenarios)
+    print(f"multi-worker demo: {args.workers} workers done in {seconds:.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
