@@ -93,6 +93,9 @@ def test_tab_shows_every_replica_and_the_imbalance_note(demo_server, browser, tm
         "batch_not_divisible/replicas",
         "empty_last_shard/replicas",
         "shape_mismatch/replicas",
+        "weight_drift/batchnorm_fit",
+        "weight_drift/skipped_allreduce",
+        "weight_drift/synchronized",
     } <= set(runs)
 
     frame.select_option("#run-select", "batch_not_divisible/replicas")
@@ -224,5 +227,76 @@ def test_rng_and_data_sections(demo_server, browser):
     wait_ready(frame)
     cells = matrix_cells(frame, "data")
     assert len(cells) == 16 and all(share == 0.0 for r, q, share in cells if r != q)
+    assert errors == []
+    page.close()
+
+
+def open_tab_frame(page, server):
+    """Opens the Replicas tab and returns its ready frame."""
+    page.goto(server.url + "/#replicas", wait_until="load")
+    page.wait_for_function(
+        "[...document.querySelectorAll('iframe')].some(f => f.src.includes('name=replicas'))",
+        timeout=30_000,
+    )
+    frame = None
+    for _ in range(100):
+        frame = tab_frame(page)
+        if frame:
+            break
+        page.wait_for_timeout(100)
+    assert frame is not None, [f.url for f in page.frames]
+    wait_ready(frame)
+    return frame
+
+
+def test_weight_drift_and_placement_sections(demo_server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    frame = open_tab_frame(page, demo_server)
+
+    frame.select_option("#run-select", "weight_drift/skipped_allreduce")
+    wait_ready(frame)
+    drift = frame.inner_text('[data-view="drift"]')
+    assert "Most divergent variables" in drift
+    assert frame.is_visible('[data-view="drift"] canvas')
+    assert frame.get_attribute('[data-view="drift"] .note', "data-drift") == "some"
+    legend = frame.inner_text('[data-view="deviation"]')
+    for replica in (1, 2, 3):
+        assert f"replica {replica}" in legend
+    rows = frame.eval_on_selector_all(
+        '[data-view="placement"] tbody tr',
+        "els => els.map(e => [e.dataset.variable, e.dataset.mirrored, e.className])",
+    )
+    assert len(rows) == 4 and all(m == "true" and "drift" in c for _, m, c in rows)
+    kinds = frame.eval_on_selector_all(
+        '[data-view="findings"] .finding', "els => els.map(e => e.dataset.kind)"
+    )
+    assert kinds == ["variable_drift"] * 4
+    frame.click('[data-view="findings"] .finding')
+    frame.wait_for_selector('[data-view="drift"].flash', timeout=5_000)
+
+    frame.select_option("#run-select", "weight_drift/synchronized")
+    wait_ready(frame)
+    assert frame.get_attribute('[data-view="drift"] .note', "data-drift") == "none"
+    assert "bit-identical" in frame.inner_text('[data-view="drift"]')
+    assert "0 (bit-identical)" in frame.inner_text('[data-view="placement"]')
+
+    frame.select_option("#run-select", "weight_drift/batchnorm_fit")
+    wait_ready(frame)
+    drifting = frame.eval_on_selector_all(
+        '[data-view="placement"] tbody tr.drift', "els => els.map(e => e.dataset.variable)"
+    )
+    assert sorted(name.rsplit("/", 1)[-1] for name in drifting) == [
+        "moving_mean",
+        "moving_variance",
+    ]
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    frame.select_option("#run-select", "weight_drift/skipped_allreduce")
+    wait_ready(frame)
+    frame.eval_on_selector('[data-view="drift"]', "el => el.scrollIntoView()")
+    page.wait_for_timeout(300)
+    page.screenshot(path=os.path.join(ARTIFACTS, "weight_drift_tab.png"), full_page=False)
     assert errors == []
     page.close()

@@ -31,6 +31,10 @@ EXPECTED = {
     "generator_loop/replicas": [],
     "unsharded_pipeline/replicas": [("duplicate_examples", "warning", [0, 1, 2, 3], 0)],
     "sharded_pipeline/replicas": [],
+    "weight_drift/skipped_allreduce": [("variable_drift", "error", [1, 2, 3], 0)] * 4,
+    "weight_drift/synchronized": [],
+    # Keras 3 BatchNormalization moving statistics, checked at epoch ends (8 steps per epoch).
+    "weight_drift/batchnorm_fit": [("variable_drift", "warning", [1, 2, 3], 7)] * 2,
 }
 
 
