@@ -148,6 +148,9 @@ export async function fetchData(run, maxPoints, opts) {
     total_distinct: numbers(body.total_distinct),
     total_duplicated: numbers(body.total_duplicated),
     duplicate_share: matrix(body.duplicate_share),
+  };
+}
+
 /** Weight drift and placement of one run (see http_api.md `/variables`). */
 export async function fetchVariables(run, maxPoints, top, opts) {
   const body = await fetchJson(`./variables?${q({ run, max_points: maxPoints, top })}`, opts);
