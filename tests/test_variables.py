@@ -150,6 +150,7 @@ def skipped_allreduce(tmp_path_factory):
     """Each copy updated with its own replica's gradient; hand values kept at every step."""
     logdir = str(tmp_path_factory.mktemp("skipped"))
     strategy = mirrored(2)
+    keras.utils.set_random_seed(3)  # the same initial weights whatever ran before
     with strategy.scope():
         model = keras.Sequential(
             [keras.Input((6,)), keras.layers.Dense(20, activation="tanh"), keras.layers.Dense(1)]
@@ -221,8 +222,8 @@ def test_skipped_allreduce_matches_hand_computation(skipped_allreduce):
     # Divergence > 0 from the first update, and growing.
     rel = series.exact_rel_l2[:, :4, 1]
     assert np.all(rel > 0)
-    kernel = series.exact_l2[:, 0, 1]
-    assert kernel[-1] > 2 * kernel[0]
+    distance = np.sqrt(np.sum(np.square(series.exact_l2[:, :4, 1]), axis=1))  # whole model
+    assert distance[-1] > distance[0] and distance[len(distance) // 2] > distance[0]
 
 
 def test_skipped_allreduce_findings_and_unmirrored_variable(skipped_allreduce):
