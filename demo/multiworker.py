@@ -18,6 +18,12 @@ are 2 global replicas.
   replica 1, on worker 1, gets fewer examples at every step.
 - `mw_fit_tf_keras`: tf_keras (`TF_USE_LEGACY_KERAS=1`) `model.fit` with `ReplicaCallback`, 64
   examples, global batch 8, 2 epochs → [4, 4] at each of 16 steps.
+- `mw_drift`: like `mw_clean`, but after each update worker 1 adds `PERTURBATION` to its own
+  copy of the kernel (as a corrupted all-reduce result on one worker would): cross-worker weight
+  drift on worker 1's replica only, seen from the fingerprints each worker writes.
+
+Every scenario records every variable's per-copy fingerprints after each step
+(`observe_variables`), so the clean jobs show 0 cross-worker drift.
 """
 
 import argparse
@@ -31,11 +37,13 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-SCENARIOS = ("mw_clean", "mw_straggler", "mw_uneven_shard", "mw_fit_tf_keras")
+SCENARIOS = ("mw_clean", "mw_straggler", "mw_uneven_shard", "mw_drift", "mw_fit_tf_keras")
 # The workers run with `tf.keras` = tf_keras (Keras 2): Keras 3 `fit` cannot run under
 # MultiWorkerMirroredStrategy, tf_keras `fit` can. The custom loops import Keras 3 directly.
 WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1"}
 STRAGGLER_SLEEP = 0.2
+# Added by the perturbed worker of `mw_drift` to each of its kernel's copies after every update.
+PERTURBATION = 1e-3
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -148,8 +156,14 @@ def _data(count, features=4):
     return x, (x.sum(axis=1, keepdims=True) * 0.1).astype("float32")
 
 
-def custom_loop(strategy, run_dir, dataset, global_batch, epochs=1, before_step=None):
-    """A custom training loop under `strategy` with a `ReplicaProbe` writing `run_dir`."""
+def custom_loop(
+    strategy, run_dir, dataset, global_batch, epochs=1, before_step=None, after_step=None
+):
+    """A custom training loop under `strategy` with a `ReplicaProbe` writing `run_dir`.
+
+    Inputs are observed in the step; every variable's copies after each update.
+    `before_step()` runs on the host before each step, `after_step(model)` after each update.
+    """
     import keras
     import tensorflow as tf
 
@@ -179,6 +193,9 @@ def custom_loop(strategy, run_dir, dataset, global_batch, epochs=1, before_step=
             if before_step is not None:
                 before_step()
             train_step(batch)
+            if after_step is not None:
+                after_step(model)
+            probe.observe_variables(model.variables + optimizer.variables)
     probe.close()
     return probe
 
@@ -221,6 +238,19 @@ def run_scenario(name, logdir, strategy):
                 time.sleep(STRAGGLER_SLEEP)
 
         custom_loop(strategy, run_dir, dataset, 8, before_step=sleep)
+    elif name == "mw_drift":
+        dataset = strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+        )
+        perturb = None
+        if task == 1:
+
+            def perturb(model):
+                kernel = model.trainable_variables[0]
+                for copy in kernel.value.values:  # this worker's own copies only
+                    copy.assign_add(tf.fill(copy.shape, PERTURBATION))
+
+        custom_loop(strategy, run_dir, dataset, 8, after_step=perturb)
     elif name == "mw_fit_tf_keras":
         fit_tf_keras(strategy, run_dir, x, y)
     elif name == "mw_uneven_shard":

@@ -18,6 +18,11 @@ Every scenario trains (or inspects) on logical CPU replicas and writes `LOGDIR/<
 - `unsharded_pipeline` / `sharded_pipeline`: `distribute_datasets_from_function` whose dataset
   function ignores its `input_context` (every replica gets the same examples: the
   `duplicate_examples` finding) next to the correctly sharded twin (no finding).
+- `weight_drift`: two twin custom loops with a hand-written SGD step in cross-replica context:
+  `skipped_allreduce` applies each replica's own gradient to its own copy (no all-reduce), so
+  the copies drift apart from the first step; `synchronized` all-reduces the gradients first
+  and stays bit-identical. Plus `batchnorm_fit`: Keras `fit` of a model with
+  BatchNormalization, whose moving statistics Keras 3 updates per replica.
 
 Call `configure_devices(n)` before anything else touches TensorFlow devices.
 """
@@ -35,6 +40,7 @@ SCENARIOS = (
     "generator_loop",
     "unsharded_pipeline",
     "sharded_pipeline",
+    "weight_drift",
 )
 
 
@@ -270,6 +276,91 @@ def pipeline_run(strategy, logdir, sharded, examples=256, global_batch=32, epoch
     probe.close()
 
 
+def drift_run(strategy, logdir, all_reduce, steps=12, global_batch=32, exact_every=4):
+    """A custom loop whose SGD step skips (or not) the gradient all-reduce.
+
+    Each replica computes the gradient of its own shard in `strategy.run`, all-reduced to the
+    mean (`all_reduce=True`, what `optimizer.apply_gradients` does) or not (`all_reduce=False`:
+    the bug); then, in cross-replica context, each copy of a variable is updated with its own
+    replica's gradient. Variables are checked after every step
+    with the default fingerprints, and exactly every `exact_every` steps.
+    """
+    import keras
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaProbe
+
+    x, y = _regression_data(steps * global_batch, seed=1)
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+    )
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((x.shape[1],)),
+                keras.layers.Dense(32, activation="relu"),
+                keras.layers.Dense(1),
+            ]
+        )
+    learning_rate = 0.05
+    probe = ReplicaProbe(logdir, strategy, update_freq=1)
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(features, labels):
+            probe.observe_inputs({"x": features, "y": labels})
+            with tf.GradientTape() as tape:
+                error = model(features) - labels
+                loss = tf.reduce_mean(error * error)
+            grads = tape.gradient(loss, model.trainable_variables)
+            if all_reduce:  # the only difference between the twins
+                context = tf.distribute.get_replica_context()
+                grads = context.all_reduce(tf.distribute.ReduceOp.MEAN, grads)
+            return grads
+
+        grads = strategy.run(step_fn, args=batch)
+        # Each copy gets its own replica's gradient: the same everywhere after an all-reduce,
+        # the replica's local gradient without one (the bug).
+        for variable, grad in zip(model.trainable_variables, grads, strict=True):
+            local = strategy.experimental_local_results(grad)
+            for copy, local_grad in zip(variable.value.values, local, strict=True):
+                copy.assign_sub(learning_rate * local_grad)
+
+    for step, batch in enumerate(dataset):
+        train_step(batch)
+        probe.observe_variables(model.variables, step=step, exact=step % exact_every == 0)
+    probe.close()
+
+
+def batchnorm_fit_run(strategy, logdir, examples=256, global_batch=32, epochs=3):
+    """Keras `fit` with BatchNormalization: its moving statistics drift across replicas."""
+    import keras
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaCallback
+
+    x, y = _regression_data(examples, seed=2)
+    x = x + np.linspace(0, 4, examples, dtype="float32")[:, None]  # shards differ
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((x.shape[1],)),
+                keras.layers.Dense(8),
+                keras.layers.BatchNormalization(),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer="adam", loss="mse")
+    model.fit(
+        dataset,
+        epochs=epochs,
+        verbose=0,
+        callbacks=[ReplicaCallback(logdir, run_name="batchnorm_fit")],
+    )
+
+
 def run_scenario(name, logdir, strategy):
     """Runs one demo scenario into `logdir/name`.
 
@@ -301,6 +392,10 @@ def run_scenario(name, logdir, strategy):
         generator_loop_run(strategy, run_dir)
     elif name in ("unsharded_pipeline", "sharded_pipeline"):
         pipeline_run(strategy, run_dir, sharded=name == "sharded_pipeline")
+    elif name == "weight_drift":
+        drift_run(strategy, os.path.join(run_dir, "skipped_allreduce"), all_reduce=False)
+        drift_run(strategy, os.path.join(run_dir, "synchronized"), all_reduce=True)
+        batchnorm_fit_run(strategy, run_dir)
     else:
         raise ValueError(f"unknown scenario {name!r}; expected one of {SCENARIOS}")
 

@@ -51,7 +51,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         batch-size series is written (every epoch end, every step, every N steps). Shape and
         dtype changes, and so every odd batch, are written at the step they happen whatever this
         is; the dense series keeps the per-window minimum and maximum of every replica. The
-        rng and data families are written at the same frequency.
+        rng and data families are written at the same frequency, and the weight-drift check
+        runs at these logged steps (at each epoch end, or every N steps).
       rng: record the random generators per replica (default True): every Keras
         `SeedGenerator` of the model's layers (Dropout's, for instance), the generators given
         in `generators`, and the global generators that exist. See `ReplicaProbe.observe_rng`.
@@ -59,6 +60,11 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         anything `ReplicaProbe.observe_rng` accepts).
       examples: record a fingerprint of every example each replica is fed, and which replicas
         got the same examples (default True). See `ReplicaProbe.observe_examples`.
+      variables: record weight drift and placement of every model and optimizer variable
+        (default True): at each logged step, each copy is fingerprinted on its own device (no
+        variable is copied across devices). See `ReplicaProbe.observe_variables`.
+      variables_exact: also compute the exact element-wise difference of every copy from
+        replica 0's at logged steps (copies each variable to replica 0's device; default False).
       flush_secs: seconds between background flushes of the event file (default 5). The file
         is also flushed at every epoch end, at the end of training and when `fit` raises.
 
@@ -91,6 +97,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         rng=True,
         generators=None,
         examples=True,
+        variables=True,
+        variables_exact=False,
     ):
         super().__init__()
         if update_freq == "batch":
@@ -115,6 +123,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         self.rng = rng
         self.generators = generators
         self.examples = examples
+        self.variables = bool(variables)
+        self.variables_exact = bool(variables_exact)
         self._probe = None
         self._patched = None
 
@@ -155,6 +165,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
 
     def on_epoch_end(self, epoch, logs=None):
         if self._probe is not None:
+            if self.update_freq == "epoch" and self.variables and self._patched is not None:
+                _observe_variables_at_epoch_end(self._probe, self.model, self.variables_exact)
             self._probe.flush(window=self.update_freq == "epoch")
 
     def on_train_end(self, logs=None):
@@ -199,6 +211,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             observers.append(_examples_observer(probe))
         if self.rng:
             observers.extend(_rng_observer(probe, model, self.generators))
+        per_step_variables = self.variables and self.update_freq != "epoch"
+        exact = self.variables_exact
 
         def train_step(data):
             try:
@@ -208,7 +222,16 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             else:
                 for observe in observers:
                     observe(batch)
-            return original(data)
+            outputs = original(data)
+            if per_step_variables:
+                # Replica context: a merge_call, then the check under a tf.cond (every N steps).
+                try:
+                    variables = fit_variables(model)
+                except Exception as error:  # noqa: BLE001 - never break the training
+                    probe.warn_variables_failed(error)
+                else:
+                    probe.observe_variables(variables, exact=exact)
+            return outputs
 
         self._patched = (had_own, model.__dict__.get("train_step"), model.jit_compile)
         if model.jit_compile:
@@ -278,3 +301,36 @@ def _rng_observer(probe, model, generators):
     if not rng_collector.find_generators(sources):
         return []
     return [lambda batch: probe.observe_rng(sources)]
+
+
+def fit_variables(model):
+    """Every variable of a Keras model and of its optimizer, once each, in a stable order.
+
+    Args:
+      model: a Keras 3 or tf_keras model (built).
+
+    Returns:
+      A list: `model.variables` (trainable and non-trainable, e.g. BatchNorm moving statistics)
+      then the optimizer's variables (iterations, slots).
+    """
+    seen = set()
+    result = []
+    optimizer = getattr(model, "optimizer", None)
+    optimizer_variables = getattr(optimizer, "variables", None)
+    if callable(optimizer_variables):  # tf_keras legacy optimizers: a method
+        optimizer_variables = optimizer_variables()
+    for variable in list(model.variables) + list(optimizer_variables or []):
+        if id(variable) not in seen:
+            seen.add(id(variable))
+            result.append(variable)
+    return result
+
+
+def _observe_variables_at_epoch_end(probe, model, exact):
+    """Host side: the drift check once, at the last step of the epoch (never raises)."""
+    try:
+        step = probe.last_step()
+        if step is not None:
+            probe.observe_variables(fit_variables(model), step=step, exact=exact)
+    except Exception as error:  # noqa: BLE001 - never break the training
+        probe.warn_variables_failed(error)

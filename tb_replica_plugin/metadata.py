@@ -57,6 +57,22 @@ TAG_STEP_TIME = "workers/step_time"
 KIND_BATCH_SIZE = "batch_size"
 KIND_SHAPES = "shapes"
 KIND_STEP_TIME = "step_time"
+# Variables family (weight drift and placement), written at logged steps only. Axis V is the
+# variable list of the latest `variables/placement` event, axis R the local replica devices.
+# Sparse: a scalar string tensor holding JSON: every variable's name, shape, dtype, trainable,
+# sync, copy devices and whether it is mirrored on every replica device (see README).
+TAG_VARIABLE_PLACEMENT = "variables/placement"
+# int64 [V, R]: 64-bit hash of the raw bits of each copy (0 where the replica holds no copy).
+TAG_VARIABLE_HASH = "variables/hash"
+# float64 [V, R, 4 + K]: (min, max, sum, sum of squares, K-bucket CountSketch) of each copy.
+TAG_VARIABLE_FINGERPRINT = "variables/fingerprint"
+# float64 [V, R, 2]: exact (max |copy_r - copy_0|, ||copy_r - copy_0||_2); only with exact=True.
+TAG_VARIABLE_EXACT = "variables/exact"
+
+KIND_VARIABLE_PLACEMENT = "variable_placement"
+KIND_VARIABLE_HASH = "variable_hash"
+KIND_VARIABLE_FINGERPRINT = "variable_fingerprint"
+KIND_VARIABLE_EXACT = "variable_exact"
 
 TAG_KINDS = {
     TAG_BATCH_SIZE: KIND_BATCH_SIZE,
@@ -66,6 +82,10 @@ TAG_KINDS = {
     TAG_DATA_EXAMPLES: KIND_DATA_EXAMPLES,
     TAG_DATA_OVERLAP: KIND_DATA_OVERLAP,
     TAG_STEP_TIME: KIND_STEP_TIME,
+    TAG_VARIABLE_PLACEMENT: KIND_VARIABLE_PLACEMENT,
+    TAG_VARIABLE_HASH: KIND_VARIABLE_HASH,
+    TAG_VARIABLE_FINGERPRINT: KIND_VARIABLE_FINGERPRINT,
+    TAG_VARIABLE_EXACT: KIND_VARIABLE_EXACT,
 }
 
 

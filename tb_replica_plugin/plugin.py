@@ -4,6 +4,7 @@ Routes are documented in `http_api.md`. No TensorFlow import: TensorBoard may ru
 """
 
 import os
+import warnings
 
 import numpy as np
 from tensorboard.backend import http_util
@@ -221,6 +222,129 @@ def step_time_body(run_data, max_points):
     }
 
 
+DEFAULT_TOP = 5
+TOP_RANGE = (1, 1000)
+
+
+def _nanmax(values, axis=None):
+    """`np.nanmax` that gives NaN (not a warning) for all-NaN slices."""
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmax(values, axis=axis) if values.size else np.full((), np.nan)
+
+
+def _floats(values):
+    """A nested list of floats with NaN as None (JSON null: 'not measured')."""
+    array = np.asarray(values, dtype=np.float64)
+    return np.where(np.isnan(array), None, array).tolist()
+
+
+def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None):
+    """The `/variables` response body (and the report's `variables` block) for one run.
+
+    Args:
+      series: a `reader.VariablesSeries`, or None (the run recorded no variables).
+      thresholds: `analysis.Thresholds` (its `variable_drift_rel_l2` is returned as tolerance).
+      top: how many of the most divergent variables get per-step, per-replica series.
+      max_points: most buckets on the step axis (None: every logged step); a bucket keeps the
+        largest value of each series over its steps.
+
+    Returns:
+      The JSON-ready dict documented in `http_api.md`.
+    """
+    thresholds = thresholds or analysis.Thresholds()
+    tolerance = thresholds.variable_drift_rel_l2
+    if series is None:
+        return {
+            "replicas": [],
+            "devices": [],
+            "steps": [],
+            "exact_steps": [],
+            "downsampled": False,
+            "tolerance": tolerance,
+            "variables": [],
+            "top": [],
+            "notes": [],
+        }
+    steps = series.steps
+    rel, max_abs = series.rel_l2, series.max_abs
+    count = int(steps.size)
+    downsampled = max_points is not None and count > max_points
+    if downsampled:
+        bucket = -(-count // max_points)
+        starts = np.arange(0, count, bucket)
+        rel = np.stack([_nanmax(rel[i : i + bucket], axis=0) for i in starts])
+        max_abs = np.stack([_nanmax(max_abs[i : i + bucket], axis=0) for i in starts])
+        steps = steps[starts]
+    rows = []
+    for index, variable in enumerate(series.variables):
+        per_variable = series.rel_l2[:, index, :]
+        with np.errstate(invalid="ignore"):
+            above = np.flatnonzero((per_variable > tolerance).any(axis=1))
+        both = series.present[index] & series.present[index, 0]
+        differ = ~series.identical[:, index, :] & both
+        compared = int(both[1:].sum())
+        rows.append(
+            {
+                **{k: variable.get(k) for k in ("name", "shape", "dtype", "trainable", "sync")},
+                "devices": variable.get("devices", []),
+                "mirrored": bool(variable.get("mirrored", True)),
+                "present": series.present[index].tolist(),
+                "max_rel_l2": _floats(_nanmax(per_variable)),
+                "max_abs": _floats(_nanmax(series.max_abs[:, index, :])),
+                "max_abs_exact": bool(series.exact.size and series.exact.all()),
+                "compared_replicas": compared,
+                "bit_identical": None if compared == 0 else not bool(differ.any()),
+                "first_drift_step": int(series.steps[above[0]]) if above.size else None,
+            }
+        )
+    candidates = [i for i, v in enumerate(series.variables) if v.get("sync") != "on_read"]
+    score = {i: _nanmax(series.rel_l2[:, i, :]) for i in candidates}
+    ranked = sorted(
+        candidates, key=lambda i: (-(0.0 if np.isnan(score[i]) else float(score[i])), i)
+    )
+    top_rows = [
+        {
+            "name": series.variables[i]["name"],
+            "index": i,
+            "max_rel_l2": _floats(_nanmax(rel[:, i, :], axis=1)),
+            "rel_l2": _floats(rel[:, i, :]),
+            "max_abs": _floats(max_abs[:, i, :]),
+        }
+        for i in ranked[:top]
+    ]
+    return {
+        "run": series.run,
+        "replicas": series.replicas,
+        "devices": series.devices,
+        "steps": steps.tolist(),
+        "exact_steps": series.steps[series.exact].tolist(),
+        "downsampled": bool(downsampled),
+        "tolerance": tolerance,
+        "variables": rows,
+        "top": top_rows,
+        "notes": series.notes,
+    }
+
+
+def parse_top(raw):
+    """Parses the `top` argument.
+
+    Raises:
+      BadRequestError: if it is not an integer in `TOP_RANGE`.
+    """
+    if raw is None:
+        return DEFAULT_TOP
+    low, high = TOP_RANGE
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequestError(f"top must be an integer, got {raw!r}") from None
+    if not low <= value <= high:
+        raise BadRequestError(f"top must be between {low} and {high}, got {value}")
+    return value
+
+
 def parse_max_points(raw):
     """Parses the `max_points` argument.
 
@@ -260,6 +384,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             "/rng": self._serve_rng,
             "/data": self._serve_data,
             "/step_time": self._serve_step_time,
+            "/variables": self._serve_variables,
         }
 
     def is_active(self):
@@ -316,14 +441,22 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         result = []
         for run, run_data in self._read_runs(request).items():
             series = run_data.inputs
+            steps = series.steps
+            replicas, devices = series.replicas, series.devices
+            variables = run_data.variables
+            if variables is not None:
+                steps = np.union1d(steps, variables.steps)
+                if not replicas:
+                    replicas, devices = variables.replicas, variables.devices
             result.append(
                 {
                     "run": run,
-                    "replicas": series.replicas,
-                    "devices": series.devices,
-                    "source": series.source,
-                    "first_step": int(series.steps[0]) if series.steps.size else None,
-                    "last_step": int(series.steps[-1]) if series.steps.size else None,
+                    "replicas": replicas,
+                    "devices": devices,
+                    "source": series.source or getattr(variables, "source", ""),
+                    "first_step": int(steps[0]) if steps.size else None,
+                    "last_step": int(steps[-1]) if steps.size else None,
+                    "variables": 0 if variables is None else len(variables.variables),
                     "findings": analysis.severity_counts(analysis.find_run(run_data)),
                     "notes": run_data.notes,
                     "workers": run_data.workers,
@@ -343,6 +476,23 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             return _error(request, 400, str(error))
         except reader.RunNotFoundError:
             return _error(request, 404, f"no replica data for run {run!r}")
+        return http_util.Respond(request, body, "application/json")
+
+    @wrappers.Request.application
+    def _serve_variables(self, request):
+        run = request.args.get("run")
+        if not run:
+            return _error(request, 400, "missing argument 'run'")
+        try:
+            max_points = parse_max_points(request.args.get("max_points"))
+            top = parse_top(request.args.get("top"))
+            series = self._read_runs(request, run)[run].variables
+        except BadRequestError as error:
+            return _error(request, 400, str(error))
+        except reader.RunNotFoundError:
+            return _error(request, 404, f"no replica data for run {run!r}")
+        body = variables_body(series, top=top, max_points=max_points)
+        body["run"] = run
         return http_util.Respond(request, body, "application/json")
 
     @wrappers.Request.application

@@ -37,6 +37,7 @@ from tb_replica_plugin import metadata
 from tb_replica_plugin.collectors import data as data_collector
 from tb_replica_plugin.collectors import inputs as inputs_collector
 from tb_replica_plugin.collectors import rng as rng_collector
+from tb_replica_plugin.collectors import variables as variables_collector
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ _STEP, _HAS_PREV, _PREV_FP, _LAST_STEP, _WIN_COUNT = range(5)
 _FAMILY_STEP = {"rng": 0, "data": 1}
 # Slots of the float64 timing variable of a multi-worker worker's probe.
 _LAST_TIME, _LAST_PERIOD, _WIN_TIME, _WIN_STEPS = range(4)
+# The variables family's state vector: its step counter, placement written, placement fingerprint.
+_VAR_STEP, _VAR_HAS_PLACEMENT, _VAR_PLACEMENT_FP = range(3)
 
 # Default seconds between background flushes: at most this much recorded data is lost when the
 # process is killed (SIGKILL, OOM killer) without running any Python.
@@ -170,6 +173,18 @@ def worker_info(strategy):
     }
 
 
+def _central_storage(strategy):
+    """True when the strategy keeps one copy of each variable on a parameter device on purpose
+    (CentralStorageStrategy) instead of mirroring it on the replica devices."""
+    try:
+        parameter = {
+            tf.DeviceSpec.from_string(d).to_string() for d in strategy.extended.parameter_devices
+        }
+    except (AttributeError, RuntimeError, NotImplementedError, ValueError):
+        return False
+    return len(_local_devices(strategy)) > 1 and parameter != set(_local_devices(strategy))
+
+
 class ReplicaProbe:
     """Records, per replica and step, what each replica of a `tf.distribute` strategy was fed.
 
@@ -259,6 +274,9 @@ class ReplicaProbe:
         self._lock = threading.RLock()  # host-side writer use (main and flush threads)
         self._next_flush = 0.0
         self._dir_identity = None
+        self._step_origin = 0
+        self._variables_state = None
+        self._variables_plans = {}
 
     # ------------------------------------------------------------------ set-up
 
@@ -407,7 +425,8 @@ class ReplicaProbe:
             logger.warning(message)
 
     def set_step(self, step):
-        """Sets the step the next `observe_inputs` call without `step=` records at.
+        """Sets the step the next `observe_inputs` (and `observe_variables`) call without `step=`
+        records at.
 
         Args:
           step: an int (or int tensor); following calls count up from it. Every family
@@ -420,6 +439,20 @@ class ReplicaProbe:
             )
             family_steps = self._state["family_steps"]
             family_steps.assign(tf.fill([2], tf.cast(step, tf.int64)))
+            self._step_origin = step
+            if self._variables_state is not None:
+                self._variables_state.assign(
+                    tf.tensor_scatter_nd_update(
+                        self._variables_state, [[_VAR_STEP]], [tf.cast(step, tf.int64)]
+                    )
+                )
+
+    def last_step(self):
+        """The step of the latest `observe_inputs` call (host side), or None before any."""
+        if self._state is None:
+            return None
+        step = int(self._state["counters"].numpy()[_LAST_STEP])
+        return None if step < 0 else step
 
     def next_step(self):
         """The step the next `observe_inputs` call without `step=` would record at (host side).
@@ -898,6 +931,179 @@ class ReplicaProbe:
                 )
             data["win_count"].assign(0)
 
+    # ------------------------------------------------------------- variables
+
+    def observe_variables(self, variables, step=None, exact=False):
+        """Records where each copy of every variable lives and how far it drifts from replica 0.
+
+        For every variable (trainable or not; Keras or TensorFlow, mirrored or not), each copy is
+        fingerprinted on its own device: a bitwise hash, min/max/sum/sum of squares and a
+        64-bucket random projection (see `collectors/variables.py`), so no copy leaves its
+        device and the traffic per variable does not depend on its size. With `exact=True` each
+        copy is also sent to replica 0's device for the exact element-wise difference. The
+        variables' placement is written at the first call and whenever it changes.
+
+        Call it at the steps you want to log, in cross-replica context (after `strategy.run`,
+        eagerly or in a `tf.function`) or in replica context (inside `strategy.run`, through a
+        `merge_call`). When the probe has an integer `update_freq`, only steps that are a
+        multiple of it are recorded (inside a `tf.function` the check runs under a `tf.cond`, so
+        other steps cost a counter increment). Eager calls run one traced function over all the
+        variables. Pass the same list at every call (one list per probe). A failure warns once
+        and never stops training.
+
+        Args:
+          variables: an iterable of variables, e.g. `model.variables + optimizer.variables`.
+          step: the step to record at (int or int tensor). When omitted, the probe counts its
+            calls to this method, starting at 0 or at what `set_step` set, so that calling it
+            once per step after the update records the same step numbers as `observe_inputs`:
+            the values at step s are those after step s's update.
+          exact: also compute the exact max-abs and L2 difference of every copy from replica 0
+            (copies whole variables across devices).
+
+        Example:
+          ```python
+          probe = tb_replica_plugin.ReplicaProbe("logs/replicas", strategy, update_freq=10)
+          for batch in dist_dataset:
+              strategy.run(step_fn, args=batch)
+              probe.observe_variables(model.variables + optimizer.variables)
+          probe.close()
+          ```
+        """
+        if not self._build():
+            return
+        try:
+            variables = list(variables)
+            if not variables:
+                self._warn_once(
+                    "no_variables", "tb_replica_plugin: observe_variables got no variables."
+                )
+                return
+            merge = functools.partial(
+                self._merge_variables, variables=variables, step=step, exact=bool(exact)
+            )
+            replica_context = tf.distribute.get_replica_context()
+            if replica_context is not None:
+                replica_context.merge_call(merge)
+            else:
+                merge(self.strategy)
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self.warn_variables_failed(error)
+
+    def warn_variables_failed(self, error):
+        """Warns once that the variables family failed (training goes on)."""
+        self._warn_once(
+            "variables",
+            "tb_replica_plugin: could not record variables, training goes on without them: "
+            f"{type(error).__name__}: {error}",
+        )
+
+    def _build_variables_state(self):
+        if self._variables_state is None:
+            with tf.init_scope(), tf.device("/cpu:0"):
+                origin = tf.cast(self._step_origin, tf.int64)
+                self._variables_state = tf.Variable(
+                    tf.stack([origin, tf.constant(0, tf.int64), tf.constant(0, tf.int64)]),
+                    trainable=False,
+                    name="probe_variables_state",
+                )
+        return self._variables_state
+
+    def _variables_plan(self, variables, exact):
+        """Entries, placement JSON and the traced check for one variable list (cached)."""
+        key = (tuple(id(v) for v in variables), exact)
+        plan = self._variables_plans.get(key)
+        if plan is None:
+            entries = variables_collector.describe_variables(variables, self._static["devices"])
+            static = dict(self._static, central=_central_storage(self.strategy))
+            placement = variables_collector.placement_json(entries, static)
+            digest = hashlib.blake2b(placement.encode("utf-8"), digest_size=7).digest()
+            record = functools.partial(
+                self._record_variables,
+                entries,
+                placement,
+                int.from_bytes(digest, "little"),
+                exact,
+            )
+            # Keeps the variables alive with the plan, so their ids cannot be reused.
+            plan = (variables, record, tf.function(record, autograph=False))
+            self._variables_plans[key] = plan
+        return plan
+
+    def _merge_variables(self, strategy, *, variables, step, exact):
+        """Cross-replica part of `observe_variables`: step, gating, then the check."""
+        try:
+            del strategy  # the copies are read from the variables themselves
+            state = self._build_variables_state()
+            _, record, traced = self._variables_plan(variables, exact)
+            if step is None:
+                step_value = state.read_value()[_VAR_STEP]
+                state.assign_add(tf.constant([1, 0, 0], tf.int64))
+            else:
+                step_value = tf.cast(step, tf.int64)
+            if tf.executing_eagerly():
+                if self.update_freq is None or int(step_value) % self.update_freq == 0:
+                    with self._lock:  # host side: the flush thread shares the writer
+                        if not self._disabled_reason:
+                            traced(step_value)
+            elif self.update_freq is None:
+                record(step_value)
+            else:
+                tf.cond(
+                    tf.equal(step_value % self.update_freq, 0),
+                    lambda: record(step_value),
+                    lambda: tf.constant(False),
+                )
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self.warn_variables_failed(error)
+
+    def _record_variables(self, entries, placement, placement_fp, exact, step):
+        """Fingerprints every copy and writes the variables tags at `step` (returns True)."""
+        state = self._variables_state
+        stats = variables_collector.VariablesStats(entries, len(self._static["devices"]), exact)
+        current = state.read_value()
+        changed = tf.logical_or(
+            tf.equal(current[_VAR_HAS_PLACEMENT], 0),
+            tf.not_equal(current[_VAR_PLACEMENT_FP], placement_fp),
+        )
+        recording = self._state["recording"].read_value()
+        self._write(
+            tf.logical_and(changed, recording),
+            metadata.TAG_VARIABLE_PLACEMENT,
+            lambda: tf.constant(placement),
+            step,
+            metadata.KIND_VARIABLE_PLACEMENT,
+        )
+        self._write(
+            recording,
+            metadata.TAG_VARIABLE_HASH,
+            lambda: stats.hash,
+            step,
+            metadata.KIND_VARIABLE_HASH,
+        )
+        self._write(
+            recording,
+            metadata.TAG_VARIABLE_FINGERPRINT,
+            lambda: stats.fingerprint,
+            step,
+            metadata.KIND_VARIABLE_FINGERPRINT,
+        )
+        if stats.exact is not None:
+            self._write(
+                recording,
+                metadata.TAG_VARIABLE_EXACT,
+                lambda: stats.exact,
+                step,
+                metadata.KIND_VARIABLE_EXACT,
+            )
+        state.assign(
+            tf.tensor_scatter_nd_update(
+                state,
+                [[_VAR_HAS_PLACEMENT], [_VAR_PLACEMENT_FP]],
+                tf.constant([1, placement_fp], tf.int64),
+            )
+        )
+        return tf.constant(True)
+
     # ------------------------------------------------------------- host side
 
     def write_window(self):
@@ -987,6 +1193,8 @@ class ReplicaProbe:
                     self._disable(f"could not close the writer: {error}")
             self._disabled_reason = self._disabled_reason or "the probe was closed"
             self._state = None
+            self._variables_state = None
+            self._variables_plans = {}
 
     def __enter__(self):
         return self

@@ -12,6 +12,7 @@ import numpy as np
 from tb_replica_plugin import analysis, plugin, reader
 
 REPORT_SCHEMA_VERSION = 1
+REPORT_TOP = 5  # most divergent variables with per-step series in the report
 
 
 class LogDirError(OSError):
@@ -32,6 +33,7 @@ class Report:
     logdir: str
     runs: dict
     findings: dict
+    thresholds: analysis.Thresholds = dataclasses.field(default_factory=analysis.Thresholds)
 
     def all_findings(self):
         """Every finding of every run, most severe first."""
@@ -45,7 +47,7 @@ class Report:
             runs.append(
                 {
                     "run": name,
-                    "source": series.source,
+                    "source": series.source or getattr(run_data.variables, "source", ""),
                     "replicas": series.replicas,
                     "devices": series.devices,
                     "num_replicas": series.num_replicas,
@@ -58,6 +60,9 @@ class Report:
                     ],
                     "rng": plugin.rng_body(run_data.rng) if run_data.rng else None,
                     "data": plugin.data_body(run_data.data) if run_data.data else None,
+                    "variables": None
+                    if run_data.variables is None
+                    else plugin.variables_body(run_data.variables, self.thresholds, top=REPORT_TOP),
                     "findings": [f.to_json() for f in self.findings[name]],
                     "notes": run_data.notes,
                     "workers": run_data.workers,
@@ -85,14 +90,19 @@ class Report:
                 if series.steps.size
                 else "no steps"
             )
-            lines.append(f"run {name}  [{series.source or 'unknown source'}]")
-            lines.append(f"  replicas: {series.num_replicas}   {steps}")
+            replicas, devices = series.replicas, series.devices
+            if not replicas and run_data.variables is not None:
+                replicas, devices = run_data.variables.replicas, run_data.variables.devices
+            source = series.source or getattr(run_data.variables, "source", "")
+            lines.append(f"run {name}  [{source or 'unknown source'}]")
+            lines.append(f"  replicas: {len(replicas)}   {steps}")
             if run_data.workers:
                 lines.append(f"  multi-worker job: {len(run_data.workers)} workers")
-            for replica, device in zip(series.replicas, series.devices, strict=False):
+            for replica, device in zip(replicas, devices, strict=False):
                 lines.append(f"    replica {replica}: {device}")
             lines.extend(_step_time_lines(run_data))
-            lines.append("  batch size per replica (step: sizes), at every change:")
+            if series.shape_events:
+                lines.append("  batch size per replica (step: sizes), at every change:")
             for event in series.shape_events[:20]:
                 sizes = reader.event_batch_sizes(event)
                 lines.append(f"    step {event['step']}: {sizes}")
@@ -107,6 +117,7 @@ class Report:
                 lines.append(f"    … {len(series.shape_events) - 20} more changes (see --json)")
             lines.extend(_rng_text(run_data.rng))
             lines.extend(_data_text(run_data.data))
+            lines.extend(_variables_text(run_data.variables, self.thresholds))
             for note in run_data.notes:
                 lines.append(f"  note: {note}")
             findings = self.findings[name]
@@ -241,4 +252,46 @@ def load(logdir, run=None, thresholds=None):
     runs = reader.read_log_dir(logdir, run)
     thresholds = thresholds or analysis.Thresholds()
     findings = {name: analysis.find_run(data, thresholds) for name, data in runs.items()}
-    return Report(logdir=logdir, runs=runs, findings=findings)
+    return Report(logdir=logdir, runs=runs, findings=findings, thresholds=thresholds)
+
+
+def _fmt(value):
+    return "—" if value is None else f"{value:.3g}"
+
+
+def _variables_text(series, thresholds, top=REPORT_TOP):
+    """The weight-drift and placement block of one run in `to_text`."""
+    if series is None:
+        return []
+    body = plugin.variables_body(series, thresholds, top=top)
+    rows = body["variables"]
+    steps = series.steps
+    span = f"{int(steps[0])}–{int(steps[-1])} ({steps.size})" if steps.size else "none"
+    mirrored = sum(1 for row in rows if row["mirrored"])
+    exact = f", exact check at {len(body['exact_steps'])}" if body["exact_steps"] else ""
+    lines = [
+        f"  variables: {len(rows)} ({mirrored} mirrored on every replica), logged steps "
+        f"{span}{exact}; drift of each copy from replica 0 (tolerance relative L2 "
+        f"{thresholds.variable_drift_rel_l2:g}):"
+    ]
+    by_name = {row["name"]: row for row in rows}
+    for entry in body["top"]:
+        row = by_name[entry["name"]]
+        if row["bit_identical"] is None:
+            state = "not compared (no copy on another replica)"
+        elif row["bit_identical"]:
+            state = "bit-identical on every replica"
+        else:
+            bound = "" if row["max_abs_exact"] else "≥"
+            first = row["first_drift_step"]
+            state = (
+                f"max rel L2 {_fmt(row['max_rel_l2'])}, max |diff| {bound}{_fmt(row['max_abs'])}"
+                + (f", above tolerance from step {first}" if first is not None else "")
+            )
+        lines.append(f"    {entry['name']}: {state}")
+    if len(rows) > len(body["top"]):
+        lines.append(f"    … {len(rows) - len(body['top'])} more variables (see --json)")
+    for row in rows:
+        if not row["mirrored"]:
+            lines.append(f"    not mirrored: {row['name']} on {', '.join(row['devices'])}")
+    return lines

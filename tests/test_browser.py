@@ -31,11 +31,11 @@ def demo_server(demo_logs):
     try:
         server.wait_for(
             "/data/plugin/replicas/runs",
-            # Every run, and the 4 multi-worker jobs with both of their workers.
+            # Every run, and the 5 multi-worker jobs with both of their workers.
             lambda status, body: (
                 status == 200
-                and len(json.loads(body)["runs"]) >= 13
-                and sum(len(r["workers"]) == 2 for r in json.loads(body)["runs"]) == 4
+                and len(json.loads(body)["runs"]) >= 17
+                and sum(len(r["workers"]) == 2 for r in json.loads(body)["runs"]) == 5
             ),
         )
         yield server
@@ -99,9 +99,13 @@ def test_tab_shows_every_replica_and_the_imbalance_note(demo_server, browser, tm
         "empty_last_shard/replicas",
         "shape_mismatch/replicas",
         "mw_clean/replicas",
+        "mw_drift/replicas",
         "mw_fit_tf_keras/replicas",
         "mw_straggler/replicas",
         "mw_uneven_shard/replicas",
+        "weight_drift/batchnorm_fit",
+        "weight_drift/skipped_allreduce",
+        "weight_drift/synchronized",
     } <= set(runs)
     assert not [run for run in runs if "/worker_" in run]
 
@@ -234,6 +238,77 @@ def test_rng_and_data_sections(demo_server, browser):
     wait_ready(frame)
     cells = matrix_cells(frame, "data")
     assert len(cells) == 16 and all(share == 0.0 for r, q, share in cells if r != q)
+    assert errors == []
+    page.close()
+
+
+def open_tab_frame(page, server):
+    """Opens the Replicas tab and returns its ready frame."""
+    page.goto(server.url + "/#replicas", wait_until="load")
+    page.wait_for_function(
+        "[...document.querySelectorAll('iframe')].some(f => f.src.includes('name=replicas'))",
+        timeout=30_000,
+    )
+    frame = None
+    for _ in range(100):
+        frame = tab_frame(page)
+        if frame:
+            break
+        page.wait_for_timeout(100)
+    assert frame is not None, [f.url for f in page.frames]
+    wait_ready(frame)
+    return frame
+
+
+def test_weight_drift_and_placement_sections(demo_server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    frame = open_tab_frame(page, demo_server)
+
+    frame.select_option("#run-select", "weight_drift/skipped_allreduce")
+    wait_ready(frame)
+    drift = frame.inner_text('[data-view="drift"]')
+    assert "Most divergent variables" in drift
+    assert frame.is_visible('[data-view="drift"] canvas')
+    assert frame.get_attribute('[data-view="drift"] .note', "data-drift") == "some"
+    legend = frame.inner_text('[data-view="deviation"]')
+    for replica in (1, 2, 3):
+        assert f"replica {replica}" in legend
+    rows = frame.eval_on_selector_all(
+        '[data-view="placement"] tbody tr',
+        "els => els.map(e => [e.dataset.variable, e.dataset.mirrored, e.className])",
+    )
+    assert len(rows) == 4 and all(m == "true" and "drift" in c for _, m, c in rows)
+    kinds = frame.eval_on_selector_all(
+        '[data-view="findings"] .finding', "els => els.map(e => e.dataset.kind)"
+    )
+    assert kinds == ["variable_drift"] * 4
+    frame.click('[data-view="findings"] .finding')
+    frame.wait_for_selector('[data-view="drift"].flash', timeout=5_000)
+
+    frame.select_option("#run-select", "weight_drift/synchronized")
+    wait_ready(frame)
+    assert frame.get_attribute('[data-view="drift"] .note', "data-drift") == "none"
+    assert "bit-identical" in frame.inner_text('[data-view="drift"]')
+    assert "0 (bit-identical)" in frame.inner_text('[data-view="placement"]')
+
+    frame.select_option("#run-select", "weight_drift/batchnorm_fit")
+    wait_ready(frame)
+    drifting = frame.eval_on_selector_all(
+        '[data-view="placement"] tbody tr.drift', "els => els.map(e => e.dataset.variable)"
+    )
+    assert sorted(name.rsplit("/", 1)[-1] for name in drifting) == [
+        "moving_mean",
+        "moving_variance",
+    ]
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    frame.select_option("#run-select", "weight_drift/skipped_allreduce")
+    wait_ready(frame)
+    frame.eval_on_selector('[data-view="drift"]', "el => el.scrollIntoView()")
+    page.wait_for_timeout(300)
+    page.screenshot(path=os.path.join(ARTIFACTS, "weight_drift_tab.png"), full_page=False)
     assert errors == []
     page.close()
 

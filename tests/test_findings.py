@@ -35,10 +35,15 @@ EXPECTED = {
     "mw_clean/replicas": [],
     "mw_fit_tf_keras/replicas": [],
     "mw_straggler/replicas": [("straggler", "warning", [1], 2)],
+    "mw_drift/replicas": [("variable_drift", "error", [1], 0)],
     "mw_uneven_shard/replicas": [
         ("first_batch_uneven", "error", [1], 0),
         ("uneven_batch", "warning", [1], 0),
     ],
+    "weight_drift/skipped_allreduce": [("variable_drift", "error", [1, 2, 3], 0)] * 4,
+    "weight_drift/synchronized": [],
+    # Keras 3 BatchNormalization moving statistics, checked at epoch ends (8 steps per epoch).
+    "weight_drift/batchnorm_fit": [("variable_drift", "warning", [1, 2, 3], 7)] * 2,
 }
 
 

@@ -75,6 +75,44 @@ def test_tf_keras_fit_job(report):
     assert job.step_time.steps.tolist() == list(range(16))
 
 
+def test_clean_job_has_zero_cross_worker_drift(report):
+    for run in ("mw_clean/replicas", "mw_straggler/replicas", "mw_uneven_shard/replicas"):
+        variables = report.runs[run].variables
+        assert variables.replicas == [0, 1]
+        assert variables.steps.tolist() == report.runs[run].inputs.steps.tolist()
+        # Every copy on worker 1 is bit-identical to worker 0's at every logged step.
+        assert variables.identical.all(), run
+        assert (variables.rel_l2 == 0).all() and (variables.max_abs == 0).all()
+        assert all(v["mirrored"] for v in variables.variables)
+        assert [v["columns"] for v in variables.variables] == [[0, 1]] * len(variables.variables)
+
+
+def test_perturbed_worker_drifts_from_the_others(report):
+    """Worker 1 adds PERTURBATION to its kernel copy after each update: only it drifts."""
+    job = report.runs["mw_drift/replicas"]
+    variables = job.variables
+    kernel = next(i for i, v in enumerate(variables.variables) if v["name"].endswith("kernel"))
+    steps = variables.steps
+    assert steps.tolist() == list(range(8))
+    # The kernel has 4 elements (fewer than the 64 sketch buckets), so its fingerprint is exact:
+    # after step s worker 1's copy is worker 0's + (s + 1) * PERTURBATION in every element.
+    drift = multiworker.PERTURBATION * (steps + 1)
+    np.testing.assert_allclose(variables.max_abs[:, kernel, 1], drift, rtol=1e-3)
+    np.testing.assert_allclose(variables.l2_estimate[:, kernel, 1], 2 * drift, rtol=1e-3)
+    assert (variables.max_abs[:, kernel, 0] == 0).all()
+    others = [i for i in range(len(variables.variables)) if i != kernel]
+    assert variables.identical[:, others].all()
+    found = [f for f in report.findings["mw_drift/replicas"] if f.kind == "variable_drift"]
+    assert [(f.replicas, f.first_step, f.severity) for f in found] == [([1], 0, "error")]
+    assert found[0].name == variables.variables[kernel]["name"]
+    assert found[0].message.endswith(" On worker_1.")
+    # Each worker's own run compares its own copies only: no drift inside a worker.
+    for run, own in job.worker_runs.items():
+        assert own.variables.replicas == [int(run[-1])]
+        assert own.variables.identical.all()
+        assert not analysis.find_variables(own.variables)
+
+
 def test_uneven_shard_across_workers(report):
     job = report.runs["mw_uneven_shard/replicas"]
     assert job.inputs.batch_size.tolist() == [[4, 3]] * 4

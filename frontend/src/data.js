@@ -181,3 +181,39 @@ export async function fetchData(run, maxPoints, opts) {
     duplicate_share: matrix(body.duplicate_share),
   };
 }
+
+/** Weight drift and placement of one run (see http_api.md `/variables`). */
+export async function fetchVariables(run, maxPoints, top, opts) {
+  const body = await fetchJson(`./variables?${q({ run, max_points: maxPoints, top })}`, opts);
+  return {
+    run: String(body.run ?? run),
+    replicas: list(body.replicas),
+    devices: list(body.devices),
+    steps: numbers(body.steps),
+    exact_steps: numbers(body.exact_steps),
+    downsampled: Boolean(body.downsampled),
+    tolerance: toNumber(body.tolerance),
+    variables: list(body.variables).map((v) => ({
+      name: String(v.name ?? ''),
+      shape: list(v.shape),
+      dtype: v.dtype ?? null,
+      trainable: Boolean(v.trainable),
+      sync: v.sync ?? '',
+      devices: list(v.devices),
+      mirrored: Boolean(v.mirrored),
+      present: list(v.present).map(Boolean),
+      max_rel_l2: toNumber(v.max_rel_l2),
+      max_abs: toNumber(v.max_abs),
+      max_abs_exact: Boolean(v.max_abs_exact),
+      bit_identical: v.bit_identical ?? null,
+      first_drift_step: v.first_drift_step ?? null,
+    })),
+    top: list(body.top).map((t) => ({
+      name: String(t.name ?? ''),
+      max_rel_l2: numbers(t.max_rel_l2),
+      rel_l2: matrix(t.rel_l2),
+      max_abs: matrix(t.max_abs),
+    })),
+    notes: list(body.notes),
+  };
+}

@@ -2,7 +2,7 @@
 import uplotCss from 'uplot/dist/uPlot.min.css';
 import appCss from './style.css';
 import { h } from './dom.js';
-import { fetchRuns, fetchInputs, fetchFindings, fetchRng, fetchData, fetchStepTime } from './data.js';
+import { fetchRuns, fetchInputs, fetchFindings, fetchRng, fetchData, fetchStepTime, fetchVariables } from './data.js';
 import { createZoom } from './zoom.js';
 import { createFindings } from './views/findings.js';
 import { createBatchChart } from './views/batch_chart.js';
@@ -12,9 +12,13 @@ import { createShapesTable } from './views/shapes_table.js';
 import { createRngView } from './views/rng_view.js';
 import { createDataView } from './views/data_view.js';
 import { createStepTime } from './views/step_time.js';
+import { createDriftChart, createDeviationChart } from './views/drift_charts.js';
+import { createPlacementTable } from './views/placement_table.js';
 
 /** Steps asked of ./inputs: exact up to this many, bucketed (with min/max) beyond. */
 const MAX_POINTS = 10000;
+/** Most divergent variables drawn over steps. */
+const TOP_VARIABLES = 8;
 const BATCH_KINDS = new Set(['uneven_batch', 'empty_shard', 'first_batch_uneven']);
 
 const setState = (s) => (document.body.dataset.state = s);
@@ -91,18 +95,19 @@ export async function render() {
     main.replaceChildren(h('p', { class: 'muted loading' }, 'Loading…'));
     setState('loading');
     try {
-      const [inputs, findings, rng, data, stepTime] = await Promise.all([
+      const [inputs, findings, rng, data, stepTime, variables] = await Promise.all([
         fetchInputs(runName, MAX_POINTS, { signal: abort.signal }),
         fetchFindings(runName, { signal: abort.signal }),
         fetchRng(runName, MAX_POINTS, { signal: abort.signal }),
         fetchData(runName, MAX_POINTS, { signal: abort.signal }),
         // Multi-worker jobs only: per-worker step time.
         run.workers.length ? fetchStepTime(runName, MAX_POINTS, { signal: abort.signal }) : null,
+        fetchVariables(runName, MAX_POINTS, TOP_VARIABLES, { signal: abort.signal }),
       ]);
       if (abort.signal.aborted) return;
       performance.mark('replicas:data');
       const t0 = performance.now();
-      buildRun(main, run, inputs, findings, views, { rng, data, stepTime });
+      buildRun(main, run, inputs, findings, views, { rng, data, stepTime, variables });
       await new Promise((r) => setTimeout(r, 0)); // let uPlot finish its first draw
       if (abort.signal.aborted) return;
       document.body.dataset.renderMs = String(Math.round(performance.now() - t0));
@@ -126,12 +131,15 @@ function workerNamer(workers) {
   return (id) => of.get(id) ?? null;
 }
 
-function buildRun(main, run, inputs, findings, views, { rng, data, stepTime } = {}) {
+function buildRun(main, run, inputs, findings, views, { rng, data, stepTime, variables } = {}) {
   const steps = inputs.steps;
   const workerOf = workerNamer(inputs.workers.length ? inputs.workers : run.workers);
   const lastStep = run.last_step ?? steps[steps.length - 1] ?? 0;
-  // Step ranges are [start, end): the last step gets its full width.
-  const full = steps.length ? [steps[0], Math.max(steps[steps.length - 1], lastStep) + 1] : [0, 1];
+  // Step ranges are [start, end): the last step gets its full width. Inputs and variables share it.
+  const varSteps = variables?.steps ?? [];
+  const allSteps = steps.length ? steps : varSteps;
+  const firstStep = Math.min(allSteps[0] ?? 0, varSteps[0] ?? Infinity);
+  const full = allSteps.length ? [firstStep, Math.max(allSteps[allSteps.length - 1], lastStep) + 1] : [0, 1];
   const zoom = createZoom(full);
   const deviceName = deviceNamer(inputs.devices.length ? inputs.devices : run.devices);
 
@@ -170,6 +178,17 @@ function buildRun(main, run, inputs, findings, views, { rng, data, stepTime } = 
   const shapes = section('shapes', 'Input shapes', 'Each input\'s shape and dtype per replica, at the first step and at every step where they change. Highlighted: inputs the replicas disagree on (dtype, rank or a non-leading dimension).');
   const rngSec = section('rng', 'Random streams', 'Per generator: how often two replicas draw identical numbers (same next-draw fingerprint), and each replica\'s state at the last logged step. A state equal on every replica does not mean equal streams: tf.random.Generator folds the replica id into its key.');
   const dataSec = section('data', 'Examples per replica', 'Per pair of replicas: the share of examples both got at the same step (per-example fingerprints). Non-zero off the diagonal means replicas train on the same data: an unsharded input pipeline.');
+  const drift = section(
+    'drift',
+    'Weight drift',
+    'How far each variable\'s copies are from replica 0\'s: relative L2 distance ||copy_r − copy_0|| / ||copy_0|| at each logged step, for the most divergent variables (worst replica). Estimated from small per-copy fingerprints unless the exact check ran; 0 means bit-identical.',
+  );
+  const deviation = section('deviation', 'Deviation from replica 0, per replica', 'One variable, one line per replica.');
+  const placement = section(
+    'placement',
+    'Variable placement',
+    'Every variable, and which replica devices hold a copy of it. Highlighted: variables not mirrored on every replica, and variables whose copies drift beyond the tolerance.',
+  );
   const timing = stepTime
     ? section(
         'step_time',
@@ -180,6 +199,7 @@ function buildRun(main, run, inputs, findings, views, { rng, data, stepTime } = 
   main.replaceChildren(...[findingsSec.el, timing?.el, batch.el, imbalance.el, heat.el, shapes.el].filter(Boolean));
   if (rng) main.append(rngSec.el);
   if (data) main.append(dataSec.el);
+  if (variables?.variables.length) main.append(drift.el, deviation.el, placement.el);
 
   const onSelect = (f) => {
     const view = f.view && main.querySelector(`section[data-view="${CSS.escape(f.view)}"]`) ? f.view : /shape|dtype|rank/.test(f.kind) ? 'shapes' : 'batch';
@@ -217,7 +237,16 @@ function buildRun(main, run, inputs, findings, views, { rng, data, stepTime } = 
     const stragglers = new Set(findings.filter((f) => f.kind === 'straggler').map((f) => f.name));
     views.push(timed('step_time', () => createStepTime(timing.body, { data: stepTime, zoom, width, stragglers })));
   }
-  const newNotes = inputs.notes.filter((n) => !run.notes.includes(n));
+  if (variables?.variables.length) {
+    const variableDevice = deviceNamer(variables.devices.length ? variables.devices : run.devices);
+    const driftCtx = { variables, zoom, width, deviceName: variableDevice };
+    views.push(
+      timed('drift', () => createDriftChart(drift.body, driftCtx)),
+      timed('deviation', () => createDeviationChart(deviation.body, driftCtx)),
+      timed('placement', () => createPlacementTable(placement.body, driftCtx)),
+    );
+  }
+  const newNotes = [...new Set([...inputs.notes, ...(variables?.notes ?? [])])].filter((n) => !run.notes.includes(n));
   if (newNotes.length) main.prepend(h('div', { class: 'run-notes' }, newNotes.map((n) => h('p', { class: 'note' }, n))));
 }
 

@@ -1,0 +1,154 @@
+// Weight drift: the most divergent variables over steps, and one variable replica by replica.
+// Divergence is ||copy_r - copy_0|| / ||copy_0|| (relative L2): 0 means bit-identical copies.
+import { h } from '../dom.js';
+import { replicaColor } from '../colors.js';
+import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis } from './uplot_common.js';
+
+const HEIGHT = 240;
+
+/** 0, 1.23e-7, 0.0123, 1.23, ∞ or — for a divergence value. */
+export function fmtDrift(v) {
+  if (v == null || Number.isNaN(v)) return '—';
+  if (v === Infinity) return '∞';
+  if (v === 0) return '0';
+  const a = Math.abs(v);
+  return a < 1e-3 || a >= 1e4 ? v.toExponential(2).replace(/\.?0+e/, 'e') : String(Number(v.toPrecision(3)));
+}
+
+const drawable = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+
+/**
+ * A log-like y scale that still shows 0 (asinh, linear below the tolerance), so bit-identical
+ * copies sit on the axis and drift from 1e-7 to 10 stays readable.
+ */
+function driftScale(tolerance) {
+  return { distr: 4, log: 10, asinh: Math.max(tolerance || 1e-9, 1e-12) / 10, range: (u, min, max) => [0, Math.max(max, (tolerance || 1e-6) * 10) * 2] };
+}
+
+/** Ticks at 0 and at powers of ten (every one, or every 2nd/3rd when there are many). */
+export function driftSplits(u, axisIdx, min, max) {
+  const lo = Math.floor(Math.log10(Math.max((u.scales.y.asinh || 1e-9) * 10, 1e-300)));
+  const hi = Math.ceil(Math.log10(Math.max(max, 1e-300)));
+  const every = Math.max(1, Math.ceil((hi - lo + 1) / 6));
+  const ticks = [0];
+  for (let e = hi; e >= lo; e -= every) if (Number(`1e${e}`) <= max) ticks.push(Number(`1e${e}`));
+  return ticks.sort((a, b) => a - b);
+}
+
+function toleranceHook(tolerance) {
+  return (u) => {
+    if (!(tolerance > 0)) return;
+    const y = u.valToPos(tolerance, 'y', true);
+    const { ctx } = u;
+    ctx.save();
+    ctx.strokeStyle = '#e53935';
+    ctx.setLineDash([4, 4]);
+    ctx.lineWidth = 1;
+    ctx.beginPath();
+    ctx.moveTo(u.bbox.left, y);
+    ctx.lineTo(u.bbox.left + u.bbox.width, y);
+    ctx.stroke();
+    ctx.restore();
+  };
+}
+
+function chart(target, { steps, columns, labels, colors, zoom, width, tolerance, yLabel }) {
+  const opts = {
+    width,
+    height: HEIGHT,
+    padding: [8, PLOT_RIGHT, 0, 4],
+    scales: { x: { time: false, range: xRange(steps, zoom.full) }, y: driftScale(tolerance) },
+    axes: [stepAxis(), valueAxis(yLabel, { splits: driftSplits, filter: (u, splits) => splits, values: (u, ticks) => ticks.map(fmtDrift) })],
+    series: [
+      stepSeries,
+      ...labels.map((label, i) => ({
+        label,
+        stroke: colors[i],
+        width: 1.5,
+        points: { show: steps.length <= 60, size: 4 },
+        value: (u, v, si, idx) => (idx == null ? '–' : fmtDrift(columns[i].raw[idx])),
+      })),
+    ],
+    cursor: { drag: { x: true, y: false } },
+    legend: { live: true },
+    hooks: { draw: [toleranceHook(tolerance)] },
+  };
+  const u = new uPlot(opts, [steps, ...columns.map((c) => c.drawn)], target);
+  const unfollow = followZoom(u, zoom);
+  return {
+    resize: (w) => u.setSize({ width: w, height: HEIGHT }),
+    destroy() {
+      unfollow();
+      u.destroy();
+    },
+  };
+}
+
+const column = (raw) => ({ raw, drawn: raw.map(drawable) });
+
+/** Max over replicas of each top variable's divergence, one line per variable. */
+export function createDriftChart(target, { variables, zoom, width }) {
+  const top = variables.top;
+  if (!variables.steps.length || !top.length) {
+    target.append(h('p', { class: 'muted' }, 'No variables were recorded for this run.'));
+    return {};
+  }
+  const allZero = top.every((t) => t.max_rel_l2.every((v) => v === 0));
+  target.append(
+    h('p', { class: ['note', allZero ? 'ok' : null], dataset: { drift: allZero ? 'none' : 'some' } },
+      allZero
+        ? `Every copy of every variable is bit-identical to replica 0's at every logged step (${variables.steps.length} steps).`
+        : `Most divergent variables (worst replica at each step). Red dashed line: the tolerance ${fmtDrift(variables.tolerance)}.`),
+  );
+  const box = h('div', { class: 'chart' });
+  target.append(box);
+  return chart(box, {
+    steps: variables.steps,
+    columns: top.map((t) => column(t.max_rel_l2)),
+    labels: top.map((t) => t.name),
+    colors: top.map((_, i) => replicaColor(i)),
+    zoom,
+    width,
+    tolerance: variables.tolerance,
+    yLabel: 'relative L2 vs replica 0',
+  });
+}
+
+/** One variable (chosen among the top ones), one line per replica. */
+export function createDeviationChart(target, { variables, zoom, width, deviceName }) {
+  const top = variables.top;
+  if (!variables.steps.length || !top.length) {
+    target.append(h('p', { class: 'muted' }, 'No variables were recorded for this run.'));
+    return {};
+  }
+  const select = h('select', { id: 'deviation-variable' }, top.map((t, i) => h('option', { value: String(i) }, t.name)));
+  const exactNote = variables.exact_steps.length
+    ? `Exact check at ${variables.exact_steps.length} of ${variables.steps.length} logged steps; elsewhere estimated from the fingerprints.`
+    : 'Estimated from per-copy fingerprints (exact for variables of at most 64 elements).';
+  const box = h('div', { class: 'chart' });
+  target.append(h('div', { class: 'run-picker' }, [h('label', { for: 'deviation-variable' }, 'Variable'), select, h('span', { class: 'muted' }, exactNote)]), box);
+  let view = null;
+  const show = (i) => {
+    view?.destroy?.();
+    box.replaceChildren();
+    const t = top[i];
+    const replicas = variables.replicas.map((id, r) => ({ id, r })).filter(({ r }) => r > 0);
+    box.dataset.variable = t.name;
+    view = chart(box, {
+      steps: variables.steps,
+      columns: replicas.map(({ r }) => column(t.rel_l2.map((row) => row?.[r] ?? null))),
+      labels: replicas.map(({ id, r }) => (deviceName(r) ? `replica ${id} (${deviceName(r)})` : `replica ${id}`)),
+      colors: replicas.map(({ r }) => replicaColor(r)),
+      zoom,
+      width,
+      tolerance: variables.tolerance,
+      yLabel: 'relative L2 vs replica 0',
+    });
+  };
+  select.addEventListener('change', () => show(Number(select.value)));
+  show(0);
+  return {
+    resize: (w) => view?.resize?.(w),
+    destroy: () => view?.destroy?.(),
+  };
+}
