@@ -49,6 +49,22 @@ KIND_RNG_STREAMS = "rng_streams"
 KIND_RNG_GENERATORS = "rng_generators"
 KIND_DATA_EXAMPLES = "data_examples"
 KIND_DATA_OVERLAP = "data_overlap"
+# Gradients family (see README "Data written"). Dense, every `update_freq` steps: float32 tensor
+# [2 + V, R]: row 0 each replica's local gradient global norm, row 1 its local loss, rows 2.. the
+# norm of each variable's gradient (variables named by the last TAG_GRAD_VARIABLES event).
+TAG_GRAD_NORMS = "gradients/norms"
+# Sparse, written only at steps where some replica's gradients or loss hold NaN or Inf: int32
+# tensor [4, R]: rows (NaN values in gradients, Inf values in gradients, loss is NaN, loss is Inf).
+TAG_GRAD_NONFINITE = "gradients/nonfinite"
+# Sparse, written at the first observed step and whenever the observed variables change: a scalar
+# string tensor holding JSON {"variables", "shapes", "loss", "scaling", "replicas", "source"}.
+TAG_GRAD_VARIABLES = "gradients/variables"
+
+KIND_BATCH_SIZE = "batch_size"
+KIND_SHAPES = "shapes"
+KIND_GRAD_NORMS = "grad_norms"
+KIND_GRAD_NONFINITE = "grad_nonfinite"
+KIND_GRAD_VARIABLES = "grad_variables"
 
 TAG_KINDS = {
     TAG_BATCH_SIZE: KIND_BATCH_SIZE,
@@ -57,6 +73,9 @@ TAG_KINDS = {
     TAG_RNG_GENERATORS: KIND_RNG_GENERATORS,
     TAG_DATA_EXAMPLES: KIND_DATA_EXAMPLES,
     TAG_DATA_OVERLAP: KIND_DATA_OVERLAP,
+    TAG_GRAD_NORMS: KIND_GRAD_NORMS,
+    TAG_GRAD_NONFINITE: KIND_GRAD_NONFINITE,
+    TAG_GRAD_VARIABLES: KIND_GRAD_VARIABLES,
 }
 
 

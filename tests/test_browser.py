@@ -31,7 +31,7 @@ def demo_server(demo_logs):
     try:
         server.wait_for(
             "/data/plugin/replicas/runs",
-            lambda status, body: status == 200 and len(json.loads(body)["runs"]) >= 9,
+            lambda status, body: status == 200 and len(json.loads(body)["runs"]) >= 13,
         )
         yield server
     finally:
@@ -92,6 +92,10 @@ def test_tab_shows_every_replica_and_the_imbalance_note(demo_server, browser, tm
         "batch_not_divisible/inspect_dataset",
         "batch_not_divisible/replicas",
         "empty_last_shard/replicas",
+        "gradient_outlier/clean",
+        "gradient_outlier/replicas",
+        "nan_replica/clean",
+        "nan_replica/replicas",
         "shape_mismatch/replicas",
     } <= set(runs)
 
@@ -224,5 +228,51 @@ def test_rng_and_data_sections(demo_server, browser):
     wait_ready(frame)
     cells = matrix_cells(frame, "data")
     assert len(cells) == 16 and all(share == 0.0 for r, q, share in cells if r != q)
+    assert errors == []
+    page.close()
+
+
+def test_gradients_tab_shows_the_outlier_replica_and_the_nan_step(demo_server, browser):
+    page, frame, errors = open_tab(demo_server, browser)
+    frame.select_option("#run-select", "gradient_outlier/replicas")
+    wait_ready(frame)
+    section = '[data-view="gradients"]'
+    assert frame.get_attribute(f"{section} [data-peak-replica]", "data-peak-replica") == "2"
+    text = frame.inner_text(section)
+    assert "Largest ratio to the median of the other replicas: replica 2" in text
+    for part in ("norm", "ratio", "loss", "layers"):
+        assert frame.is_visible(f'{section} [data-part="{part}"]'), part
+    for replica in range(4):
+        assert f"replica {replica}" in frame.inner_text(f'{section} [data-part="norm"]')
+    kinds = frame.eval_on_selector_all(
+        '[data-view="findings"] .finding', "els => els.map(e => e.dataset.kind)"
+    )
+    assert kinds == ["gradient_norm_outlier"]
+    assert "Replica 2's local gradient norm" in frame.inner_text('[data-view="findings"]')
+    # The layer × replica heatmap follows the chosen step.
+    steps = frame.eval_on_selector_all("#layer-step option", "els => els.map(e => e.value)")
+    assert steps == ["0", "4", "8", "12"]
+    frame.select_option("#layer-step", "4")
+    frame.wait_for_function(
+        "document.querySelector('canvas.layer-heatmap')?.dataset.step === '4'", timeout=30_000
+    )
+    wait_ready(frame)
+
+    frame.select_option("#run-select", "gradient_outlier/clean")
+    wait_ready(frame)
+    assert "No problems found in this run." in frame.inner_text('[data-view="findings"]')
+
+    frame.select_option("#run-select", "nan_replica/replicas")
+    wait_ready(frame)
+    row = frame.inner_text(f'{section} [data-part="nonfinite"] tr[data-step="5"]')
+    assert "replica 1" in row and "loss NaN" in row
+    assert "replica 0" not in row
+    finding = frame.inner_text('[data-view="findings"] .finding[data-kind="nonfinite_gradients"]')
+    assert "Replica 1" in finding and "step 5" in finding
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    frame.select_option("#run-select", "gradient_outlier/replicas")
+    wait_ready(frame)
+    frame.eval_on_selector(section, "el => el.scrollIntoView()")
+    page.screenshot(path=os.path.join(ARTIFACTS, "gradients_tab.png"))
     assert errors == []
     page.close()

@@ -2,7 +2,7 @@
 import uplotCss from 'uplot/dist/uPlot.min.css';
 import appCss from './style.css';
 import { h } from './dom.js';
-import { fetchRuns, fetchInputs, fetchFindings, fetchRng, fetchData } from './data.js';
+import { fetchRuns, fetchInputs, fetchFindings, fetchRng, fetchData, fetchGradients } from './data.js';
 import { createZoom } from './zoom.js';
 import { createFindings } from './views/findings.js';
 import { createBatchChart } from './views/batch_chart.js';
@@ -11,6 +11,7 @@ import { createHeatmap } from './views/heatmap.js';
 import { createShapesTable } from './views/shapes_table.js';
 import { createRngView } from './views/rng_view.js';
 import { createDataView } from './views/data_view.js';
+import { createGradients } from './views/gradients.js';
 
 /** Steps asked of ./inputs: exact up to this many, bucketed (with min/max) beyond. */
 const MAX_POINTS = 10000;
@@ -90,16 +91,30 @@ export async function render() {
     main.replaceChildren(h('p', { class: 'muted loading' }, 'Loading…'));
     setState('loading');
     try {
-      const [inputs, findings, rng, data] = await Promise.all([
+      const hasGradients = run.families.includes('gradients');
+      const [inputs, findings, rng, data, grads] = await Promise.all([
         fetchInputs(runName, MAX_POINTS, { signal: abort.signal }),
         fetchFindings(runName, { signal: abort.signal }),
         fetchRng(runName, MAX_POINTS, { signal: abort.signal }),
         fetchData(runName, MAX_POINTS, { signal: abort.signal }),
+        hasGradients ? fetchGradients(runName, MAX_POINTS, null, { signal: abort.signal }) : null,
       ]);
       if (abort.signal.aborted) return;
       performance.mark('replicas:data');
       const t0 = performance.now();
-      buildRun(main, run, inputs, findings, views, { rng, data });
+      const reloadGradients = async (step) => {
+        setState('loading');
+        try {
+          const next = await fetchGradients(runName, MAX_POINTS, step, { signal: abort.signal });
+          if (abort.signal.aborted) return;
+          current.rebuildGradients?.(next);
+          setState('ready');
+        } catch (e) {
+          if (e.name === 'AbortError' || abort.signal.aborted) return;
+          showError(main, e);
+        }
+      };
+      current.rebuildGradients = buildRun(main, run, inputs, findings, views, { rng, data, grads, reloadGradients });
       await new Promise((r) => setTimeout(r, 0)); // let uPlot finish its first draw
       if (abort.signal.aborted) return;
       document.body.dataset.renderMs = String(Math.round(performance.now() - t0));
@@ -116,11 +131,12 @@ export async function render() {
   await show(runs[0].run);
 }
 
-function buildRun(main, run, inputs, findings, views, { rng, data } = {}) {
+function buildRun(main, run, inputs, findings, views, { rng, data, grads, reloadGradients } = {}) {
   const steps = inputs.steps;
   const lastStep = run.last_step ?? steps[steps.length - 1] ?? 0;
+  const firstStep = Math.min(steps.length ? steps[0] : Infinity, run.first_step ?? Infinity);
   // Step ranges are [start, end): the last step gets its full width.
-  const full = steps.length ? [steps[0], Math.max(steps[steps.length - 1], lastStep) + 1] : [0, 1];
+  const full = Number.isFinite(firstStep) ? [firstStep, Math.max(steps[steps.length - 1] ?? firstStep, lastStep) + 1] : [0, 1];
   const zoom = createZoom(full);
   const deviceName = deviceNamer(inputs.devices.length ? inputs.devices : run.devices);
 
@@ -159,7 +175,10 @@ function buildRun(main, run, inputs, findings, views, { rng, data } = {}) {
   const shapes = section('shapes', 'Input shapes', 'Each input\'s shape and dtype per replica, at the first step and at every step where they change. Highlighted: inputs the replicas disagree on (dtype, rank or a non-leading dimension).');
   const rngSec = section('rng', 'Random streams', 'Per generator: how often two replicas draw identical numbers (same next-draw fingerprint), and each replica\'s state at the last logged step. A state equal on every replica does not mean equal streams: tf.random.Generator folds the replica id into its key.');
   const dataSec = section('data', 'Examples per replica', 'Per pair of replicas: the share of examples both got at the same step (per-example fingerprints). Non-zero off the diagonal means replicas train on the same data: an unsharded input pipeline.');
-  main.replaceChildren(findingsSec.el, batch.el, imbalance.el, heat.el, shapes.el);
+  const gradients = grads
+    ? section('gradients', 'Gradients per replica', `Local gradients of every replica before the optimizer's all-reduce, at ${grads.steps.length} logged step${grads.steps.length === 1 ? '' : 's'}${grads.downsampled ? ' (downsampled: bucket maxima)' : ''}; NaN/Inf are checked at every step. Drag to zoom, double-click to reset.`)
+    : null;
+  main.replaceChildren(...[findingsSec.el, batch.el, imbalance.el, heat.el, gradients?.el, shapes.el].filter(Boolean));
   if (rng) main.append(rngSec.el);
   if (data) main.append(dataSec.el);
 
@@ -195,8 +214,24 @@ function buildRun(main, run, inputs, findings, views, { rng, data } = {}) {
   views.push(timed('shapes', () => createShapesTable(shapes.body, { inputs, deviceName })));
   if (rng) views.push(timed('rng', () => createRngView(rngSec.body, { rng, deviceName })));
   if (data) views.push(timed('data', () => createDataView(dataSec.body, { data, deviceName })));
+  let rebuildGradients = null;
+  if (gradients) {
+    const outlier = findings.find((f) => f.kind === 'gradient_norm_outlier');
+    const threshold = outlier && Number.isFinite(outlier.threshold) ? outlier.threshold : 10;
+    let view = null;
+    rebuildGradients = (next) => {
+      const at = views.indexOf(view);
+      view?.destroy?.();
+      gradients.body.replaceChildren();
+      view = createGradients(gradients.body, { grads: next, zoom, width: widthOf(main), threshold, onStep: reloadGradients });
+      if (at >= 0) views[at] = view;
+      else views.push(view);
+    };
+    timed('gradients', () => rebuildGradients(grads));
+  }
   const newNotes = inputs.notes.filter((n) => !run.notes.includes(n));
   if (newNotes.length) main.prepend(h('div', { class: 'run-notes' }, newNotes.map((n) => h('p', { class: 'note' }, n))));
+  return rebuildGradients;
 }
 
 /** Runs make() and records its duration as a performance measure "replicas:NAME". */
