@@ -202,7 +202,9 @@ def test_rng_and_data_sections(demo_server, browser):
     cells = matrix_cells(frame, "rng")
     assert len(cells) == 16
     assert all(share == 1.0 for r, q, share in cells if r != q)
-    caption = frame.inner_text('[data-view="rng"] table.rng-states caption')
+    # text_content: tables below the fold are not rendered (content-visibility: auto), and
+    # inner_text of an unrendered element is empty.
+    caption = frame.text_content('[data-view="rng"] table.rng-states caption')
     assert "replicas 0, 1, 2, 3 draw the same numbers" in caption
     frame.click('[data-view="findings"] .finding[data-kind="identical_rng_streams"]')
     frame.wait_for_selector('section[data-view="rng"].flash')
@@ -212,7 +214,7 @@ def test_rng_and_data_sections(demo_server, browser):
     assert "No problems found" in frame.inner_text('[data-view="findings"]')
     cells = matrix_cells(frame, "rng")
     assert all(share == 0.0 for r, q, share in cells if r != q)
-    assert "every replica draws its own numbers" in frame.inner_text('[data-view="rng"]')
+    assert "every replica draws its own numbers" in frame.text_content('[data-view="rng"]')
 
     frame.select_option("#run-select", "unsharded_pipeline/replicas")
     wait_ready(frame)
