@@ -20,6 +20,9 @@ BENCHMARKS = {
     "benchmarks.fingerprint_overhead": [
         *("--steps-per-epoch", "8", "--epochs", "1", "--rounds", "1", "--repeats", "3"),
     ],
+    "benchmarks.drift_overhead": [
+        *("--steps-per-epoch", "8", "--epochs", "1", "--rounds", "1", "--repeats", "2"),
+    ],
     "benchmarks.multiworker_load": ["--workers", "2", "--replicas", "2", "--steps", "20"],
 }
 

@@ -77,6 +77,10 @@ def main(argv=None):
             keras.callbacks.TensorBoard(d, update_freq=1)
         ],
         "replica_callback_default": lambda d: [ReplicaCallback(d)],
+        # The inputs family alone (the others off): where the default's cost comes from.
+        "replica_callback_inputs_only": lambda d: [
+            ReplicaCallback(d, gradients=False, rng=False, examples=False, variables=False)
+        ],
         "replica_callback_every_step": lambda d: [ReplicaCallback(d, update_freq=1)],
     }
     per_step = {name: [] for name in variants}

@@ -23,6 +23,13 @@ Every scenario trains (or inspects) on logical CPU replicas and writes `LOGDIR/<
   the copies drift apart from the first step; `synchronized` all-reduces the gradients first
   and stays bit-identical. Plus `batchnorm_fit`: Keras `fit` of a model with
   BatchNormalization, whose moving statistics Keras 3 updates per replica.
+- `gradient_outlier`: Keras `fit` where replica 2's shard of every global batch is scaled ×100
+  (run `replicas`: its local gradient norm is far above the others'), and its clean twin (run
+  `clean`, the same data unscaled).
+- `nan_replica`: Keras `fit` with `TerminateOnNaN` where one label of replica 1's batch at step 5
+  is NaN (run `replicas`: the NaN loss and gradients are recorded at step 5 on replica 1 although
+  only every 4th step is logged; `TerminateOnNaN` stops training there, before the NaN weights
+  reach the other replicas' next step), and its clean twin (run `clean`).
 
 Call `configure_devices(n)` before anything else touches TensorFlow devices.
 """
@@ -41,6 +48,8 @@ SCENARIOS = (
     "unsharded_pipeline",
     "sharded_pipeline",
     "weight_drift",
+    "gradient_outlier",
+    "nan_replica",
 )
 
 
@@ -361,6 +370,54 @@ def batchnorm_fit_run(strategy, logdir, examples=256, global_batch=32, epochs=3)
     )
 
 
+def replica_rows(num_replicas, global_batch, replica, examples):
+    """Indices of the examples `replica` gets from a dataset batched by `global_batch`
+    (tf.distribute splits an even global batch into consecutive per-replica slices)."""
+    per = global_batch // num_replicas
+    return [i for i in range(examples) if (i % global_batch) // per == replica]
+
+
+def gradient_fit_run(strategy, logdir, x, y, global_batch, run_name, epochs=1, callbacks=()):
+    """Keras `fit` with `ReplicaCallback(update_freq=4)` on given arrays (no shuffling)."""
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaCallback
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+    model = _mlp(strategy, x.shape[1])
+    model.fit(
+        dataset,
+        epochs=epochs,
+        verbose=0,
+        callbacks=[*callbacks, ReplicaCallback(logdir, run_name=run_name, update_freq=4)],
+    )
+
+
+def gradient_outlier_runs(strategy, logdir, examples=256, global_batch=32, odd_replica=2):
+    """Replica `odd_replica`'s shard scaled ×100 (run `replicas`) and the clean twin (`clean`)."""
+    num = strategy.num_replicas_in_sync
+    x, y = _regression_data(examples, seed=1)
+    scaled = x.copy()
+    scaled[replica_rows(num, global_batch, min(odd_replica, num - 1), examples)] *= 100.0
+    gradient_fit_run(strategy, logdir, scaled, y, global_batch, "replicas", epochs=2)
+    gradient_fit_run(strategy, logdir, x, y, global_batch, "clean", epochs=2)
+
+
+def nan_replica_runs(strategy, logdir, examples=256, global_batch=32, nan_step=5, replica=1):
+    """A NaN in one example of `replica`'s batch at `nan_step` (run `replicas`), training with
+    `TerminateOnNaN`, and the clean twin (run `clean`)."""
+    import keras
+
+    num = strategy.num_replicas_in_sync
+    x, y = _regression_data(examples, seed=2)
+    poisoned = y.copy()
+    rows = replica_rows(num, global_batch, min(replica, num - 1), examples)
+    poisoned[[r for r in rows if r // global_batch == nan_step][1], 0] = np.nan
+    stop = [keras.callbacks.TerminateOnNaN()]
+    gradient_fit_run(strategy, logdir, x, poisoned, global_batch, "replicas", callbacks=stop)
+    gradient_fit_run(strategy, logdir, x, y, global_batch, "clean", callbacks=stop)
+
+
 def run_scenario(name, logdir, strategy):
     """Runs one demo scenario into `logdir/name`.
 
@@ -396,6 +453,10 @@ def run_scenario(name, logdir, strategy):
         drift_run(strategy, os.path.join(run_dir, "skipped_allreduce"), all_reduce=False)
         drift_run(strategy, os.path.join(run_dir, "synchronized"), all_reduce=True)
         batchnorm_fit_run(strategy, run_dir)
+    elif name == "gradient_outlier":
+        gradient_outlier_runs(strategy, run_dir)
+    elif name == "nan_replica":
+        nan_replica_runs(strategy, run_dir)
     else:
         raise ValueError(f"unknown scenario {name!r}; expected one of {SCENARIOS}")
 

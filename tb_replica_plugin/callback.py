@@ -14,9 +14,17 @@ callback raising), so the model is restored on two more paths: the rebuilt train
 wrapped so that any exception escaping a step restores the model and flushes before it
 propagates, and the model's `make_train_function` is wrapped so that the next `fit` (or
 `train_on_batch`) after a failure gets the original train function back before it starts.
+
+Gradients: the optimizer all-reduces inside `apply_gradients`/`apply`, so the callback wraps those
+two methods of the optimizer *instance* (and `compute_loss` of the model instance, to see each
+replica's loss). They run in replica context with the replica's local gradients, also when a model
+overrides `train_step` and calls `self.optimizer.apply_gradients` itself. The hooks are small
+functions (`hook_optimizer`, `hook_compute_loss`); the loss scale comes from
+`keras_compat.optimizer_info`, so both flavours are handled.
 """
 
 import os
+import threading
 import warnings
 
 import tensorflow as tf
@@ -24,7 +32,184 @@ import tensorflow as tf
 from tb_replica_plugin import keras_compat
 from tb_replica_plugin.collectors import inputs as inputs_collector
 from tb_replica_plugin.collectors import rng as rng_collector
-from tb_replica_plugin.probe import DEFAULT_FLUSH_SECS, ReplicaProbe
+from tb_replica_plugin.probe import (
+    DEFAULT_FLUSH_SECS,
+    SCALING_AS_GIVEN,
+    SCALING_REPLICA_LOSS,
+    ReplicaProbe,
+)
+
+
+def _set_instance_attribute(obj, name, value):
+    """Sets `obj.name = value` as an instance attribute; returns how to undo it."""
+    had_own = name in obj.__dict__
+    previous = obj.__dict__.get(name)
+    object.__setattr__(obj, name, value)
+
+    def undo():
+        if had_own:
+            object.__setattr__(obj, name, previous)
+        else:
+            obj.__dict__.pop(name, None)
+
+    return undo
+
+
+class LossCapture:
+    """The last loss computed on each replica thread (replica functions run in threads)."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def put(self, loss):
+        self._local.loss = loss
+
+    def take(self, graph):
+        """The captured loss if it belongs to `graph` (the current step's graph), else None."""
+        loss = getattr(self._local, "loss", None)
+        self._local.loss = None
+        if loss is None or getattr(loss, "graph", graph) is not graph:
+            return None
+        return loss
+
+
+def hook_compute_loss(model, capture):
+    """Wraps `model.compute_loss` (instance attribute) to hand each replica's loss to `capture`.
+
+    Args:
+      model: the Keras model.
+      capture: a `LossCapture`.
+
+    Returns:
+      A function that undoes the hook.
+    """
+    original = model.compute_loss
+
+    def compute_loss(*args, **kwargs):
+        loss = original(*args, **kwargs)
+        capture.put(loss)
+        return loss
+
+    return _set_instance_attribute(model, "compute_loss", compute_loss)
+
+
+def hook_optimizer(optimizer, observe):
+    """Wraps `optimizer.apply_gradients` and `optimizer.apply` (instance attributes).
+
+    `observe(grads, variables)` is called once per call from user code, before the original
+    method all-reduces the gradients (a call of `apply` from inside `apply_gradients` is not
+    observed twice).
+
+    Args:
+      optimizer: the Keras optimizer instance.
+      observe: a function of `(grads, variables)`; it must not raise.
+
+    Returns:
+      A function that undoes the hooks.
+    """
+    inside = threading.local()
+    original_apply_gradients = optimizer.apply_gradients
+    original_apply = getattr(optimizer, "apply", None)  # Keras 3; tf_keras optimizers lack it
+
+    def guarded(call, grads, variables):
+        if getattr(inside, "busy", False):
+            return call()
+        observe(grads, variables)
+        inside.busy = True
+        try:
+            return call()
+        finally:
+            inside.busy = False
+
+    def apply_gradients(grads_and_vars, *args, **kwargs):
+        pairs = list(grads_and_vars)
+        return guarded(
+            lambda: original_apply_gradients(pairs, *args, **kwargs),
+            [g for g, _ in pairs],
+            [v for _, v in pairs],
+        )
+
+    def apply(grads, trainable_variables=None, *args, **kwargs):
+        grads = list(grads)
+        variables = trainable_variables
+        if variables is None:
+            variables = getattr(optimizer, "_trainable_variables", None) or []
+        return guarded(
+            lambda: original_apply(grads, trainable_variables, *args, **kwargs),
+            grads,
+            list(variables),
+        )
+
+    undo_apply_gradients = _set_instance_attribute(optimizer, "apply_gradients", apply_gradients)
+    undo_apply = (
+        _set_instance_attribute(optimizer, "apply", apply)
+        if callable(original_apply)
+        else (lambda: None)
+    )
+
+    def undo():
+        undo_apply()
+        undo_apply_gradients()
+
+    return undo
+
+
+def uses_keras_compute_loss(model):
+    """Whether `model.compute_loss` is its Keras flavour's own (not overridden).
+
+    Both Keras 3 and tf_keras divide the compiled loss by the number of replicas under
+    `tf.distribute` there; an override may not.
+    """
+    flavour = keras_compat.flavour_of(model)
+    if flavour == keras_compat.TF_KERAS:
+        import tf_keras as module
+    elif flavour == keras_compat.KERAS_3:
+        import keras as module
+    else:
+        return False
+    return getattr(type(model), "compute_loss", None) is getattr(module.Model, "compute_loss", 0)
+
+
+def gradient_observer(probe, model, optimizer, capture):
+    """The `observe` function of `hook_optimizer` for a Keras 3 or tf_keras model.
+
+    Recorded norms are of the gradient of each replica's own loss when the model uses Keras's
+    own `compute_loss` (which divides the loss by the replica count under `tf.distribute`): the
+    callback multiplies by the replica count and, where the gradients reaching the optimizer
+    still carry a loss scale (Keras 3's `LossScaleOptimizer`), divides by it
+    (`keras_compat.optimizer_info`). With an overridden `compute_loss`, or no loss seen,
+    gradients are recorded as given (divided by that loss scale).
+    """
+    keras_loss = uses_keras_compute_loss(model)
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    info = keras_compat.optimizer_info(optimizer)
+
+    def observe(grads, variables):
+        import tensorflow as tf
+
+        try:
+            graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+            loss = capture.take(graph)
+            loss_scale = (
+                info.loss_scale() if info.grads_scaled_at_apply else tf.constant(1.0, tf.float32)
+            )
+            replica_loss = loss is not None and keras_loss
+            divide = 1.0 / replicas if replica_loss else 1.0
+            probe._observe_gradients(
+                grads,
+                variables,
+                loss,
+                step=None,
+                grad_scale=loss_scale * divide,
+                loss_scale=divide,
+                scaling=SCALING_REPLICA_LOSS if replica_loss else SCALING_AS_GIVEN,
+                loss_scaled=info.loss_scaled,
+            )
+        except Exception as error:  # noqa: BLE001 - never break training
+            probe._warn_gradients_failed(error)
+
+    return observe
+
 
 UPDATE_FREQ_WORDS = ("batch", "epoch")
 # Set on the model at the end of an instrumented fit: the step the next fit starts from.
@@ -36,8 +221,10 @@ class ReplicaCallback(*keras_compat.callback_bases()):
 
     Add it to `model.fit(..., callbacks=[...])` for a model built under a `tf.distribute`
     strategy (or none). For every training step and every replica it records the batch size and
-    the shape and dtype of every input leaf (x, y, sample weights; nested dicts and tuples), to
-    the TensorBoard run `log_dir/run_name`, shown by the "Replicas" tab.
+    the shape and dtype of every input leaf (x, y, sample weights; nested dicts and tuples), and
+    each replica's local gradients before the all-reduce (global and per-variable norms of the
+    gradient of the replica's own loss, the loss, and NaN/Inf at every step), to the TensorBoard
+    run `log_dir/run_name`, shown by the "Replicas" tab.
 
     Works with Keras 3 and tf_keras models alike (README, "Compatibility"). Under a strategy it
     cannot instrument (`ParameterServerStrategy`, `TPUStrategy`) it warns once at
@@ -53,6 +240,9 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         is; the dense series keeps the per-window minimum and maximum of every replica. The
         rng and data families are written at the same frequency, and the weight-drift check
         runs at these logged steps (at each epoch end, or every N steps).
+      gradients: record each replica's local gradient norms, loss and NaN/Inf before the
+        all-reduce (default True; the NaN/Inf check runs at every step). See
+        `ReplicaProbe.observe_gradients`.
       rng: record the random generators per replica (default True): every Keras
         `SeedGenerator` of the model's layers (Dropout's, for instance), the generators given
         in `generators`, and the global generators that exist. See `ReplicaProbe.observe_rng`.
@@ -94,6 +284,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         run_name="replicas",
         update_freq="epoch",
         flush_secs=DEFAULT_FLUSH_SECS,
+        gradients=True,
         rng=True,
         generators=None,
         examples=True,
@@ -120,6 +311,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         ):
             raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
         self.flush_secs = flush_secs
+        self.gradients = bool(gradients)
         self.rng = rng
         self.generators = generators
         self.examples = examples
@@ -127,6 +319,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         self.variables_exact = bool(variables_exact)
         self._probe = None
         self._patched = None
+        self._undo_hooks = []
 
     @property
     def probe(self):
@@ -243,6 +436,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             )
             model.jit_compile = False
         model.train_step = train_step
+        self._hook_gradients(model, probe)
         model.make_train_function(force=True)
         instrumented = model.train_function
 
@@ -265,7 +459,20 @@ class ReplicaCallback(*keras_compat.callback_bases()):
 
         model.make_train_function = make_train_function
 
+    def _hook_gradients(self, model, probe):
+        if not self.gradients:
+            return
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is None or not hasattr(optimizer, "apply_gradients"):
+            return
+        capture = LossCapture()
+        self._undo_hooks.append(hook_compute_loss(model, capture))
+        observe = gradient_observer(probe, model, optimizer, capture)
+        self._undo_hooks.append(hook_optimizer(optimizer, observe))
+
     def _restore(self, model):
+        while self._undo_hooks:
+            self._undo_hooks.pop()()
         if self._patched is None:
             return
         had_own, own_step, jit_compile = self._patched

@@ -73,6 +73,20 @@ KIND_VARIABLE_PLACEMENT = "variable_placement"
 KIND_VARIABLE_HASH = "variable_hash"
 KIND_VARIABLE_FINGERPRINT = "variable_fingerprint"
 KIND_VARIABLE_EXACT = "variable_exact"
+# Gradients family (see README "Data written"). Dense, every `update_freq` steps: float32 tensor
+# [2 + V, R]: row 0 each replica's local gradient global norm, row 1 its local loss, rows 2.. the
+# norm of each variable's gradient (variables named by the last TAG_GRAD_VARIABLES event).
+TAG_GRAD_NORMS = "gradients/norms"
+# Sparse, written only at steps where some replica's gradients or loss hold NaN or Inf: int32
+# tensor [4, R]: rows (NaN values in gradients, Inf values in gradients, loss is NaN, loss is Inf).
+TAG_GRAD_NONFINITE = "gradients/nonfinite"
+# Sparse, written at the first observed step and whenever the observed variables change: a scalar
+# string tensor holding JSON {"variables", "shapes", "loss", "scaling", "replicas", "source"}.
+TAG_GRAD_VARIABLES = "gradients/variables"
+
+KIND_GRAD_NORMS = "grad_norms"
+KIND_GRAD_NONFINITE = "grad_nonfinite"
+KIND_GRAD_VARIABLES = "grad_variables"
 
 TAG_KINDS = {
     TAG_BATCH_SIZE: KIND_BATCH_SIZE,
@@ -86,6 +100,9 @@ TAG_KINDS = {
     TAG_VARIABLE_HASH: KIND_VARIABLE_HASH,
     TAG_VARIABLE_FINGERPRINT: KIND_VARIABLE_FINGERPRINT,
     TAG_VARIABLE_EXACT: KIND_VARIABLE_EXACT,
+    TAG_GRAD_NORMS: KIND_GRAD_NORMS,
+    TAG_GRAD_NONFINITE: KIND_GRAD_NONFINITE,
+    TAG_GRAD_VARIABLES: KIND_GRAD_VARIABLES,
 }
 
 

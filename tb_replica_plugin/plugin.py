@@ -345,6 +345,114 @@ def parse_top(raw):
     return value
 
 
+def _all_steps(run_data):
+    """The recorded steps of every family of a run (for its first and last step)."""
+    parts = [run_data.inputs.steps]
+    if run_data.variables is not None:
+        parts.append(run_data.variables.steps)
+    if run_data.gradients is not None:
+        parts += [run_data.gradients.steps, run_data.gradients.nonfinite_steps]
+    return np.concatenate([np.asarray(p, np.int64) for p in parts])
+
+
+def first_step(run_data):
+    """The first step any family recorded (None without any)."""
+    steps = _all_steps(run_data)
+    return int(steps.min()) if steps.size else None
+
+
+def last_step(run_data):
+    """The last step any family recorded (None without any)."""
+    steps = _all_steps(run_data)
+    return int(steps.max()) if steps.size else None
+
+
+def _bucket_max(values, starts):
+    """Per bucket (rows starting at `starts`) the max over its rows, NaN only if all are NaN."""
+    filled = np.where(np.isnan(values), -np.inf, values)
+    result = np.maximum.reduceat(filled, starts, axis=0)
+    return np.where(result == -np.inf, np.nan, result)
+
+
+def gradients_body(series, max_points, step=None):
+    """The `/gradients` response body for a `reader.GradientsSeries` (see `http_api.md`).
+
+    Args:
+      series: the run's `GradientsSeries`.
+      max_points: most buckets on the step axis (norms and ratios: max of the bucket).
+      step: the step of the layer × replica matrix: the last logged step at or before it (the
+        first logged step if none). None: the logged step with the largest ratio to the median
+        (the likeliest outlier), else the last logged step.
+
+    Returns:
+      The JSON-ready dict.
+    """
+    steps, norms, loss = series.steps, series.global_norm, series.loss
+    ratio = analysis.ratio_to_median(norms)
+    count = int(steps.size)
+    if count > max_points:
+        bucket = -(-count // max_points)
+        starts = np.arange(0, count, bucket)
+        steps, loss = steps[starts], loss[starts]
+        norms, ratio = _bucket_max(norms, starts), _bucket_max(ratio, starts)
+    layer_index = None
+    if series.steps.size:
+        if step is not None:
+            layer_index = max(0, int(np.searchsorted(series.steps, step, side="right")) - 1)
+        else:
+            full_ratio = analysis.ratio_to_median(series.global_norm)
+            finite = np.where(np.isfinite(full_ratio), full_ratio, 0.0)
+            peak = finite.max(axis=1) if finite.size else finite
+            layer_index = int(np.argmax(peak)) if peak.size and peak.max() > 1.0 else count - 1
+    if layer_index is None:
+        layer_step, layer_norms, layer_ratio = None, [], []
+    else:
+        matrix = series.variable_norms[layer_index]
+        layer_step = int(series.steps[layer_index])
+        layer_norms = matrix.tolist()
+        layer_ratio = analysis.ratio_to_median(matrix).tolist()
+    return {
+        "run": series.run,
+        "replicas": series.replicas,
+        "variables": series.variables,
+        "shapes": series.shapes,
+        "has_loss": series.has_loss,
+        "scaling": series.scaling,
+        "steps": steps.tolist(),
+        "global_norm": norms.tolist(),
+        "ratio": ratio.tolist(),
+        "loss": loss.tolist(),
+        "downsampled": count > max_points,
+        "layer_step": layer_step,
+        "layer_norms": layer_norms,
+        "layer_ratio": layer_ratio,
+        "nonfinite": [
+            {
+                "step": int(event_step),
+                "grad_nan": counts[0].tolist(),
+                "grad_inf": counts[1].tolist(),
+                "loss_nan": counts[2].tolist(),
+                "loss_inf": counts[3].tolist(),
+            }
+            for event_step, counts in zip(series.nonfinite_steps, series.nonfinite, strict=True)
+        ],
+    }
+
+
+def parse_step(raw):
+    """Parses the optional `step` argument (an integer).
+
+    Raises:
+      BadRequestError: if it is not an integer.
+    """
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadRequestError(f"step must be an integer, got {raw!r}") from None
+
+
 def parse_max_points(raw):
     """Parses the `max_points` argument.
 
@@ -385,6 +493,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             "/data": self._serve_data,
             "/step_time": self._serve_step_time,
             "/variables": self._serve_variables,
+            "/gradients": self._serve_gradients,
         }
 
     def is_active(self):
@@ -441,23 +550,26 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         result = []
         for run, run_data in self._read_runs(request).items():
             series = run_data.inputs
-            steps = series.steps
             replicas, devices = series.replicas, series.devices
             variables = run_data.variables
-            if variables is not None:
-                steps = np.union1d(steps, variables.steps)
-                if not replicas:
-                    replicas, devices = variables.replicas, variables.devices
+            if variables is not None and not replicas:
+                replicas, devices = variables.replicas, variables.devices
             result.append(
                 {
                     "run": run,
                     "replicas": replicas,
                     "devices": devices,
                     "source": series.source or getattr(variables, "source", ""),
-                    "first_step": int(steps[0]) if steps.size else None,
-                    "last_step": int(steps[-1]) if steps.size else None,
+                    "first_step": first_step(run_data),
+                    "last_step": last_step(run_data),
                     "variables": 0 if variables is None else len(variables.variables),
                     "findings": analysis.severity_counts(analysis.find_run(run_data)),
+                    "families": ["inputs"] * bool(series.steps.size)
+                    + [
+                        family
+                        for family in ("gradients", "rng", "data", "variables")
+                        if getattr(run_data, family, None) is not None
+                    ],
                     "notes": run_data.notes,
                     "workers": run_data.workers,
                 }
@@ -533,6 +645,25 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             return _error(request, 400, str(error))
         except reader.RunNotFoundError:
             return _error(request, 404, f"no replica data for run {run!r}")
+        return http_util.Respond(request, body, "application/json")
+
+    @wrappers.Request.application
+    def _serve_gradients(self, request):
+        run = request.args.get("run")
+        if not run:
+            return _error(request, 400, "missing argument 'run'")
+        try:
+            max_points = parse_max_points(request.args.get("max_points"))
+            step = parse_step(request.args.get("step"))
+            run_data = self._read_runs(request, run)[run]
+        except BadRequestError as error:
+            return _error(request, 400, str(error))
+        except reader.RunNotFoundError:
+            return _error(request, 404, f"no replica data for run {run!r}")
+        if run_data.gradients is None:
+            return _error(request, 404, f"no gradient data for run {run!r}")
+        body = gradients_body(run_data.gradients, max_points, step)
+        body["notes"] = run_data.notes
         return http_util.Respond(request, body, "application/json")
 
     @wrappers.Request.application

@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from tb_replica_plugin import metadata
 from tb_replica_plugin.collectors import data as data_collector
+from tb_replica_plugin.collectors import gradients as gradients_collector
 from tb_replica_plugin.collectors import inputs as inputs_collector
 from tb_replica_plugin.collectors import rng as rng_collector
 from tb_replica_plugin.collectors import variables as variables_collector
@@ -50,6 +51,11 @@ _FAMILY_STEP = {"rng": 0, "data": 1}
 _LAST_TIME, _LAST_PERIOD, _WIN_TIME, _WIN_STEPS = range(4)
 # The variables family's state vector: its step counter, placement written, placement fingerprint.
 _VAR_STEP, _VAR_HAS_PLACEMENT, _VAR_PLACEMENT_FP = range(3)
+# What the recorded gradient norms are the norms of (stored in the `gradients/variables` event).
+SCALING_REPLICA_LOSS = "replica_loss"  # the gradient of the replica's own loss (fit, Keras losses)
+SCALING_AS_GIVEN = "as_given"  # the gradients as given, divided by `scale`
+# Slots of the gradients family's packed int64 counters variable (one assign per step).
+_G_STEP, _G_HAS_NAMES, _G_NAMES_FP, _G_LAST_STEP, _G_PENDING = range(5)
 
 # Default seconds between background flushes: at most this much recorded data is lost when the
 # process is killed (SIGKILL, OOM killer) without running any Python.
@@ -271,6 +277,8 @@ class ReplicaProbe:
         self._state = None
         self._disabled_reason = None
         self._warned = set()
+        self._grad_state = None
+        self._grad_start_step = 0
         self._lock = threading.RLock()  # host-side writer use (main and flush threads)
         self._next_flush = 0.0
         self._dir_identity = None
@@ -445,6 +453,12 @@ class ReplicaProbe:
                     tf.tensor_scatter_nd_update(
                         self._variables_state, [[_VAR_STEP]], [tf.cast(step, tf.int64)]
                     )
+                )
+            self._grad_start_step = step
+            if self._grad_state is not None:
+                counters = self._grad_state["counters"]
+                counters.assign(
+                    tf.tensor_scatter_nd_update(counters, [[_G_STEP]], [tf.cast(step, tf.int64)])
                 )
 
     def last_step(self):
@@ -1104,6 +1118,235 @@ class ReplicaProbe:
         )
         return tf.constant(True)
 
+    # ----------------------------------------------------------- gradients family
+
+    def observe_gradients(self, grads, variables, loss=None, step=None, scale=1.0):
+        """Records each replica's local gradient norms, loss and NaN/Inf counts, before all-reduce.
+
+        Call it in replica context (inside `strategy.run`) with the gradients this replica
+        computed, before `optimizer.apply_gradients` all-reduces them; or in cross-replica context
+        with `PerReplica` gradients (and loss). Per replica, on its own device, it reduces the
+        gradients to one sum of squares per variable and NaN/Inf counts; only those scalars are
+        gathered. Written: the norms and loss every `update_freq` steps (`gradients/norms`), and
+        at EVERY step where a replica's gradients or loss hold a NaN or an Inf, an event naming
+        the replica (`gradients/nonfinite`). The exact NaN/Inf counts are computed only at such
+        steps (a `tf.cond` on the squared global norm being finite). A failure warns once and
+        never stops training.
+
+        Args:
+          grads: this replica's gradients, one per variable (tensors, `tf.IndexedSlices` or
+            None; None gradients are skipped).
+          variables: the variables, in the same order (their names label the per-variable norms).
+          loss: this replica's loss (scalar), or None.
+          step: the step to record at (int or int tensor). When omitted, this family counts its
+            own calls from 0 (or from `set_step`), so `observe_inputs` and `observe_gradients`
+            called once per step record the same step numbers.
+          scale: the recorded gradients and loss are divided by this (float or scalar tensor).
+            E.g. with `loss = tf.nn.compute_average_loss(per_example, global_batch_size=B)` over
+            R replicas, `scale=1 / R` records the gradient of each replica's own mean loss, which
+            is comparable across replicas and runs of any size.
+
+        Example:
+          ```python
+          def step_fn(x, y):
+              with tf.GradientTape() as tape:
+                  loss = tf.nn.compute_average_loss(loss_fn(y, model(x)), global_batch_size=B)
+              grads = tape.gradient(loss, model.trainable_variables)
+              probe.observe_gradients(grads, model.trainable_variables, loss=loss,
+                                      scale=1 / strategy.num_replicas_in_sync)
+              optimizer.apply_gradients(zip(grads, model.trainable_variables))
+          ```
+        """
+        self._observe_gradients(grads, variables, loss, step, scale, scale, SCALING_AS_GIVEN)
+
+    def _warn_gradients_failed(self, error):
+        self._warn_once(
+            "gradients",
+            "tb_replica_plugin: could not record gradients, training goes on without them: "
+            f"{type(error).__name__}: {error}",
+        )
+
+    def _observe_gradients(
+        self, grads, variables, loss, step, grad_scale, loss_scale, scaling, loss_scaled=False
+    ):
+        """`observe_gradients` with separate divisors for gradients and loss (used by fit).
+
+        `loss_scaled` tells readers that a loss-scale optimizer is in use (its overflow steps
+        are expected and skipped, see `analysis`).
+        """
+        if not self._build():
+            return
+        try:
+            grads, variables = gradients_collector.pair_gradients(grads, variables)
+            if not grads:
+                self._warn_once(
+                    "no_gradients", "tb_replica_plugin: observe_gradients got no gradients."
+                )
+                return
+            names = gradients_collector.variable_names(variables)
+            shapes = [gradients_collector.variable_shape(v) for v in variables]
+            merge = functools.partial(
+                self._merge_gradients,
+                names=names,
+                shapes=shapes,
+                step=step,
+                has_loss=loss is not None,
+                scaling=scaling,
+                loss_scaled=bool(loss_scaled),
+            )
+            distributed = isinstance(loss, tf.distribute.DistributedValues) or any(
+                isinstance(g, tf.distribute.DistributedValues) for g in grads
+            )
+            replica_context = tf.distribute.get_replica_context()
+            if replica_context is not None and not distributed:
+                # Stats on this replica's device; only they go through merge_call.
+                stats = gradients_collector.replica_stats(grads, loss, grad_scale, loss_scale)
+                replica_context.merge_call(merge, args=stats)
+            else:
+                strategy = self.strategy
+                per_grad = [strategy.experimental_local_results(g) for g in grads]
+                count = len(per_grad[0])
+                losses = (
+                    [None] * count
+                    if loss is None
+                    else list(strategy.experimental_local_results(loss))
+                )
+                devices = self._static["devices"]
+                stats = []
+                for replica in range(count):
+                    with tf.device(devices[replica] if replica < len(devices) else None):
+                        stats.append(
+                            gradients_collector.replica_stats(
+                                [g[replica] for g in per_grad],
+                                losses[replica],
+                                grad_scale,
+                                loss_scale,
+                            )
+                        )
+                self._write_gradients(
+                    [s[0] for s in stats],
+                    [s[1] for s in stats],
+                    [s[2] for s in stats],
+                    **merge.keywords,
+                )
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self._warn_gradients_failed(error)
+
+    def _merge_gradients(self, strategy, sq, loss, counts, **keywords):
+        """Cross-replica part of `observe_gradients`: gather the small stats, write."""
+        try:
+
+            def local(value):
+                return [tf.convert_to_tensor(t) for t in strategy.experimental_local_results(value)]
+
+            self._write_gradients(local(sq), local(loss), local(counts), **keywords)
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self._warn_gradients_failed(error)
+
+    def _gradient_state(self):
+        """The state of the gradients family, created on first use (outside any graph)."""
+        if self._grad_state is None:
+            with tf.init_scope(), tf.device("/cpu:0"):
+                start = tf.cast(self._grad_start_step, tf.int64)
+                zero = tf.constant(0, tf.int64)
+                self._grad_state = {
+                    # (next step, names written, names fingerprint, step of `last`, `last`
+                    # not written yet), packed so that a step does one assign.
+                    "counters": tf.Variable(
+                        tf.stack([start, zero, zero, zero - 1, zero]),
+                        trainable=False,
+                        name="probe_grad_counters",
+                    ),
+                    # Last dense value, for host-side writes (update_freq=None).
+                    "last": tf.Variable(
+                        tf.zeros([0, 0]), shape=tf.TensorShape(None), trainable=False
+                    ),
+                }
+        return self._grad_state
+
+    def _write_gradients(
+        self, sq, loss, counts, *, names, shapes, step, has_loss, scaling, loss_scaled
+    ):
+        if len(sq) != len(self._static["devices"]):
+            raise ValueError(
+                f"got gradients of {len(sq)} replicas, the probe was built for "
+                f"{len(self._static['devices'])}; create the probe with this strategy"
+            )
+        state = self._gradient_state()
+        counters = state["counters"].read_value()
+        if step is None:
+            step_value = counters[_G_STEP]
+            next_step = step_value + 1
+        else:
+            step_value = tf.cast(step, tf.int64)
+            next_step = counters[_G_STEP]
+        counts = tf.stack(counts, axis=1)  # [4, R]
+        text, fingerprint = gradients_collector.variables_document(
+            names,
+            shapes,
+            {
+                "loss": bool(has_loss),
+                "scaling": scaling,
+                "loss_scaled": loss_scaled,
+                "replicas": self._static["replicas"],
+                "devices": self._static["devices"],
+                "source": self.source,
+            },
+        )
+        names_changed = tf.logical_or(
+            tf.equal(counters[_G_HAS_NAMES], 0), tf.not_equal(counters[_G_NAMES_FP], fingerprint)
+        )
+        recording = self._state["recording"].read_value()
+        self._write(
+            tf.logical_and(names_changed, recording),
+            metadata.TAG_GRAD_VARIABLES,
+            lambda: tf.constant(text),
+            step_value,
+            metadata.KIND_GRAD_VARIABLES,
+        )
+        self._write(
+            tf.logical_and(tf.reduce_any(counts > 0), recording),
+            metadata.TAG_GRAD_NONFINITE,
+            lambda: counts,
+            step_value,
+            metadata.KIND_GRAD_NONFINITE,
+        )
+        if self.update_freq is None:
+            state["last"].assign(gradients_collector.dense_rows(sq, loss))
+            last_step, pending = step_value, tf.constant(1, tf.int64)
+        else:
+            self._write(
+                tf.logical_and(tf.equal(step_value % self.update_freq, 0), recording),
+                metadata.TAG_GRAD_NORMS,
+                lambda: gradients_collector.dense_rows(sq, loss),
+                step_value,
+                metadata.KIND_GRAD_NORMS,
+            )
+            last_step, pending = counters[_G_LAST_STEP], counters[_G_PENDING]
+        state["counters"].assign(
+            tf.stack([next_step, tf.constant(1, tf.int64), fingerprint, last_step, pending])
+        )
+
+    def _write_gradient_window(self):
+        """Host side: writes the last observed gradient norms if not written yet."""
+        state = self._grad_state
+        if state is None:
+            return
+        counters = state["counters"]
+        values = counters.numpy()
+        if not values[_G_PENDING]:
+            return
+        last = state["last"]
+        with tf.init_scope():
+            self._write(
+                tf.constant(True),
+                metadata.TAG_GRAD_NORMS,
+                last.read_value,
+                int(values[_G_LAST_STEP]),
+                metadata.KIND_GRAD_NORMS,
+            )
+        counters.assign(tf.tensor_scatter_nd_update(counters, [[_G_PENDING]], [0]))
+
     # ------------------------------------------------------------- host side
 
     def write_window(self):
@@ -1130,6 +1373,7 @@ class ReplicaProbe:
                     counters.assign(tf.tensor_scatter_nd_update(counters, [[_WIN_COUNT]], [0]))
                     self._write_time_window(int(values[_LAST_STEP]))
                 self._write_family_windows()
+                self._write_gradient_window()
             except Exception as error:  # noqa: BLE001
                 self._disable(f"could not write the pending windows: {error}")
 
@@ -1195,6 +1439,7 @@ class ReplicaProbe:
             self._state = None
             self._variables_state = None
             self._variables_plans = {}
+            self._grad_state = None
 
     def __enter__(self):
         return self

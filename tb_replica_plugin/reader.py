@@ -237,6 +237,133 @@ def build_inputs_series(run, shape_events, dense_points, notes=()):
     )
 
 
+@dataclasses.dataclass
+class GradientsSeries:
+    """The gradients family of one run: local (pre all-reduce) gradient health per replica.
+
+    Attributes:
+      run: the run name.
+      replicas: global replica ids, the order of every per-replica axis.
+      variables: names of the variables whose gradient norms are recorded (V).
+      shapes: shape of each variable.
+      has_loss: whether the replicas' losses were recorded (else `loss` is NaN).
+      scaling: what the norms are of: "replica_loss" (the gradient of each replica's own loss,
+        Keras distribution scaling and loss scale undone) or "as_given" (as passed, divided by
+        the `scale` given to `observe_gradients`).
+      steps: int64 [S]: the logged steps (dense series).
+      global_norm: float64 [S, R]: each replica's local gradient global norm.
+      loss: float64 [S, R]: each replica's local loss.
+      variable_norms: float64 [S, V, R]: the norm of each variable's gradient per replica.
+      nonfinite_steps: int64 [E]: every step at which some replica had a NaN or Inf (gradients
+        or loss), logged or not.
+      nonfinite: int64 [E, 4, R]: at those steps, per replica: NaN values in gradients, Inf
+        values in gradients, loss is NaN (0/1), loss is Inf (0/1).
+      loss_scaled: whether a loss-scale optimizer was in use (`fit` with mixed precision): its
+        overflow steps are expected and skipped by the optimizer.
+    """
+
+    run: str
+    replicas: list
+    variables: list
+    shapes: list
+    has_loss: bool
+    scaling: str
+    steps: np.ndarray
+    global_norm: np.ndarray
+    loss: np.ndarray
+    variable_norms: np.ndarray
+    nonfinite_steps: np.ndarray
+    nonfinite: np.ndarray
+    loss_scaled: bool = False
+
+    @property
+    def num_replicas(self):
+        return len(self.replicas)
+
+
+def gradients_from_samples(run, samples, notes):
+    """Builds the `GradientsSeries` of a run from its raw samples, or None without any.
+
+    Args:
+      run: the run name.
+      samples: `RunData.samples`, `{tag: [(step, numpy value)]}` sorted by step.
+      notes: the run's notes list (problems are appended to it).
+
+    Returns:
+      A `GradientsSeries`, or None when the run has no gradient tags.
+    """
+    tags = (metadata.TAG_GRAD_NORMS, metadata.TAG_GRAD_NONFINITE, metadata.TAG_GRAD_VARIABLES)
+    if not any(samples.get(tag) for tag in tags):
+        return None
+    documents = []
+    for step, value in samples.get(metadata.TAG_GRAD_VARIABLES, []):
+        try:
+            text = value.item()
+            text = text.decode("utf-8") if isinstance(text, bytes) else text
+            parsed = json.loads(text)
+            documents.append((step, parsed, [str(n) for n in parsed["variables"]]))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            notes.append(f"An unreadable gradients/variables event at step {step} was skipped.")
+    last = documents[-1][1] if documents else {}
+    names = documents[-1][2] if documents else []
+    dense = [
+        (int(step), np.asarray(value, np.float64))
+        for step, value in samples.get(metadata.TAG_GRAD_NORMS, [])
+        if np.ndim(value) == 2
+    ]
+    counts = {value.shape for _, value in dense}
+    if documents:
+        width = len(names) + 2
+    elif dense:
+        width = dense[-1][1].shape[0]
+        names = [f"variable {i}" for i in range(width - 2)]
+    else:
+        width = None
+    replicas_of = {value.shape[1] for _, value in dense}
+    nonfinite = [
+        (int(step), np.asarray(value, np.int64))
+        for step, value in samples.get(metadata.TAG_GRAD_NONFINITE, [])
+        if np.ndim(value) == 2 and np.shape(value)[0] == 4
+    ]
+    replicas_of |= {value.shape[1] for _, value in nonfinite}
+    num_replicas = len(last.get("replicas", [])) or (max(replicas_of) if replicas_of else 0)
+    kept = [(s, v) for s, v in dense if v.shape == (width, num_replicas)]
+    if len(kept) < len(dense) or len(counts) > 1:
+        notes.append(
+            f"{len(dense) - len(kept)} gradient-norm sample(s) with another variable or replica "
+            "count were skipped (only the last variable list is shown)."
+        )
+    nonfinite = [(s, v) for s, v in nonfinite if v.shape[1] == num_replicas]
+    by_step = dict(kept)  # a later write at the same step wins
+    steps = np.array(sorted(by_step), np.int64)
+    stacked = (
+        np.stack([by_step[s] for s in steps.tolist()])
+        if steps.size
+        else np.zeros((0, (width or 2), num_replicas))
+    )
+    events = dict(nonfinite)
+    event_steps = np.array(sorted(events), np.int64)
+    return GradientsSeries(
+        run=run,
+        replicas=[int(r) for r in last.get("replicas", range(num_replicas))],
+        variables=names,
+        shapes=[list(s) for s in last.get("shapes", [[]] * len(names))],
+        has_loss=bool(last.get("loss", False)),
+        scaling=str(last.get("scaling", "")),
+        steps=steps,
+        global_norm=stacked[:, 0, :],
+        loss=stacked[:, 1, :],
+        variable_norms=stacked[:, 2:, :],
+        nonfinite_steps=event_steps,
+        nonfinite=(
+            np.stack([events[s] for s in event_steps.tolist()])
+            if event_steps.size
+            else np.zeros((0, 4, num_replicas), np.int64)
+        ),
+        loss_scaled=bool(last.get("loss_scaled", False)),
+    )
+
+
 def list_runs(provider, ctx, experiment_id):
     """Runs with data of this plugin.
 
@@ -703,6 +830,7 @@ class RunData:
       variables: the `VariablesSeries` (weight drift and placement), or None.
       samples: raw samples per readable tag (empty for a job: see `worker_runs`).
       notes: plain-language problems met while reading (shared by every family).
+      gradients: the `GradientsSeries`, or None when the run has no gradient tags.
       workers: for a job, one dict per worker in replica order (see `InputsSeries.workers`);
         empty for a single-worker run.
       worker_runs: for a job, `{run: RunData}` of its workers' runs.
@@ -716,6 +844,7 @@ class RunData:
     rng: RngSeries | None = None
     data: DataSeries | None = None
     variables: VariablesSeries | None = None
+    gradients: GradientsSeries | None = None
     workers: list = dataclasses.field(default_factory=list)
     worker_runs: dict = dataclasses.field(default_factory=dict)
     step_time: StepTimeSeries | None = None
@@ -782,6 +911,7 @@ def read_run(provider, ctx, experiment_id, run, tags_of_run=None):
     rng = rng_from_samples(run, samples, notes)
     data = data_from_samples(run, samples, notes, inputs.replicas or None)
     variables = variables_from_samples(run, samples, notes)
+    gradients = gradients_from_samples(run, samples, notes)
     return RunData(
         run=run,
         inputs=inputs,
@@ -790,6 +920,7 @@ def read_run(provider, ctx, experiment_id, run, tags_of_run=None):
         rng=rng,
         data=data,
         variables=variables,
+        gradients=gradients,
     )
 
 

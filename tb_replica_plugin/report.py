@@ -15,6 +15,98 @@ REPORT_SCHEMA_VERSION = 1
 REPORT_TOP = 5  # most divergent variables with per-step series in the report
 
 
+def json_floats(array):
+    """Nested lists of floats with NaN/Inf as the strings "NaN", "Infinity", "-Infinity" (as
+    TensorBoard's HTTP responses write them), so the document is strict JSON."""
+
+    def convert(value):
+        if isinstance(value, list):
+            return [convert(v) for v in value]
+        if value != value:
+            return "NaN"
+        if value in (float("inf"), float("-inf")):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
+
+    return convert(np.asarray(array, np.float64).tolist())
+
+
+def gradients_json(series):
+    """The `gradients` block of a run in `tb-replica report --json` (None without gradients)."""
+    if series is None:
+        return None
+    return {
+        "variables": series.variables,
+        "shapes": series.shapes,
+        "has_loss": series.has_loss,
+        "scaling": series.scaling,
+        "steps": series.steps.tolist(),
+        "global_norm": json_floats(series.global_norm),
+        "ratio_to_median": json_floats(analysis.ratio_to_median(series.global_norm)),
+        "loss": json_floats(series.loss),
+        "variable_norms": json_floats(series.variable_norms),
+        "nonfinite": [
+            {
+                "step": int(step),
+                "grad_nan": counts[0].tolist(),
+                "grad_inf": counts[1].tolist(),
+                "loss_nan": counts[2].tolist(),
+                "loss_inf": counts[3].tolist(),
+            }
+            for step, counts in zip(series.nonfinite_steps, series.nonfinite, strict=True)
+        ],
+    }
+
+
+def _fmt(value):
+    return f"{value:.4g}" if np.isfinite(value) else str(value)
+
+
+def gradients_text(series, max_events=20):
+    """The lines of the gradients block of `tb-replica report` (text)."""
+    if series is None:
+        return []
+    lines = []
+    steps = (
+        f"{series.steps.size} logged step(s) {int(series.steps[0])}–{int(series.steps[-1])}"
+        if series.steps.size
+        else "no logged steps"
+    )
+    what = (
+        "gradient of each replica's own loss"
+        if series.scaling == "replica_loss"
+        else ("gradients as given")
+    )
+    lines.append(f"  gradients ({what}), {steps}, {len(series.variables)} variable(s):")
+    if series.steps.size:
+        ratio = analysis.ratio_to_median(series.global_norm)
+        with np.errstate(all="ignore"):
+            for index, replica in enumerate(series.replicas):
+                norms = series.global_norm[:, index]
+                finite = ratio[:, index][np.isfinite(ratio[:, index])]
+                peak = finite.max() if finite.size else float("nan")
+                loss = series.loss[-1, index]
+                loss_text = f", last loss {_fmt(loss)}" if series.has_loss else ""
+                lines.append(
+                    f"    replica {replica}: median norm {_fmt(np.nanmedian(norms))}, last "
+                    f"{_fmt(norms[-1])}, max ratio to median {_fmt(peak)}{loss_text}"
+                )
+    if series.nonfinite_steps.size:
+        lines.append("  NaN/Inf (step: replica grad NaN/Inf, loss NaN/Inf):")
+        for step, counts in list(zip(series.nonfinite_steps, series.nonfinite, strict=True))[
+            :max_events
+        ]:
+            parts = [
+                f"replica {replica} {counts[0, i]}/{counts[1, i]}, {counts[2, i]}/{counts[3, i]}"
+                for i, replica in enumerate(series.replicas)
+                if counts[:, i].sum()
+            ]
+            lines.append(f"    step {int(step)}: " + "; ".join(parts))
+        if series.nonfinite_steps.size > max_events:
+            lines.append(f"    … {series.nonfinite_steps.size - max_events} more (see --json)")
+    return lines
+
+
 class LogDirError(OSError):
     """Raised when the log dir does not exist or cannot be read."""
 
@@ -63,6 +155,7 @@ class Report:
                     "variables": None
                     if run_data.variables is None
                     else plugin.variables_body(run_data.variables, self.thresholds, top=REPORT_TOP),
+                    "gradients": gradients_json(run_data.gradients),
                     "findings": [f.to_json() for f in self.findings[name]],
                     "notes": run_data.notes,
                     "workers": run_data.workers,
@@ -118,6 +211,7 @@ class Report:
             lines.extend(_rng_text(run_data.rng))
             lines.extend(_data_text(run_data.data))
             lines.extend(_variables_text(run_data.variables, self.thresholds))
+            lines.extend(gradients_text(run_data.gradients))
             for note in run_data.notes:
                 lines.append(f"  note: {note}")
             findings = self.findings[name]

@@ -33,6 +33,7 @@ COMMON = (
     "mixed_precision",
     "central_storage",
     "one_device",
+    "seeded_norms",
 )
 TF_KERAS_ONLY = ("first_batch_7", "steps_per_execution_2")
 # Adapter checks that write no run.
@@ -442,6 +443,50 @@ def gradient_hook(keras, tf, strategy, logdir):
     return facts
 
 
+def seeded_norms(keras, tf, strategy, logdir):
+    """One seeded model and data, in float32 and `mixed_float16`: runs `seeded_norms/<policy>`.
+
+    Constant initial weights and unshuffled data make every flavour compute the same numbers, so
+    the recorded per-replica gradient norms can be compared across Keras flavours and between
+    the policies (the loss scale undone). 16 examples, global batch 8, 2 steps, every step logged.
+    """
+    from tb_replica_plugin import keras_compat
+
+    x, y = _xy(16, seed=5)
+    y = y * 0.1  # small errors: the float16 gradients stay far from overflow under the loss scale
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    previous = keras.mixed_precision.global_policy()
+    facts = {}
+    for policy in ("float32", "mixed_float16"):
+        keras.mixed_precision.set_global_policy(policy)
+        try:
+            with strategy.scope():
+                model = keras.Sequential(
+                    [
+                        keras.Input((3,)),
+                        keras.layers.Dense(4, kernel_initializer=keras.initializers.Constant(0.1)),
+                        keras.layers.Dense(
+                            1, dtype="float32", kernel_initializer=keras.initializers.Constant(0.2)
+                        ),
+                    ]
+                )
+                optimizer = keras.optimizers.SGD(0.01)
+                tf_keras_flavour = keras_compat.flavour_of(optimizer) == keras_compat.TF_KERAS
+                if policy == "mixed_float16" and tf_keras_flavour:
+                    optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
+                model.compile(optimizer=optimizer, loss="mse")
+            callback = _callback(os.path.join(logdir, "seeded_norms"), policy, update_freq=1)
+            _, caught = _record(
+                lambda model=model, callback=callback: model.fit(
+                    dataset, epochs=1, verbose=0, shuffle=False, callbacks=[callback]
+                )
+            )
+        finally:
+            keras.mixed_precision.set_global_policy(previous)
+        facts[policy] = _fit_facts(model, caught)
+    return facts
+
+
 SCENARIOS = {
     fn.__name__: fn
     for fn in (
@@ -457,6 +502,7 @@ SCENARIOS = {
         steps_per_execution_2,
         parameter_server,
         gradient_hook,
+        seeded_norms,
     )
 }
 

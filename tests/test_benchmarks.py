@@ -22,6 +22,7 @@ def test_every_benchmark_runs_and_prints_its_figures():
         "loop_overhead",
         "backend",
         "frontend_render",
+        "drift_overhead",
         "fingerprint_overhead",
         "multiworker_load",
     }
@@ -31,6 +32,7 @@ def test_every_benchmark_runs_and_prints_its_figures():
         "no_callback",
         "keras_tensorboard_update_freq_1",
         "replica_callback_default",
+        "replica_callback_inputs_only",
         "replica_callback_every_step",
     }
     assert all(v > 0 for v in fit["median_seconds_per_step"].values())

@@ -97,6 +97,10 @@ def test_tab_shows_every_replica_and_the_imbalance_note(demo_server, browser, tm
         "batch_not_divisible/inspect_dataset",
         "batch_not_divisible/replicas",
         "empty_last_shard/replicas",
+        "gradient_outlier/clean",
+        "gradient_outlier/replicas",
+        "nan_replica/clean",
+        "nan_replica/replicas",
         "shape_mismatch/replicas",
         "mw_clean/replicas",
         "mw_drift/replicas",
@@ -212,7 +216,9 @@ def test_rng_and_data_sections(demo_server, browser):
     cells = matrix_cells(frame, "rng")
     assert len(cells) == 16
     assert all(share == 1.0 for r, q, share in cells if r != q)
-    caption = frame.inner_text('[data-view="rng"] table.rng-states caption')
+    # text_content: tables below the fold are not rendered (content-visibility: auto), and
+    # inner_text of an unrendered element is empty.
+    caption = frame.text_content('[data-view="rng"] table.rng-states caption')
     assert "replicas 0, 1, 2, 3 draw the same numbers" in caption
     frame.click('[data-view="findings"] .finding[data-kind="identical_rng_streams"]')
     frame.wait_for_selector('section[data-view="rng"].flash')
@@ -222,7 +228,7 @@ def test_rng_and_data_sections(demo_server, browser):
     assert "No problems found" in frame.inner_text('[data-view="findings"]')
     cells = matrix_cells(frame, "rng")
     assert all(share == 0.0 for r, q, share in cells if r != q)
-    assert "every replica draws its own numbers" in frame.inner_text('[data-view="rng"]')
+    assert "every replica draws its own numbers" in frame.text_content('[data-view="rng"]')
 
     frame.select_option("#run-select", "unsharded_pipeline/replicas")
     wait_ready(frame)
@@ -358,5 +364,51 @@ def test_multi_worker_job_grouped_by_worker(demo_server, browser):
         '[data-view="shapes"] tbody tr:first-child td', "els => els.map(e => e.textContent)"
     )
     assert cells[:2] == ["[4, 4] float32", "[3, 4] float32"]
+    assert errors == []
+    page.close()
+
+
+def test_gradients_tab_shows_the_outlier_replica_and_the_nan_step(demo_server, browser):
+    page, frame, errors = open_tab(demo_server, browser)
+    frame.select_option("#run-select", "gradient_outlier/replicas")
+    wait_ready(frame)
+    section = '[data-view="gradients"]'
+    assert frame.get_attribute(f"{section} [data-peak-replica]", "data-peak-replica") == "2"
+    text = frame.inner_text(section)
+    assert "Largest ratio to the median of the other replicas: replica 2" in text
+    for part in ("norm", "ratio", "loss", "layers"):
+        assert frame.is_visible(f'{section} [data-part="{part}"]'), part
+    for replica in range(4):
+        assert f"replica {replica}" in frame.inner_text(f'{section} [data-part="norm"]')
+    kinds = frame.eval_on_selector_all(
+        '[data-view="findings"] .finding', "els => els.map(e => e.dataset.kind)"
+    )
+    assert kinds == ["gradient_norm_outlier"]
+    assert "Replica 2's local gradient norm" in frame.inner_text('[data-view="findings"]')
+    # The layer × replica heatmap follows the chosen step.
+    steps = frame.eval_on_selector_all("#layer-step option", "els => els.map(e => e.value)")
+    assert steps == ["0", "4", "8", "12"]
+    frame.select_option("#layer-step", "4")
+    frame.wait_for_function(
+        "document.querySelector('canvas.layer-heatmap')?.dataset.step === '4'", timeout=30_000
+    )
+    wait_ready(frame)
+
+    frame.select_option("#run-select", "gradient_outlier/clean")
+    wait_ready(frame)
+    assert "No problems found in this run." in frame.inner_text('[data-view="findings"]')
+
+    frame.select_option("#run-select", "nan_replica/replicas")
+    wait_ready(frame)
+    row = frame.inner_text(f'{section} [data-part="nonfinite"] tr[data-step="5"]')
+    assert "replica 1" in row and "loss NaN" in row
+    assert "replica 0" not in row
+    finding = frame.inner_text('[data-view="findings"] .finding[data-kind="nonfinite_gradients"]')
+    assert "Replica 1" in finding and "step 5" in finding
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    frame.select_option("#run-select", "gradient_outlier/replicas")
+    wait_ready(frame)
+    frame.eval_on_selector(section, "el => el.scrollIntoView()")
+    page.screenshot(path=os.path.join(ARTIFACTS, "gradients_tab.png"))
     assert errors == []
     page.close()

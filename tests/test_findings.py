@@ -44,6 +44,10 @@ EXPECTED = {
     "weight_drift/synchronized": [],
     # Keras 3 BatchNormalization moving statistics, checked at epoch ends (8 steps per epoch).
     "weight_drift/batchnorm_fit": [("variable_drift", "warning", [1, 2, 3], 7)] * 2,
+    "gradient_outlier/replicas": [("gradient_norm_outlier", "warning", [2], 0)],
+    "gradient_outlier/clean": [],
+    "nan_replica/replicas": [("nonfinite_gradients", "error", [1], 5)],
+    "nan_replica/clean": [],
 }
 
 
@@ -119,3 +123,15 @@ def test_threshold_override_changes_findings_as_documented(demo_logs):
 def test_bad_threshold_is_refused_with_exit_status_2(demo_logs, override, message):
     done = _report(demo_logs, "--threshold", override)
     assert done.returncode == 2 and message in done.stderr
+
+
+def test_gradient_threshold_override(demo_logs):
+    run = "gradient_outlier/replicas"  # replica 2's shard ×100: ratios in the thousands
+    loose = _report(demo_logs, "--run", run, "--json", "--threshold", "max_grad_norm_ratio=1e9")
+    strict = _report(demo_logs, "--run", run, "--json")
+    kinds = [
+        [f["kind"] for f in json.loads(d.stdout)["runs"][0]["findings"]] for d in (strict, loose)
+    ]
+    assert kinds == [["gradient_norm_outlier"], []]
+    outlier = json.loads(strict.stdout)["runs"][0]["findings"][0]
+    assert outlier["replicas"] == [2] and outlier["value"] > 100 and outlier["threshold"] == 10.0

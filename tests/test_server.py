@@ -105,9 +105,31 @@ def test_findings_route(server):
     assert len(everything["findings"]) == 1 + 3 + 3 + 1
 
 
+def test_gradients_route_fit_17_8(server):
+    # update_freq="epoch": the norms of the last step (2) are written at the epoch end; replica
+    # 1 got an empty batch there, so its gradient is 0.
+    status, body = get_json(server, PLUGIN + "/gradients?run=fit_17_8/replicas")
+    assert status == 200
+    assert body["steps"] == [2] and body["replicas"] == [0, 1]
+    assert len(body["variables"]) == 2 and body["shapes"] == [[3, 1], [1]]
+    assert body["scaling"] == "replica_loss" and body["has_loss"] is True
+    assert body["global_norm"][0][0] > 0 and body["global_norm"][0][1] == 0
+    assert body["ratio"][0] == ["Infinity", 0.0]
+    assert body["layer_step"] == 2 and len(body["layer_norms"]) == 2
+    assert body["nonfinite"] == []
+    _, runs = get_json(server, PLUGIN + "/runs")
+    families = {r["run"]: r["families"] for r in runs["runs"]}
+    assert families["fit_17_8/replicas"][:2] == ["inputs", "gradients"]
+    assert "gradients" not in families["loop_15_7/replicas"]
+
+
 @pytest.mark.parametrize(
     ("path", "status", "message"),
     [
+        ("/gradients", 400, "missing argument 'run'"),
+        ("/gradients?run=fit_17_8/replicas&step=x", 400, "step must be an integer"),
+        ("/gradients?run=nope", 404, "no replica data for run 'nope'"),
+        ("/gradients?run=loop_15_7/replicas", 404, "no gradient data"),
         ("/inputs", 400, "missing argument 'run'"),
         ("/inputs?run=", 400, "missing argument 'run'"),
         ("/inputs?run=nope", 404, "no replica data for run 'nope'"),
@@ -145,6 +167,11 @@ def test_report_json(unit_logs):
     assert fit["num_replicas"] == 2
     assert [f["kind"] for f in fit["findings"]] == ["empty_shard"]
     assert runs["loop_15_7/replicas"]["batch_size"] == [[4, 3], [4, 3], [1, 0]]
+    assert runs["loop_15_7/replicas"]["gradients"] is None
+    gradients = fit["gradients"]
+    assert gradients["steps"] == [2] and gradients["global_norm"][0][1] == 0
+    assert gradients["ratio_to_median"] == [["Infinity", 0.0]]
+    assert len(gradients["variable_norms"][0]) == 2
     assert report["summary"] == {"error": 3, "warning": 5, "info": 0}
 
 
@@ -153,6 +180,7 @@ def test_report_text_fail_on_and_bad_arguments(unit_logs, tmp_path):
     assert text.returncode == 0
     assert "run fit_17_8/replicas" in text.stdout
     assert "Replica 1 got 0 examples at step 2" in text.stdout
+    assert "gradients (gradient of each replica's own loss), 1 logged step(s) 2–2" in text.stdout
     assert "loop_15_7" not in text.stdout
     assert run_cli("report", unit_logs, "--fail-on", "error").returncode == 1
     assert run_cli("report", unit_logs, "--run", "fit_*", "--fail-on", "error").returncode == 0

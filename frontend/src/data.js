@@ -52,6 +52,7 @@ export async function fetchRuns(opts) {
     first_step: r.first_step ?? null,
     last_step: r.last_step ?? null,
     findings: r.findings ?? {},
+    families: list(r.families),
     notes: list(r.notes),
     workers: workerList(r.workers),
   }));
@@ -213,6 +214,37 @@ export async function fetchVariables(run, maxPoints, top, opts) {
       max_rel_l2: numbers(t.max_rel_l2),
       rel_l2: matrix(t.rel_l2),
       max_abs: matrix(t.max_abs),
+    })),
+    notes: list(body.notes),
+  };
+}
+
+/** Gradient health per replica of one run (./gradients), non-finite values as JS numbers. */
+export async function fetchGradients(run, maxPoints, step, opts) {
+  const params = { run, max_points: maxPoints };
+  if (step != null) params.step = step;
+  const body = await fetchJson(`./gradients?${q(params)}`, opts);
+  return {
+    run: String(body.run ?? run),
+    replicas: list(body.replicas),
+    variables: list(body.variables).map(String),
+    shapes: list(body.shapes),
+    has_loss: Boolean(body.has_loss),
+    scaling: String(body.scaling ?? ''),
+    steps: numbers(body.steps),
+    global_norm: matrix(body.global_norm),
+    ratio: matrix(body.ratio),
+    loss: matrix(body.loss),
+    downsampled: Boolean(body.downsampled),
+    layer_step: body.layer_step == null ? null : toNumber(body.layer_step),
+    layer_norms: matrix(body.layer_norms),
+    layer_ratio: matrix(body.layer_ratio),
+    nonfinite: list(body.nonfinite).map((e) => ({
+      step: toNumber(e.step),
+      grad_nan: numbers(e.grad_nan),
+      grad_inf: numbers(e.grad_inf),
+      loss_nan: numbers(e.loss_nan),
+      loss_inf: numbers(e.loss_inf),
     })),
     notes: list(body.notes),
   };

@@ -2,7 +2,7 @@
 import uplotCss from 'uplot/dist/uPlot.min.css';
 import appCss from './style.css';
 import { h } from './dom.js';
-import { fetchRuns, fetchInputs, fetchFindings, fetchRng, fetchData, fetchStepTime, fetchVariables } from './data.js';
+import { fetchRuns, fetchInputs, fetchFindings, fetchRng, fetchData, fetchStepTime, fetchVariables, fetchGradients } from './data.js';
 import { createZoom } from './zoom.js';
 import { createFindings } from './views/findings.js';
 import { createBatchChart } from './views/batch_chart.js';
@@ -11,6 +11,7 @@ import { createHeatmap } from './views/heatmap.js';
 import { createShapesTable } from './views/shapes_table.js';
 import { createRngView } from './views/rng_view.js';
 import { createDataView } from './views/data_view.js';
+import { createGradients } from './views/gradients.js';
 import { createStepTime } from './views/step_time.js';
 import { createDriftChart, createDeviationChart } from './views/drift_charts.js';
 import { createPlacementTable } from './views/placement_table.js';
@@ -95,7 +96,8 @@ export async function render() {
     main.replaceChildren(h('p', { class: 'muted loading' }, 'Loading…'));
     setState('loading');
     try {
-      const [inputs, findings, rng, data, stepTime, variables] = await Promise.all([
+      const hasGradients = run.families.includes('gradients');
+      const [inputs, findings, rng, data, stepTime, variables, grads] = await Promise.all([
         fetchInputs(runName, MAX_POINTS, { signal: abort.signal }),
         fetchFindings(runName, { signal: abort.signal }),
         fetchRng(runName, MAX_POINTS, { signal: abort.signal }),
@@ -103,11 +105,24 @@ export async function render() {
         // Multi-worker jobs only: per-worker step time.
         run.workers.length ? fetchStepTime(runName, MAX_POINTS, { signal: abort.signal }) : null,
         fetchVariables(runName, MAX_POINTS, TOP_VARIABLES, { signal: abort.signal }),
+        hasGradients ? fetchGradients(runName, MAX_POINTS, null, { signal: abort.signal }) : null,
       ]);
       if (abort.signal.aborted) return;
       performance.mark('replicas:data');
       const t0 = performance.now();
-      buildRun(main, run, inputs, findings, views, { rng, data, stepTime, variables });
+      const reloadGradients = async (step) => {
+        setState('loading');
+        try {
+          const next = await fetchGradients(runName, MAX_POINTS, step, { signal: abort.signal });
+          if (abort.signal.aborted) return;
+          current.rebuildGradients?.(next);
+          setState('ready');
+        } catch (e) {
+          if (e.name === 'AbortError' || abort.signal.aborted) return;
+          showError(main, e);
+        }
+      };
+      current.rebuildGradients = buildRun(main, run, inputs, findings, views, { rng, data, stepTime, variables, grads, reloadGradients });
       await new Promise((r) => setTimeout(r, 0)); // let uPlot finish its first draw
       if (abort.signal.aborted) return;
       document.body.dataset.renderMs = String(Math.round(performance.now() - t0));
@@ -131,15 +146,15 @@ function workerNamer(workers) {
   return (id) => of.get(id) ?? null;
 }
 
-function buildRun(main, run, inputs, findings, views, { rng, data, stepTime, variables } = {}) {
+function buildRun(main, run, inputs, findings, views, { rng, data, stepTime, variables, grads, reloadGradients } = {}) {
   const steps = inputs.steps;
   const workerOf = workerNamer(inputs.workers.length ? inputs.workers : run.workers);
   const lastStep = run.last_step ?? steps[steps.length - 1] ?? 0;
   // Step ranges are [start, end): the last step gets its full width. Inputs and variables share it.
   const varSteps = variables?.steps ?? [];
   const allSteps = steps.length ? steps : varSteps;
-  const firstStep = Math.min(allSteps[0] ?? 0, varSteps[0] ?? Infinity);
-  const full = allSteps.length ? [firstStep, Math.max(allSteps[allSteps.length - 1], lastStep) + 1] : [0, 1];
+  const firstStep = Math.min(allSteps[0] ?? Infinity, varSteps[0] ?? Infinity, run.first_step ?? Infinity);
+  const full = Number.isFinite(firstStep) ? [firstStep, Math.max(allSteps[allSteps.length - 1] ?? firstStep, lastStep) + 1] : [0, 1];
   const zoom = createZoom(full);
   const deviceName = deviceNamer(inputs.devices.length ? inputs.devices : run.devices);
 
@@ -196,7 +211,10 @@ function buildRun(main, run, inputs, findings, views, { rng, data, stepTime, var
         'Busy time per step of each worker of this multi-worker job: its step period minus the time it waited for the last worker to arrive (taken when its step inputs were ready). The workers wait for a straggler at every all-reduce.',
       )
     : null;
-  main.replaceChildren(...[findingsSec.el, timing?.el, batch.el, imbalance.el, heat.el, shapes.el].filter(Boolean));
+  const gradients = grads
+    ? section('gradients', 'Gradients per replica', `Local gradients of every replica before the optimizer's all-reduce, at ${grads.steps.length} logged step${grads.steps.length === 1 ? '' : 's'}${grads.downsampled ? ' (downsampled: bucket maxima)' : ''}; NaN/Inf are checked at every step. Drag to zoom, double-click to reset.`)
+    : null;
+  main.replaceChildren(...[findingsSec.el, timing?.el, batch.el, imbalance.el, heat.el, gradients?.el, shapes.el].filter(Boolean));
   if (rng) main.append(rngSec.el);
   if (data) main.append(dataSec.el);
   if (variables?.variables.length) main.append(drift.el, deviation.el, placement.el);
@@ -246,8 +264,24 @@ function buildRun(main, run, inputs, findings, views, { rng, data, stepTime, var
       timed('placement', () => createPlacementTable(placement.body, driftCtx)),
     );
   }
+  let rebuildGradients = null;
+  if (gradients) {
+    const outlier = findings.find((f) => f.kind === 'gradient_norm_outlier');
+    const threshold = outlier && Number.isFinite(outlier.threshold) ? outlier.threshold : 10;
+    let view = null;
+    rebuildGradients = (next) => {
+      const at = views.indexOf(view);
+      view?.destroy?.();
+      gradients.body.replaceChildren();
+      view = createGradients(gradients.body, { grads: next, zoom, width: widthOf(main), threshold, onStep: reloadGradients });
+      if (at >= 0) views[at] = view;
+      else views.push(view);
+    };
+    timed('gradients', () => rebuildGradients(grads));
+  }
   const newNotes = [...new Set([...inputs.notes, ...(variables?.notes ?? [])])].filter((n) => !run.notes.includes(n));
   if (newNotes.length) main.prepend(h('div', { class: 'run-notes' }, newNotes.map((n) => h('p', { class: 'note' }, n))));
+  return rebuildGradients;
 }
 
 /** Runs make() and records its duration as a performance measure "replicas:NAME". */
