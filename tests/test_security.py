@@ -180,13 +180,56 @@ def test_fuzz_raw_query_strings(client):
     ).map("&".join)
 
     @settings(FUZZ, max_examples=200)
-    @given(route=st.sampled_from(["/inputs", "/findings", "/runs", "/step_time"]), query=raw_query)
+    @given(
+        route=st.sampled_from(
+            [
+                "/inputs",
+                "/findings",
+                "/runs",
+                "/step_time",
+                "/gradients",
+                "/variables",
+                "/rng",
+                "/data",
+            ]
+        ),
+        query=raw_query,
+    )
     def case(route, query):
         cases.append(1)
         check_json_error(client.get(PREFIX + route + "?" + query))
 
     case()
     assert len(cases) >= 200
+
+
+def test_fuzz_family_routes(client):
+    """The routes of the gradients, variables, rng, data and step-time families."""
+    cases = []
+
+    @settings(FUZZ, max_examples=250)
+    @given(
+        route=st.sampled_from(["/gradients", "/variables", "/rng", "/data", "/step_time"]),
+        run=st.one_of(st.none(), RUN_ARG),
+        max_points=MAX_POINTS_ARG,
+        extra=st.one_of(st.none(), TEXT),
+    )
+    def case(route, run, max_points, extra):
+        cases.append(1)
+        query = {
+            k: v
+            for k, v in (("run", run), ("max_points", max_points), ("step", extra), ("top", extra))
+            if v is not None
+        }
+        response = client.get(PREFIX + route, query_string=query)
+        check_json_error(response)
+        if not run:
+            assert response.status_code == 400
+        elif run not in RUNS:
+            assert response.status_code in (400, 404)
+
+    case()
+    assert len(cases) >= 250
 
 
 def test_fuzz_static_route(client):
