@@ -273,8 +273,7 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None):
     if downsampled:
         bucket = -(-count // max_points)
         starts = np.arange(0, count, bucket)
-        rel = np.stack([_nanmax(rel[i : i + bucket], axis=0) for i in starts])
-        max_abs = np.stack([_nanmax(max_abs[i : i + bucket], axis=0) for i in starts])
+        rel, max_abs = _bucket_max(rel, starts), _bucket_max(max_abs, starts)
         steps = steps[starts]
     rows = []
     for index, variable in enumerate(series.variables):
@@ -333,16 +332,7 @@ def parse_top(raw):
     Raises:
       BadRequestError: if it is not an integer in `TOP_RANGE`.
     """
-    if raw is None:
-        return DEFAULT_TOP
-    low, high = TOP_RANGE
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequestError(f"top must be an integer, got {raw!r}") from None
-    if not low <= value <= high:
-        raise BadRequestError(f"top must be between {low} and {high}, got {value}")
-    return value
+    return _parse_int("top", raw, DEFAULT_TOP, TOP_RANGE)
 
 
 def _all_steps(run_data):
@@ -439,18 +429,30 @@ def gradients_body(series, max_points, step=None):
     }
 
 
+def _parse_int(name, raw, default, bounds=None):
+    """An integer query argument: `default` when absent.
+
+    Raises:
+      BadRequestError: if it is not an integer, or outside `bounds` (inclusive) when given.
+    """
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequestError(f"{name} must be an integer, got {raw!r}") from None
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        raise BadRequestError(f"{name} must be between {bounds[0]} and {bounds[1]}, got {value}")
+    return value
+
+
 def parse_step(raw):
-    """Parses the optional `step` argument (an integer).
+    """Parses the optional `step` argument (an integer; empty means absent).
 
     Raises:
       BadRequestError: if it is not an integer.
     """
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise BadRequestError(f"step must be an integer, got {raw!r}") from None
+    return None if raw == "" else _parse_int("step", raw, None)
 
 
 def parse_max_points(raw):
@@ -459,16 +461,7 @@ def parse_max_points(raw):
     Raises:
       BadRequestError: if it is not an integer in `MAX_POINTS_RANGE`.
     """
-    if raw is None:
-        return DEFAULT_MAX_POINTS
-    low, high = MAX_POINTS_RANGE
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequestError(f"max_points must be an integer, got {raw!r}") from None
-    if not low <= value <= high:
-        raise BadRequestError(f"max_points must be between {low} and {high}, got {value}")
-    return value
+    return _parse_int("max_points", raw, DEFAULT_MAX_POINTS, MAX_POINTS_RANGE)
 
 
 class ReplicasPlugin(base_plugin.TBPlugin):

@@ -248,30 +248,8 @@ def test_rng_and_data_sections(demo_server, browser):
     page.close()
 
 
-def open_tab_frame(page, server):
-    """Opens the Replicas tab and returns its ready frame."""
-    page.goto(server.url + "/#replicas", wait_until="load")
-    page.wait_for_function(
-        "[...document.querySelectorAll('iframe')].some(f => f.src.includes('name=replicas'))",
-        timeout=30_000,
-    )
-    frame = None
-    for _ in range(100):
-        frame = tab_frame(page)
-        if frame:
-            break
-        page.wait_for_timeout(100)
-    assert frame is not None, [f.url for f in page.frames]
-    wait_ready(frame)
-    return frame
-
-
 def test_weight_drift_and_placement_sections(demo_server, browser):
-    page = browser.new_page(viewport={"width": 1400, "height": 1100})
-    errors = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    frame = open_tab_frame(page, demo_server)
+    page, frame, errors = open_tab(demo_server, browser)
 
     frame.select_option("#run-select", "weight_drift/skipped_allreduce")
     wait_ready(frame)
@@ -321,19 +299,7 @@ def test_weight_drift_and_placement_sections(demo_server, browser):
 
 def test_multi_worker_job_grouped_by_worker(demo_server, browser):
     """A 2-worker job: one view, replicas labelled by worker, the straggler in its own table."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1100})
-    errors = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(demo_server.url + "/#replicas", wait_until="load")
-    frame = None
-    for _ in range(300):
-        frame = tab_frame(page)
-        if frame:
-            break
-        page.wait_for_timeout(100)
-    assert frame is not None
-    wait_ready(frame)
+    page, frame, errors = open_tab(demo_server, browser)
 
     frame.select_option("#run-select", "mw_straggler/replicas")
     wait_ready(frame)
