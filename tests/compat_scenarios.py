@@ -383,13 +383,16 @@ def parameter_server(keras, tf, strategy, logdir):
 def gradient_hook(keras, tf, strategy, logdir):
     """`keras_compat.wrap_apply_gradients` on a float32 model and its `mixed_float16` twin.
 
-    Same initial weights, same batch of 8 (4 per replica, different data per replica). The hook
-    records each replica's local gradient norm, before the all-reduce and without the loss
-    scale. Facts: both norm pairs, the loss scale and where the unscaling happened.
+    Same seeded initial weights, same batch of 8 (4 per replica); replica 1's examples and
+    targets are replica 0's times 3, so its local gradient norm is several times larger whatever
+    the initial weights. The hook records each replica's local gradient norm, before the
+    all-reduce and without the loss scale. Facts: both norm pairs, the loss scale and where the
+    unscaling happened.
     """
     from tb_replica_plugin import keras_compat
 
-    x, y = _xy(8, seed=3)
+    x, y = _xy(4, seed=3)
+    x, y = np.concatenate([x, 3 * x]), np.concatenate([y, 3 * y])
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
     replicas = strategy.num_replicas_in_sync
     facts = {}
@@ -402,8 +405,14 @@ def gradient_hook(keras, tf, strategy, logdir):
                 model = keras.Sequential(
                     [
                         keras.Input((3,)),
-                        keras.layers.Dense(4),
-                        keras.layers.Dense(1, dtype="float32"),
+                        keras.layers.Dense(
+                            4, kernel_initializer=keras.initializers.GlorotUniform(seed=1)
+                        ),
+                        keras.layers.Dense(
+                            1,
+                            dtype="float32",
+                            kernel_initializer=keras.initializers.GlorotUniform(seed=2),
+                        ),
                     ]
                 )
                 optimizer = keras.optimizers.SGD(0.01)

@@ -171,8 +171,8 @@ def test_gradient_hook_gets_local_unscaled_gradients(request, flavour):
     float32, mixed = outcome["facts"]["float32"], outcome["facts"]["mixed_float16"]
     assert mixed["loss_scale"] == 1024.0 and float32["loss_scale"] == 1.0
     assert mixed["grads_scaled_at_apply"] is (flavour == "keras3")
-    # Local, before the all-reduce: each replica has its own norm.
-    assert abs(float32["norms"][0] - float32["norms"][1]) > 0.1
+    # Local, before the all-reduce: each replica has its own norm (replica 1's data is ×3).
+    assert float32["norms"][1] > 2 * float32["norms"][0] > 0
     assert mixed["norms"] == pytest.approx(float32["norms"], rel=1e-2)
     assert float32["restored"] and mixed["restored"]
 
