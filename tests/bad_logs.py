@@ -4,7 +4,8 @@
 
 | run | what is wrong |
 |---|---|
-| `HOSTILE_RUN`, `SCRIPT_RUN` | run and input names that are HTML/JS |
+| `HOSTILE_RUN` | run, input, variable and generator names that are HTML/JS (every family) |
+| `SCRIPT_RUN` | a run name that is HTML/JS |
 | `corrupt/replicas` | bytes overwritten in the middle of the event file (CRC mismatch) |
 | `truncated/replicas` | the event file cut in the middle of its last record |
 | `newer_schema/replicas` | the shapes series written with schema version 99 |
@@ -22,6 +23,9 @@ HOSTILE_RUN = '<img src=x onerror="window.__xss=1">'
 SCRIPT_RUN = "<script>window.__xss=2</script>"  # a copy of good/replicas
 HOSTILE_INPUT = '<img src=x onerror="window.__xss=3">'
 BOLD_INPUT = "<b>ids</b>"
+HOSTILE_VARIABLE = '<img src=x onerror="window.__xss=4">'  # mirrored: drift, gradients
+BOLD_VARIABLE = "<b>lone</b>"  # created outside the strategy scope: not mirrored
+HOSTILE_GENERATOR = '<img src=x onerror="window.__xss=5">'
 CORRUPT_STEPS = 40
 NOTE_NEWER = "Series 'inputs/shapes' skipped: Series written with schema version 99"
 NOTE_REPLICAS = "The replica count changes within this run ([2, 3])"
@@ -43,6 +47,37 @@ def _probe_run(strategy, run_dir, batches, update_freq=1):
             return tf.constant(0.0)
 
         return strategy.run(step_fn, args=(batch,))
+
+    for batch in batches:
+        step(batch)
+    probe.close()
+
+
+def _hostile_run(strategy, run_dir, batches):
+    """Every family, under hostile names: inputs, rng, gradients and variables (2 steps)."""
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaProbe
+
+    with strategy.scope():
+        weight = tf.Variable(tf.ones([3]), name=HOSTILE_VARIABLE)
+        noise = tf.random.Generator.from_seed(1)
+    lone = tf.Variable(tf.ones([2]), name=BOLD_VARIABLE)
+    probe = ReplicaProbe(run_dir, strategy, update_freq=1)
+
+    @tf.function
+    def step(batch):
+        def step_fn(inputs):
+            probe.observe_inputs(inputs)
+            probe.observe_rng({HOSTILE_GENERATOR: noise}, include_global=False)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(inputs[HOSTILE_INPUT][:, :3] * weight)
+            grads = tape.gradient(loss, [weight])
+            probe.observe_gradients(grads, [weight], loss=loss)
+            return loss
+
+        strategy.run(step_fn, args=(batch,))
+        probe.observe_variables([weight, lone])
 
     for batch in batches:
         step(batch)
@@ -108,7 +143,7 @@ def build_bad_logs(logdir, strategy):
         width = 4 + context.replica_id_in_sync_group  # replica 1 differs: a shape mismatch
         return {HOSTILE_INPUT: tf.ones([3, width]), BOLD_INPUT: tf.zeros([3], tf.int32)}
 
-    _probe_run(
+    _hostile_run(
         strategy,
         os.path.join(logdir, HOSTILE_RUN),
         [strategy.experimental_distribute_values_from_function(hostile_inputs)] * 2,

@@ -12,7 +12,17 @@ import os
 import urllib.parse
 
 import pytest
-from bad_logs import BOLD_INPUT, HOSTILE_INPUT, HOSTILE_RUN, RUNS, SCRIPT_RUN, wsgi_app
+from bad_logs import (
+    BOLD_INPUT,
+    BOLD_VARIABLE,
+    HOSTILE_GENERATOR,
+    HOSTILE_INPUT,
+    HOSTILE_RUN,
+    HOSTILE_VARIABLE,
+    RUNS,
+    SCRIPT_RUN,
+    wsgi_app,
+)
 from conftest import TensorBoardServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -315,7 +325,17 @@ def test_hostile_names_come_back_verbatim_in_json(client):
     names = [i["name"] for i in body["shape_events"][0]["inputs"]]
     assert names == [BOLD_INPUT, HOSTILE_INPUT]
     findings = json.loads(client.get(PREFIX + "/findings", query_string={"run": HOSTILE_RUN}).data)
-    assert findings["findings"][0]["name"] == HOSTILE_INPUT
+    assert [(f["kind"], f["name"]) for f in findings["findings"]] == [
+        ("shape_mismatch", HOSTILE_INPUT),
+        ("variable_not_mirrored", BOLD_VARIABLE),
+    ]
+    query = {"run": HOSTILE_RUN}
+    variables = json.loads(client.get(PREFIX + "/variables", query_string=query).data)
+    assert [v["name"] for v in variables["variables"]] == [HOSTILE_VARIABLE, BOLD_VARIABLE]
+    gradients = json.loads(client.get(PREFIX + "/gradients", query_string=query).data)
+    assert gradients["variables"] == [HOSTILE_VARIABLE]
+    rng = json.loads(client.get(PREFIX + "/rng", query_string=query).data)
+    assert [g["name"] for g in rng["generators"]] == [HOSTILE_GENERATOR]
 
 
 # ------------------------------------------------------------ headless Chromium
@@ -362,7 +382,19 @@ def test_hostile_names_render_as_text_and_bad_data_notes_show(bad_server):
         wait_ready(frame)
         shapes = frame.inner_text('[data-view="shapes"]')
         assert HOSTILE_INPUT in shapes and BOLD_INPUT in shapes
-        assert HOSTILE_INPUT in frame.inner_text('[data-view="findings"]')
+        findings = frame.inner_text('[data-view="findings"]')
+        assert HOSTILE_INPUT in findings and BOLD_VARIABLE in findings
+        # Variable and generator names, in every family's view, as text (textContent: sections
+        # below the fold are not laid out, so innerText would skip them).
+        placement = frame.text_content('[data-view="placement"] table')
+        assert HOSTILE_VARIABLE in placement and BOLD_VARIABLE in placement
+        assert HOSTILE_VARIABLE in frame.text_content('[data-view="deviation"]')
+        assert HOSTILE_GENERATOR in frame.text_content('[data-view="rng"]')
+        # The gradient heatmap's tooltip names the variable under the pointer.
+        heatmap = frame.locator('[data-view="gradients"] canvas.layer-heatmap')
+        box = heatmap.bounding_box()
+        heatmap.hover(position={"x": box["width"] - 10, "y": box["height"] - 6})  # last cell
+        assert HOSTILE_VARIABLE in frame.text_content('[data-view="gradients"] .chart-tooltip')
         frame.select_option("#run-select", SCRIPT_RUN)
         wait_ready(frame)
         assert SCRIPT_RUN in frame.inner_text(".run-picker")
