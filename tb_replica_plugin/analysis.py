@@ -376,7 +376,8 @@ def _drift_finding(series, index, variable, thresholds):
     rel = series.rel_l2[:, index, :]
     with np.errstate(invalid="ignore"):
         above = rel > thresholds.variable_drift_rel_l2
-    differ = ~series.identical[:, index, :] & series.present[index] & series.present[index, 0]
+    # Bit identity is known only between copies hashed by the same algorithm.
+    differ = ~series.identical[:, index, :] & series.hash_comparable[index]
     name = variable["name"]
     base = dict(run=series.run, name=name, view="drift")
     if above.any():

@@ -280,7 +280,7 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None):
         per_variable = series.rel_l2[:, index, :]
         with np.errstate(invalid="ignore"):
             above = np.flatnonzero((per_variable > tolerance).any(axis=1))
-        both = series.present[index] & series.present[index, 0]
+        both = series.hash_comparable[index]  # copies of r and 0, hashed alike
         differ = ~series.identical[:, index, :] & both
         compared = int(both[1:].sum())
         rows.append(

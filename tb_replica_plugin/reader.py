@@ -621,7 +621,12 @@ class VariablesSeries:
       steps: int64 [S] logged steps (values after the update of that step).
       hash: int64 [S, V, R] bitwise hash of each copy; present: bool [V, R].
       stats: float64 [S, V, R, 4] (min, max, sum, sum of squares); sketch: [S, V, R, K].
-      identical: bool [S, V, R]: copy r is bit-identical to copy 0 (hashes equal).
+      identical: bool [S, V, R]: copy r is bit-identical to copy 0 (hashes equal, by the same
+        algorithm).
+      hash_comparable: bool [V, R]: copies r and 0 exist and were hashed by the same algorithm
+        (placement `"hash"` per copy: "farmhash64" on CPU, "mix64" elsewhere; logs of
+        fingerprint version 1 used "mix64" everywhere). Elsewhere bit identity is unknown and
+        only the sketch compares the copies.
       l2_estimate, rel_l2_estimate: float64 [S, V, R]: ||copy_r - copy_0|| and that over
         ||copy_0||, estimated from the sketches (exact for variables of at most K elements).
       max_abs_lower: float64 [S, V, R]: a lower bound of max |copy_r - copy_0| from the stats
@@ -646,6 +651,7 @@ class VariablesSeries:
     stats: np.ndarray
     sketch: np.ndarray
     identical: np.ndarray
+    hash_comparable: np.ndarray
     l2_estimate: np.ndarray
     rel_l2_estimate: np.ndarray
     max_abs_lower: np.ndarray
@@ -716,18 +722,29 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
         else np.zeros((0, num_v, num_r, width))
     )
     present = np.zeros((num_v, num_r), dtype=bool)
+    algorithm = np.full((num_v, num_r), "mix64", dtype=object)  # fingerprint version 1: mix64
     sizes = np.zeros(num_v, dtype=np.float64)
     for index, variable in enumerate(variables):
-        for column in variable.get("columns", []):
+        columns = variable.get("columns", [])
+        algorithms = variable.get("hash") or ["mix64"] * len(columns)
+        for column, name in zip(columns, algorithms, strict=False):
             if 0 <= column < num_r:
                 present[index, column] = True
+                algorithm[index, column] = str(name)
         shape = variable.get("shape") or []
         # Unknown dimensions: the sketch was hashed, never the exact small-variable copy.
         known = all(d is not None for d in shape)
         sizes[index] = float(np.prod(shape)) if known and shape else (1.0 if known else np.inf)
     stats, sketch = fp[..., :4], fp[..., 4:]
     both = present & present[:, :1]  # [V, R]: copies of r and of 0 exist
-    identical = (hash_arr == hash_arr[:, :, :1]) & both[None]
+    comparable = both & (algorithm == algorithm[:, :1])
+    identical = (hash_arr == hash_arr[:, :, :1]) & comparable[None]
+    if (both & ~comparable).any():
+        notes.append(
+            "Some copies were hashed with a different algorithm than replica 0's (farmhash64 on "
+            "CPU devices, mix64 on others): their bit identity is unknown, their drift is "
+            "estimated from the sketches only."
+        )
     nan = np.full(hash_arr.shape, np.nan)
     with np.errstate(invalid="ignore"):
         l2 = np.sqrt(np.sum(np.square(sketch - sketch[:, :, :1]), axis=-1))
@@ -768,6 +785,7 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
         stats=stats,
         sketch=sketch,
         identical=identical,
+        hash_comparable=comparable,
         l2_estimate=l2,
         rel_l2_estimate=rel,
         max_abs_lower=lower,
@@ -1159,6 +1177,16 @@ def merge_variables(job, member_runs, workers, notes):
             "not computed (call observe_variables on every worker)."
         )
         return None
+    versions = {
+        int(s.placement_events[-1][1].get("fingerprint", {}).get("version", 1)) for s in series
+    }
+    if len(versions) > 1:
+        notes.append(
+            f"The workers wrote fingerprints of different versions ({sorted(versions)}: "
+            "different versions of tb_replica_plugin): cross-worker weight drift is not computed "
+            "(use the same version on every worker)."
+        )
+        return None
     if any(s.names != series[0].names for s in series):
         notes.append(
             "The workers recorded different variable lists: cross-worker weight drift is not "
@@ -1172,6 +1200,9 @@ def merge_variables(job, member_runs, workers, notes):
         entries = [s.variables[index] for s in series]
         merged = dict(first)
         merged["devices"] = [d for e in entries for d in e.get("devices", [])]
+        merged["hash"] = [
+            h for e in entries for h in (e.get("hash") or ["mix64"] * len(e.get("columns", [])))
+        ]
         merged["columns"] = [
             int(c) + int(offset) if c >= 0 else -1
             for e, offset in zip(entries, offsets, strict=True)
@@ -1184,6 +1215,7 @@ def merge_variables(job, member_runs, workers, notes):
         "devices": [d for s in series for d in s.devices],
         "replicas": [r for s in series for r in s.replicas],
         "source": series[0].source,
+        "fingerprint": series[0].placement_events[-1][1].get("fingerprint", {}),
     }
     at = [np.searchsorted(s.steps, steps) for s in series]
     hash_points, fingerprint_points = [], []

@@ -16,7 +16,7 @@ from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, reader
 from tb_replica_plugin.collectors import variables as collector
 
 # The sketch estimate of ||copy_r - copy_0|| has a relative standard deviation of about
-# 1 / sqrt(2K) = 8.8 % with K = 64 buckets (README "Weight drift"); 4 standard deviations:
+# 1 / sqrt(2W) = 9.1 % with W = 61 buckets (README "Weight drift"); about 4 standard deviations:
 SKETCH_TOLERANCE = 0.35
 
 
@@ -32,17 +32,24 @@ def reference_mix(z):
 
 
 def reference_sketch(values):
-    """The CountSketch of `values` computed by hand (Python integers for the index hash)."""
+    """The sketch of `values` computed by hand (Python integers for the row hash, numpy float64
+    sums): rows of W = 61 elements, sign of element (r, c) from bit c of the hash of row r."""
     flat = np.asarray(values, dtype=np.float64).reshape(-1)
-    k = collector.SKETCH_SIZE
+    k, w = collector.SKETCH_SIZE, collector.SKETCH_WIDTH
     if flat.size <= k:
         return np.pad(flat, (0, k - flat.size))
-    sketch = np.zeros(k)
-    for i, x in enumerate(flat):
-        hashed = reference_mix((((i + 1) * collector.GOLDEN) & M64) ^ collector.SKETCH_SEED)
-        sign = -1.0 if hashed & 1 else 1.0
-        sketch[hashed >> (64 - collector.SKETCH_BITS)] += sign * x
-    return sketch
+    rows = -(-flat.size // w)
+    grid = np.pad(flat, (0, rows * w - flat.size)).reshape(rows, w)
+    hashed = np.array(
+        [
+            reference_mix((((r + 1) * collector.GOLDEN) & M64) ^ collector.SKETCH_SEED)
+            for r in range(rows)
+        ],
+        dtype=np.uint64,
+    )
+    bits = (hashed[:, None] >> np.arange(w, dtype=np.uint64)[None, :]) & np.uint64(1)
+    signs = 1.0 - 2.0 * bits.astype(np.float64)
+    return np.pad((signs * grid).sum(axis=0), (0, k - w))
 
 
 def reference_hash(values):
@@ -77,6 +84,63 @@ def test_bitwise_hash_sees_one_ulp_and_signed_zero():
     ulp = [int(collector.bitwise_hash(tf.constant([v]), tf.float32)) for v in cases[-2]]
     zeros = [int(collector.bitwise_hash(tf.constant([v]), tf.float32)) for v in cases[-1]]
     assert ulp[0] != ulp[1] and zeros[0] != zeros[1]
+
+
+def test_farmhash_on_cpu_mix64_elsewhere():
+    cpu = "/job:localhost/replica:0/task:0/device:CPU:1"
+    assert collector.hash_algorithm(cpu, tf.float32) == "farmhash64"
+    assert collector.hash_algorithm("/job:worker/task:1/device:GPU:0", tf.float32) == "mix64"
+    assert collector.hash_algorithm("", tf.float32) == "mix64"
+    one = np.float32(1.0)
+    cases = [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.array([3, -7], np.int64),
+        np.array([True, False, True]),
+        np.array([one, np.nextafter(one, np.float32(2))], np.float32),
+        np.array([0.0, -0.0], np.float32),
+    ]
+    for values in cases:
+        tensor = tf.constant(values)
+        digest = int(collector.copy_hash(tensor, tensor.dtype, "farmhash64"))
+        raw = np.ascontiguousarray(values).view(np.uint8).reshape(1, -1)
+        expected = tf.bitcast(tf.fingerprint(tf.constant(raw)), tf.int64)
+        assert digest == int(tf.reshape(expected, [])), values
+        # Bit-identical copies hash equal; one element changed (one ulp, -0.0) changes it.
+        assert digest == int(collector.copy_hash(tf.constant(values), tensor.dtype, "farmhash64"))
+    ulp = [int(collector.farmhash(tf.constant([v]), tf.float32)) for v in cases[-2]]
+    zeros = [int(collector.farmhash(tf.constant([v]), tf.float32)) for v in cases[-1]]
+    assert ulp[0] != ulp[1] and zeros[0] != zeros[1]
+    big = np.random.default_rng(0).normal(size=(256, 256)).astype(np.float32)
+    changed = big.copy()
+    changed[200, 3] = np.nextafter(changed[200, 3], np.float32(10))
+    hashes = {int(collector.farmhash(tf.constant(a), tf.float32)) for a in (big, changed)}
+    assert len(hashes) == 2
+
+
+def test_sketch_matches_reference_and_estimates_structured_differences():
+    rng = np.random.default_rng(4)
+    for shape in [(3, 5), (64,), (65,), (256, 256), (7, 61)]:
+        values = rng.normal(size=shape).astype(np.float32)
+        _, written = collector.copy_fingerprint(tf.constant(values), tf.float32)
+        np.testing.assert_allclose(
+            written.numpy()[4:], reference_sketch(values), rtol=1e-12, atol=1e-12
+        )
+        flat = values.astype(np.float64).reshape(-1)
+        stats = [flat.min(), flat.max(), flat.sum(), np.sum(flat**2)]
+        np.testing.assert_allclose(written.numpy()[:4], stats, rtol=1e-12)
+    # Linear: the sketch of a difference is the difference of the sketches; and its norm
+    # estimates the difference's norm for differences concentrated in a column (power-of-two
+    # stride), a row, one element, or spread uniformly.
+    base = rng.normal(size=(256, 256))
+    column, row, single = (np.zeros((256, 256)) for _ in range(3))
+    column[:, 17] = rng.normal(size=256)
+    row[100] = rng.normal(size=256)
+    single[5, 9] = 3.0
+    for diff in (column, row, single, np.full((256, 256), 1e-3), rng.normal(size=(256, 256))):
+        delta = reference_sketch(base + diff) - reference_sketch(base)
+        np.testing.assert_allclose(delta, reference_sketch(diff), atol=1e-9)
+        ratio = np.linalg.norm(delta) / np.linalg.norm(diff)
+        assert abs(ratio - 1) < SKETCH_TOLERANCE, ratio
 
 
 def only(logdir):
@@ -127,7 +191,11 @@ def test_sync_fit_on_2_replicas_is_bit_identical_at_every_step(fit_every_step):
     # The last logged fingerprint is that of the weights after the last update.
     kernel = model.variables[0].value
     for column, copy in enumerate(kernel.values):
-        digest, values = collector.copy_fingerprint(tf.convert_to_tensor(copy), copy.dtype)
+        algorithm = collector.hash_algorithm(copy.device, copy.dtype)
+        assert algorithm == "farmhash64"  # logical CPU replicas
+        digest, values = collector.copy_fingerprint(
+            tf.convert_to_tensor(copy), copy.dtype, algorithm=algorithm
+        )
         assert series.hash[-1, 0, column] == int(digest)
         np.testing.assert_allclose(series.stats[-1, 0, column], values.numpy()[:4], rtol=1e-12)
 
@@ -285,9 +353,10 @@ def test_failure_warns_and_never_raises(tmp_path):
 # ----------------------------------------------------------------- pure analysis
 
 
-def synthetic(rel_values, trainable=True, sync="on_write"):
+def synthetic(rel_values, trainable=True, sync="on_write", hashes=None, version=2):
     """A 2-replica, 1-variable series whose copy 1 differs from copy 0 by `rel_values`."""
     placement = {
+        "fingerprint": {"version": version},
         "devices": ["/cpu:0", "/cpu:1"],
         "replicas": [0, 1],
         "variables": [
@@ -300,6 +369,7 @@ def synthetic(rel_values, trainable=True, sync="on_write"):
                 "devices": ["/cpu:0", "/cpu:1"],
                 "columns": [0, 1],
                 "mirrored": True,
+                **({"hash": hashes} if hashes else {}),
             }
         ],
     }
@@ -308,13 +378,44 @@ def synthetic(rel_values, trainable=True, sync="on_write"):
         stats = [values.min(), values.max(), values.sum(), (values**2).sum()]
         return np.concatenate([stats, values, np.zeros(collector.SKETCH_SIZE - values.size)])
 
-    hashes, fingerprints = [], []
+    hash_points, fingerprints = [], []
     base = np.array([3.0, 4.0])  # norm 5
     for step, rel in enumerate(rel_values):
         other = base + np.array([5.0 * rel, 0.0])
         fingerprints.append((step, np.stack([fingerprint(base), fingerprint(other)])[None]))
-        hashes.append((step, np.array([[7, 7 if rel == 0 else 8]], dtype=np.int64)))
-    return reader.build_variables_series("run", [(0, placement)], hashes, fingerprints, [])
+        hash_points.append((step, np.array([[7, 7 if rel == 0 else 8]], dtype=np.int64)))
+    return reader.build_variables_series("run", [(0, placement)], hash_points, fingerprints, [])
+
+
+def test_hashes_of_different_algorithms_are_never_compared():
+    # Copy 0 on a CPU (farmhash64), copy 1 on a GPU (mix64): equal hash values mean nothing.
+    mixed = synthetic([0.0, 0.0, 1e-3], hashes=["farmhash64", "mix64"])
+    assert mixed.hash_comparable.tolist() == [[True, False]]
+    assert not mixed.identical[:, 0, 1].any()
+    # The sketch decides: identical values give 0 and no finding (bit identity unknown).
+    np.testing.assert_allclose(mixed.rel_l2[:, 0, 1], [0.0, 0.0, 1e-3])
+    assert any("different algorithm" in note for note in mixed.notes)
+    assert [f.kind for f in analysis.find_variables(mixed)] == ["variable_drift"]
+    assert analysis.find_variables(synthetic([0.0, 0.0], hashes=["farmhash64", "mix64"])) == []
+    # Logs of version 1 (no "hash" per copy) used mix64 everywhere: comparable.
+    old = synthetic([0.0, 1e-8], version=1)
+    assert old.hash_comparable.all() and old.identical[:, 0, 1].tolist() == [True, False]
+
+
+def test_workers_with_different_fingerprint_versions_are_not_merged():
+    class Member:
+        def __init__(self, series):
+            self.variables = series
+
+    notes = []
+    workers = [{"name": "worker_0"}, {"name": "worker_1"}]
+    same = [Member(synthetic([0.0, 1e-3])), Member(synthetic([0.0, 1e-3]))]
+    merged = reader.merge_variables("job", same, workers, notes)
+    assert merged.num_replicas == 4 and merged.hash_comparable.all() and notes == []
+    assert merged.variables[0]["hash"] == ["mix64"] * 4
+    mixed = [Member(synthetic([0.0, 1e-3])), Member(synthetic([0.0, 1e-3], version=1))]
+    assert reader.merge_variables("job", mixed, workers, notes) is None
+    assert "different versions" in notes[-1]
 
 
 def test_findings_tolerance_bits_and_sync_on_read():

@@ -3,27 +3,43 @@
 Each copy of a variable is fingerprinted on the device that holds it; only the fingerprint
 (a few dozen numbers, whatever the variable's size) leaves that device. A fingerprint is:
 
-- `hash`: a 64-bit hash of the copy's raw bits, computed on its device with integer ops that
-  every device has (`tf.fingerprint` would do, but it has a CPU kernel only, so on a GPU it
-  would copy the whole variable to the host). The bits are read as unsigned words u_j of 32
-  bits (8- and 16-bit types: one word per element; row-major, little-endian) and
-  `hash = sum_j mix(u_j + (j + 1) * G) mod 2^64` (as int64), with `mix` the splitmix64
-  finalizer (a bijection of 64-bit integers) and G = 0x9E3779B97F4A7C15. A difference in a
-  single word always changes it (exactly one term changes); other differences go unnoticed
-  with a chance of about 2^-64. So one ulp or a -0.0 against a +0.0 changes it.
-- `stats`: float64 `(min, max, sum, sum of squares)` of the copy's elements.
-- `sketch`: float64 `[K]` CountSketch (a sparse Johnson–Lindenstrauss random projection) of the
-  copy's elements cast to float64: element `i` of the flattened copy is added, with sign
-  `s(i)`, to bucket `b(i)`, where `h(i) = mix((i + 1) * G XOR S)` (S = `SKETCH_SEED`),
-  `b(i)` = the top log2(K) bits of `h(i)` and `s(i) = +1` if `h(i)` is even, else -1. Every
-  process, worker and device type computes the same projection (integer arithmetic modulo
-  2^64). A variable of at most K elements is copied into its sketch unchanged (`b(i) = i`,
-  `s(i) = 1`), so its sketch is exact.
+- `hash`: a 64-bit hash of the copy's raw bits (int64), by one of two algorithms, recorded per
+  copy in the placement document (`"hash"` of each variable, one name per copy):
+  - `"farmhash64"` on CPU devices: `tf.fingerprint` (FarmHash64) of the copy's bytes in native
+    (little-endian) order, row-major. It has a CPU kernel only, hence:
+  - `"mix64"` on every other device (GPU, TPU...), with integer ops every device has, so no copy
+    leaves its device: the bits are read as unsigned words u_j of 32 bits (8- and 16-bit
+    types: one word per element; row-major, little-endian) and
+    `hash = sum_j mix(u_j + (j + 1) * G) mod 2^64`, with `mix` the splitmix64 finalizer (a
+    bijection of 64-bit integers) and G = 0x9E3779B97F4A7C15. A difference in a single word
+    always changes it (exactly one term changes).
+  Equal bits give equal hashes; other differences (one ulp, a -0.0 against a +0.0, a NaN
+  payload) go unnoticed with a chance of about 2^-64. Hashes are only compared between copies
+  hashed by the same algorithm (the reader falls back to the sketch otherwise).
+- `stats`: `(min, max, sum, sum of squares)` of the copy's elements: min and max in the copy's
+  own type (exact), sum and sum of squares accumulated in float64 (measured: as cheap as float32
+  on CPU, and float32 sums would put rounding noise near the 1e-6 drift threshold).
+- `sketch`: float64 `[K]` (K = `SKETCH_SIZE` = 64). A variable of at most K elements is copied
+  into its sketch unchanged (exact). A larger one gets a structured linear sketch of
+  W = `SKETCH_WIDTH` = 61 buckets (then 3 zeros): its flattened elements, cast to float64 and
+  zero-padded, are laid out as rows of W, so element i = r * W + c goes to bucket c = i mod W
+  with sign `s(r, c)` = -1 if bit c of `h(r) = mix((r + 1) * G XOR S)` is set, else +1
+  (S = `SKETCH_SEED`): `sketch[c] = sum_r s(r, c) x[r * W + c]`. Only the ROW index is hashed
+  (61 times fewer hashes than one per element) and the sum is an element-wise product and a
+  column sum. W is prime so that power-of-two strides (one column of a [256, 256] kernel) spread
+  over all buckets, and the signs are independent per element (not a sign per row times a
+  sign per column), so even a uniform difference is estimated with 61 degrees of freedom.
+  Every process, worker and device type computes the same projection (integer arithmetic
+  modulo 2^64).
 
 Because the projection is linear and the same for every copy, `sketch(a) - sketch(b)` is the
 sketch of `a - b`, and `||sketch(a) - sketch(b)||` estimates `||a - b||` without moving either
 copy: unbiased for the squared norm, with a relative standard deviation of the squared norm of
-about sqrt(2 / K) (about 1 / sqrt(2K) for the norm: 9 % with K = 64). See README "Weight drift".
+about sqrt(2 / W) (about 1 / sqrt(2W) for the norm: 9 % with W = 61) as long as no bucket holds
+most of the difference. What it cannot spread: a difference confined to elements whose flat
+indices are congruent modulo 61 (e.g. one column of a variable with 61·m columns) falls into
+one bucket, and its norm is then estimated from one signed sum (still unbiased, but a relative
+standard deviation of up to 141 % for the squared norm). See README "Weight drift".
 
 `exact=True` adds the true element-wise difference: every copy is sent to replica 0's device and
 compared there (traffic: the whole variable per replica), giving the true max-abs and L2 norm of
@@ -37,17 +53,22 @@ import json
 import numpy as np
 import tensorflow as tf
 
-SKETCH_SIZE = 64  # a power of two: buckets are the top bits of a 64-bit hash
+SKETCH_SIZE = 64  # written width; also the largest variable copied exactly into its sketch
+SKETCH_WIDTH = 61  # buckets of the structured sketch (a prime); buckets 61..63 stay 0
 STAT_COLUMNS = ("min", "max", "sum", "sum_sq")
-# Layout version of the fingerprint (hash, stats, sketch): bump when any of it changes, so
-# fingerprints of different versions are never compared.
-FINGERPRINT_VERSION = 1
+# Version of the fingerprint (hash, stats, sketch): bump when any of it changes, so fingerprints
+# of different versions are never compared (reader.merge_variables checks it across workers).
+# 1: mix64 hash everywhere, 64-bucket CountSketch hashing every element index.
+# 2: farmhash64 on CPU / mix64 elsewhere (per copy in the placement document), 61-bucket
+#    row-signed sketch, min/max in the copy's type.
+FINGERPRINT_VERSION = 2
+HASH_FARMHASH = "farmhash64"
+HASH_MIX = "mix64"
 # splitmix64: the golden-ratio increment and the two multipliers of its finalizer.
 GOLDEN = 0x9E3779B97F4A7C15
 MIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 MIX_SHIFTS = (30, 27, 31)
-SKETCH_SEED = 0x5EED_D21F_7A11_0001  # XORed into the index hash of the sketch
-SKETCH_BITS = 6  # K = 2^6
+SKETCH_SEED = 0x5EED_D21F_7A11_0001  # XORed into the row-index hash of the sketch
 
 
 def _canonical(device):
@@ -69,6 +90,18 @@ def unwrap(variable):
         return variable.value, str(variable.path)
     name = getattr(variable, "name", "variable") or "variable"
     return variable, name[:-2] if name.endswith(":0") else name
+
+
+def hash_algorithm(device, dtype):
+    """The hash algorithm of a copy on `device`: "farmhash64" (tf.fingerprint) on a CPU device
+    or for strings, "mix64" on any other (or unknown) device."""
+    if tf.as_dtype(dtype) == tf.string:
+        return HASH_FARMHASH
+    try:
+        device_type = tf.DeviceSpec.from_string(device or "").device_type
+    except ValueError:
+        device_type = None
+    return HASH_FARMHASH if (device_type or "").upper() == "CPU" else HASH_MIX
 
 
 def _copies(tf_variable):
@@ -112,6 +145,7 @@ class VariableEntry:
         self.trainable = bool(getattr(variable, "trainable", tf_variable.trainable))
         self.dtype = tf.as_dtype(tf_variable.dtype)
         self.shape = [None if d is None else int(d) for d in tf_variable.shape.as_list()]
+        self.hashes = [hash_algorithm(d, self.dtype) for d in self.devices]
 
     def describe(self):
         return {
@@ -123,6 +157,7 @@ class VariableEntry:
             "devices": self.devices,
             "columns": self.columns,
             "mirrored": self.mirrored,
+            "hash": self.hashes,
         }
 
 
@@ -146,12 +181,17 @@ def placement_json(entries, static_fields):
     document["variables"] = [e.describe() for e in entries]
     document["fingerprint"] = {
         "version": FINGERPRINT_VERSION,
-        "hash": "sum of splitmix64(u_j + (j + 1) * golden) over the 32-bit words u_j",
+        "hash": {
+            HASH_FARMHASH: "tf.fingerprint of the copy's bytes (CPU devices)",
+            HASH_MIX: "sum of splitmix64(u_j + (j + 1) * golden) over the 32-bit words u_j",
+        },
         "golden": GOLDEN,
         "mix_multipliers": list(MIX_MULTIPLIERS),
         "mix_shifts": list(MIX_SHIFTS),
         "stats": list(STAT_COLUMNS),
+        "sketch": "row_signs",
         "sketch_size": SKETCH_SIZE,
+        "sketch_width": SKETCH_WIDTH,
         "sketch_seed": SKETCH_SEED,
     }
     return json.dumps(document, sort_keys=True)
@@ -175,19 +215,20 @@ def _index_terms(count):
     return (index + _u64(1)) * _u64(GOLDEN)
 
 
-def bucket_and_sign(size):
-    """Bucket and sign of each element index of a flattened variable of `size` elements.
+def row_signs(rows, dtype=tf.float64):
+    """Signs `s(r, c)` of the structured sketch for `rows` rows of SKETCH_WIDTH elements.
 
     Args:
-      size: int64 scalar tensor or int (more than SKETCH_SIZE).
+      rows: int64 scalar tensor or int.
+      dtype: the float type of the result.
 
     Returns:
-      `(bucket int32 [size], sign float64 [size])`.
+      `[rows, SKETCH_WIDTH]` tensor of +1/-1: -1 where bit c of `mix((r + 1) * G XOR S)` is set.
     """
-    hashed = mix64(tf.bitwise.bitwise_xor(_index_terms(size), _u64(SKETCH_SEED)))
-    bucket = tf.cast(tf.bitwise.right_shift(hashed, _u64(64 - SKETCH_BITS)), tf.int32)
-    odd = tf.cast(tf.bitwise.bitwise_and(hashed, _u64(1)), tf.float64)
-    return bucket, 1.0 - 2.0 * odd
+    hashed = mix64(tf.bitwise.bitwise_xor(_index_terms(rows), _u64(SKETCH_SEED)))
+    shifts = tf.constant(np.arange(SKETCH_WIDTH, dtype=np.uint64))
+    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(hashed[:, None], shifts[None, :]), _u64(1))
+    return 1.0 - 2.0 * tf.cast(bits, dtype)
 
 
 def _words32(value, dtype):
@@ -203,8 +244,27 @@ def _words32(value, dtype):
     return tf.reshape(tf.cast(tf.bitcast(value, tf.uint32), tf.uint64), [-1])
 
 
+def farmhash(value, dtype):
+    """`tf.fingerprint` (FarmHash64) of a tensor's bytes, native order (int64 scalar; CPU
+    kernel only). Strings: of the flattened strings."""
+    if dtype == tf.string:
+        data = tf.reshape(value, [1, -1])
+    elif dtype.is_bool:
+        data = tf.reshape(tf.cast(value, tf.uint8), [1, -1])
+    else:
+        data = tf.reshape(tf.bitcast(value, tf.uint8), [1, -1])
+    return tf.reshape(tf.bitcast(tf.fingerprint(data), tf.int64), [])
+
+
+def copy_hash(value, dtype, algorithm, cache=None):
+    """The hash of one copy by `algorithm` ("farmhash64" or "mix64"), int64 scalar."""
+    if algorithm == HASH_FARMHASH:
+        return farmhash(value, dtype)
+    return bitwise_hash(value, dtype, cache)
+
+
 def bitwise_hash(value, dtype, cache=None):
-    """64-bit hash of a tensor's raw bits, computed where `value` lives (int64 scalar).
+    """The "mix64" hash of a tensor's raw bits, computed where `value` lives (int64 scalar).
 
     Args:
       value: the tensor.
@@ -216,8 +276,7 @@ def bitwise_hash(value, dtype, cache=None):
       An int64 scalar tensor: the sum, modulo 2^64, of `mix64(u_j + (j + 1) * GOLDEN)`.
     """
     if dtype == tf.string:
-        digest = tf.fingerprint(tf.reshape(value, [1, -1]))
-        return tf.reshape(tf.bitcast(digest, tf.int64), [])
+        return farmhash(value, dtype)
     words = _words32(value, dtype)
     key = ("hash", value.device, words.shape[0])
     if cache is not None and key in cache:
@@ -235,43 +294,51 @@ def _is_numeric(dtype):
     return dtype.is_floating or dtype.is_integer or dtype.is_bool
 
 
-def copy_fingerprint(value, dtype, projection=None):
+def copy_fingerprint(value, dtype, projection=None, algorithm=HASH_MIX):
     """Hash, stats and sketch of one copy; call under `tf.device(copy.device)`.
 
     Args:
       value: the copy's value (a tensor).
       dtype: its `tf.DType`.
-      projection: optional cache `{key: (bucket, sign)}` shared by the copies fingerprinted on
-        one device in one graph, so each variable size is hashed once per device.
+      projection: optional cache shared by the copies fingerprinted on one device in one graph
+        (sketch signs per row count, hash index terms per word count).
+      algorithm: the hash algorithm, `hash_algorithm(device, dtype)` of the copy's device.
 
     Returns:
       `(hash int64 scalar, stats_and_sketch float64 [4 + SKETCH_SIZE])`.
     """
-    hash64 = bitwise_hash(value, dtype, projection)
+    hash64 = copy_hash(value, dtype, algorithm, projection)
     if not _is_numeric(dtype):
         return hash64, tf.fill([len(STAT_COLUMNS) + SKETCH_SIZE], tf.constant(np.nan, tf.float64))
-    flat = tf.cast(tf.reshape(value, [-1]), tf.float64)
+    native = tf.reshape(value, [-1])
+    if dtype.is_bool:
+        native = tf.cast(native, tf.uint8)
+    flat = tf.cast(native, tf.float64)
     static_size = flat.shape[0]
     size = tf.size(flat, out_type=tf.int64)
     zero = tf.constant(0.0, tf.float64)
-    if static_size is not None and static_size > 0:
-        low, high = tf.reduce_min(flat), tf.reduce_max(flat)
-    else:
+    # min and max in the copy's own type (exact, half the bytes of float64 for float32).
+    low = tf.cast(tf.reduce_min(native), tf.float64)
+    high = tf.cast(tf.reduce_max(native), tf.float64)
+    if static_size is None or static_size == 0:
         empty = tf.equal(size, 0)
-        low = tf.where(empty, zero, tf.reduce_min(flat))
-        high = tf.where(empty, zero, tf.reduce_max(flat))
+        low, high = tf.where(empty, zero, low), tf.where(empty, zero, high)
     stats = tf.stack([low, high, tf.reduce_sum(flat), tf.reduce_sum(tf.square(flat))])
     if static_size is not None and static_size <= SKETCH_SIZE:
-        # Small variables are their own sketch (b(i) = i, s(i) = 1): exact, no hashing.
+        # Small variables are their own sketch: exact, no hashing.
         sketch = tf.pad(flat, [[0, SKETCH_SIZE - static_size]])
     else:
-        key = (value.device, static_size)
-        if projection is None or key not in projection:
-            pair = bucket_and_sign(size)
-            if projection is not None:
-                projection[key] = pair
-        bucket, sign = pair if projection is None else projection[key]
-        sketch = tf.math.unsorted_segment_sum(flat * sign, bucket, SKETCH_SIZE)
+        rows = (size + SKETCH_WIDTH - 1) // SKETCH_WIDTH
+        key = ("signs", value.device, static_size)  # static sizes only: dynamic ones vary
+        if projection is None or static_size is None or key not in projection:
+            signs = row_signs(rows)
+            if projection is not None and static_size is not None:
+                projection[key] = signs
+        else:
+            signs = projection[key]
+        grid = tf.reshape(tf.pad(flat, [[0, rows * SKETCH_WIDTH - size]]), [-1, SKETCH_WIDTH])
+        sketch = tf.reduce_sum(grid * signs, axis=0)
+        sketch = tf.pad(sketch, [[0, SKETCH_SIZE - SKETCH_WIDTH]])
     return hash64, tf.concat([stats, sketch], axis=0)
 
 
@@ -315,14 +382,16 @@ class VariablesStats:
             row_hash = [missing_hash] * num_replicas
             row_fp = [missing_fp] * num_replicas
             values = {}
-            for copy, column in zip(entry.copies, entry.columns, strict=True):
+            for copy, column, algorithm in zip(
+                entry.copies, entry.columns, entry.hashes, strict=True
+            ):
                 if column < 0 or column in values:
                     continue
                 with tf.device(copy.device):
                     value = _read(copy)
                     values[column] = (copy, value)
                     row_hash[column], row_fp[column] = copy_fingerprint(
-                        value, entry.dtype, projection
+                        value, entry.dtype, projection, algorithm
                     )
             hashes.append(tf.stack(row_hash))
             fingerprints.append(tf.stack(row_fp))
