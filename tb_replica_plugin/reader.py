@@ -1158,7 +1158,7 @@ def merge_variables(job, member_runs, workers, notes):
     """Cross-worker weight drift of a job from the per-copy fingerprints each worker wrote.
 
     No weights cross workers: each worker fingerprinted its own copies on their devices (bitwise
-    hash, stats, CountSketch, the same projection on every worker); here those fingerprints are
+    hash, stats, linear sketch, the same projection on every worker); here those fingerprints are
     put on one global replica axis, so the drift of every copy from global replica 0 (worker 0's
     first copy) is computed as within one worker. The exact element-wise check (`exact=True`)
     compares copies within a worker only; it stays in each worker's own run.
