@@ -64,7 +64,7 @@ KIND_STEP_TIME = "step_time"
 TAG_VARIABLE_PLACEMENT = "variables/placement"
 # int64 [V, R]: 64-bit hash of the raw bits of each copy (0 where the replica holds no copy).
 TAG_VARIABLE_HASH = "variables/hash"
-# float64 [V, R, 4 + K]: (min, max, sum, sum of squares, K-bucket CountSketch) of each copy.
+# float64 [V, R, 4 + K]: (min, max, sum, sum of squares, K-wide linear sketch) of each copy.
 TAG_VARIABLE_FINGERPRINT = "variables/fingerprint"
 # float64 [V, R, 2]: exact (max |copy_r - copy_0|, ||copy_r - copy_0||_2); only with exact=True.
 TAG_VARIABLE_EXACT = "variables/exact"

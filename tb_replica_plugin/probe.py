@@ -952,7 +952,7 @@ class ReplicaProbe:
 
         For every variable (trainable or not; Keras or TensorFlow, mirrored or not), each copy is
         fingerprinted on its own device: a bitwise hash, min/max/sum/sum of squares and a
-        64-bucket random projection (see `collectors/variables.py`), so no copy leaves its
+        61-bucket random projection (see `collectors/variables.py`), so no copy leaves its
         device and the traffic per variable does not depend on its size. With `exact=True` each
         copy is also sent to replica 0's device for the exact element-wise difference. The
         variables' placement is written at the first call and whenever it changes.
