@@ -16,14 +16,21 @@ are 2 global replicas.
 - `mw_uneven_shard`: each worker builds its own input pipeline
   (`distribute_datasets_from_function`) and worker 1 batches 3 examples instead of 4: global
   replica 1, on worker 1, gets fewer examples at every step.
+- `mw_unsharded`: each worker builds its own input pipeline (`distribute_datasets_from_function`)
+  but its `dataset_fn` ignores the input context (no `shard`): both workers are fed the same 4
+  examples at every step, seen from the example sketches each worker writes.
 - `mw_fit_tf_keras`: tf_keras (`TF_USE_LEGACY_KERAS=1`) `model.fit` with `ReplicaCallback`, 64
-  examples, global batch 8, 2 epochs → [4, 4] at each of 16 steps.
+  examples, global batch 8, 2 epochs → [4, 4] at each of 16 steps. The model adds input noise
+  drawn from a `tf.random.Generator` created under the scope (observed through the callback's
+  `generators`): one stream per global replica.
 - `mw_drift`: like `mw_clean`, but after each update worker 1 adds `PERTURBATION` to its own
   copy of the kernel (as a corrupted all-reduce result on one worker would): cross-worker weight
   drift on worker 1's replica only, seen from the fingerprints each worker writes.
 
-Every scenario records every variable's per-copy fingerprints after each step
-(`observe_variables`), so the clean jobs show 0 cross-worker drift.
+Every custom-loop scenario records, at every step, each replica's example fingerprints
+(`observe_examples`), its local gradients before the all-reduce (`observe_gradients`) and every
+variable's per-copy fingerprints after the update (`observe_variables`), so the clean jobs show
+no duplicated examples and 0 cross-worker drift.
 """
 
 import argparse
@@ -37,7 +44,14 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-SCENARIOS = ("mw_clean", "mw_straggler", "mw_uneven_shard", "mw_drift", "mw_fit_tf_keras")
+SCENARIOS = (
+    "mw_clean",
+    "mw_straggler",
+    "mw_uneven_shard",
+    "mw_unsharded",
+    "mw_drift",
+    "mw_fit_tf_keras",
+)
 # The workers run with `tf.keras` = tf_keras (Keras 2): Keras 3 `fit` cannot run under
 # MultiWorkerMirroredStrategy, tf_keras `fit` can. The custom loops import Keras 3 directly.
 WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1"}
@@ -161,7 +175,8 @@ def custom_loop(
 ):
     """A custom training loop under `strategy` with a `ReplicaProbe` writing `run_dir`.
 
-    Inputs are observed in the step; every variable's copies after each update.
+    Inputs, example fingerprints and local gradients are observed in the step; every
+    variable's copies after each update.
     `before_step()` runs on the host before each step, `after_step(model)` after each update.
     """
     import keras
@@ -179,10 +194,15 @@ def custom_loop(
     def train_step(batch):
         def step_fn(features, labels):
             probe.observe_inputs({"x": features, "y": labels})
+            probe.observe_examples({"x": features, "y": labels})
             with tf.GradientTape() as tape:
                 error = model(features) - labels
                 loss = tf.reduce_sum(error * error) / global_batch
             grads = tape.gradient(loss, model.trainable_variables)
+            # The loss is a share of the global batch's: scale 1/R records each replica's own.
+            probe.observe_gradients(
+                grads, model.trainable_variables, loss=loss, scale=1 / strategy.num_replicas_in_sync
+            )
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
@@ -213,10 +233,24 @@ def fit_tf_keras(strategy, run_dir, x, y, epochs=2):
 
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
     with strategy.scope():
-        model = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(1)])
+        # Created under the scope: TensorFlow folds the global replica id into its key, so
+        # every replica of the job draws its own noise.
+        noise = tf.random.Generator.from_seed(7)
+        model = tf_keras.Sequential(
+            [
+                tf_keras.Input((4,)),
+                tf_keras.layers.Lambda(lambda t: t + 0.01 * noise.normal(tf.shape(t))),
+                tf_keras.layers.Dense(1),
+            ]
+        )
         model.compile(optimizer=tf_keras.optimizers.SGD(0.01), loss="mse")
     # ReplicaCallback(log_dir, run_name): each worker writes run_dir/worker_<i>.
-    callback = ReplicaCallback(os.path.dirname(run_dir), os.path.basename(run_dir), update_freq=1)
+    callback = ReplicaCallback(
+        os.path.dirname(run_dir),
+        os.path.basename(run_dir),
+        update_freq=1,
+        generators={"noise": noise},
+    )
     model.fit(dataset, epochs=epochs, verbose=0, callbacks=[callback])
 
 
@@ -262,6 +296,15 @@ def run_scenario(name, logdir, strategy):
                 context.num_input_pipelines, context.input_pipeline_id
             )
             return shard.batch(per_replica).take(4)
+
+        dataset = strategy.distribute_datasets_from_function(dataset_fn)
+        custom_loop(strategy, run_dir, dataset, 8)
+    elif name == "mw_unsharded":
+
+        def dataset_fn(context):
+            # The bug: the context is ignored (no shard), so every worker reads the same data.
+            del context
+            return tf.data.Dataset.from_tensor_slices((x, y)).batch(4).take(4)
 
         dataset = strategy.distribute_datasets_from_function(dataset_fn)
         custom_loop(strategy, run_dir, dataset, 8)

@@ -733,6 +733,11 @@ def _name_workers(findings, series, workers):
         if not names or finding.kind == "straggler":
             continue
         finding.message += f" On {', '.join(names)}."
+        if finding.kind == "duplicate_examples" and len(names) > 1:
+            finding.message += (
+                " Replicas of different workers got the same examples: each worker's input "
+                "pipeline must read its own shard (input_context.input_pipeline_id)."
+            )
         if finding.view != "batch":
             continue
         sizes = _per_worker_sizes(series, workers, finding.first_step)

@@ -1245,14 +1245,308 @@ def merge_variables(job, member_runs, workers, notes):
     return merged
 
 
+def _members_with(family, member_runs, workers, notes, what, how):
+    """The workers' series of one family, or None (with a note when only some have it)."""
+    series = [getattr(m, family, None) for m in member_runs]
+    if all(s is None for s in series):
+        return None
+    if any(s is None for s in series):
+        missing = [w["name"] for w, s in zip(workers, series, strict=True) if s is None]
+        notes.append(
+            f"Workers {', '.join(missing)} recorded no {what}: the job view has none "
+            f"({how}); each worker's own run still shows its own."
+        )
+        return None
+    return series
+
+
+def _common_steps(series, notes, what):
+    """Steps every worker logged (sorted list); a note when some logged steps the others did not."""
+    steps = sorted(set.intersection(*(set(s.steps.tolist()) for s in series)))
+    if any(s.steps.size != len(steps) for s in series):
+        notes.append(
+            f"{what}: the job view shows the {len(steps)} step(s) every worker logged; some "
+            "workers logged steps the others did not."
+        )
+    return steps
+
+
+def merge_gradients(job, member_runs, workers, notes):
+    """Every worker's local gradient health on one global replica axis.
+
+    Per-replica norms and losses are concatenated in global replica order at the logged steps
+    every worker has (the others are noted). NaN/Inf events are kept at every step any worker
+    had one (a worker without an event at that step counts 0 for its replicas). When the
+    workers recorded different variable lists, the global norms and losses are still merged and
+    the per-variable norms left out (noted).
+
+    Returns:
+      A `GradientsSeries`, or None when no worker (or not every worker: noted) recorded
+      gradients.
+    """
+    series = _members_with(
+        "gradients",
+        member_runs,
+        workers,
+        notes,
+        "gradients",
+        "call observe_gradients on every worker",
+    )
+    if series is None:
+        return None
+    same_variables = all(s.variables == series[0].variables for s in series)
+    if not same_variables:
+        notes.append(
+            "The workers recorded gradients of different variable lists: the job view shows "
+            "each replica's global norm and loss, not the per-variable norms."
+        )
+    steps = _common_steps(series, notes, "gradients")
+    at = [np.searchsorted(s.steps, steps).astype(np.int64) for s in series]
+
+    def concat(field):
+        return np.concatenate([getattr(s, field)[i] for s, i in zip(series, at, strict=True)], -1)
+
+    total = sum(s.num_replicas for s in series)
+    variable_norms = (
+        concat("variable_norms") if same_variables else np.zeros((len(steps), 0, total))
+    )
+    event_steps = np.array(
+        sorted(set().union(*(s.nonfinite_steps.tolist() for s in series))), np.int64
+    )
+    events = np.zeros((event_steps.size, 4, total), np.int64)
+    column = 0
+    for s in series:
+        where = np.searchsorted(event_steps, s.nonfinite_steps)
+        events[where, :, column : column + s.num_replicas] = s.nonfinite
+        column += s.num_replicas
+    scalings = {s.scaling for s in series}
+    return GradientsSeries(
+        run=job,
+        replicas=[r for s in series for r in s.replicas],
+        variables=list(series[0].variables) if same_variables else [],
+        shapes=list(series[0].shapes) if same_variables else [],
+        has_loss=all(s.has_loss for s in series),
+        scaling=scalings.pop() if len(scalings) == 1 else ",".join(sorted(scalings)),
+        steps=np.array(steps, np.int64),
+        global_norm=concat("global_norm"),
+        loss=concat("loss"),
+        variable_norms=variable_norms,
+        nonfinite_steps=event_steps,
+        nonfinite=events,
+        loss_scaled=any(s.loss_scaled for s in series),
+    )
+
+
+def merge_rng(job, member_runs, workers, notes):
+    """Every worker's random-stream fingerprints on one global replica axis.
+
+    A generator's stream fingerprint depends only on the numbers its next draw gives, so
+    fingerprints written by different workers compare directly: the merged series puts them
+    side by side (global replica order) at the steps every worker logged, and the identical-
+    streams and desync rules then see pairs of replicas on different workers too. Generators
+    are matched by name and must be the same on every worker (else noted, none merged); a
+    generator is mirrored on the job when it is on every worker.
+
+    Returns:
+      An `RngSeries`, or None when no worker (or not every worker, or with other generators:
+      noted) recorded random streams.
+    """
+    series = _members_with(
+        "rng", member_runs, workers, notes, "random streams", "observe the same generators"
+    )
+    if series is None:
+        return None
+    names = [g["name"] for g in series[0].generators]
+    if any([g["name"] for g in s.generators] != names for s in series):
+        notes.append(
+            "The workers recorded different random generators: the job view shows none "
+            "(observe the same generators on every worker); each worker's own run shows its own."
+        )
+        return None
+    steps = _common_steps(series, notes, "rng")
+    at = [np.searchsorted(s.steps, steps).astype(np.int64) for s in series]
+    width = max(s.state.shape[-1] for s in series)
+    states = [
+        np.pad(s.state[i], [(0, 0)] * 3 + [(0, width - s.state.shape[-1])])
+        for s, i in zip(series, at, strict=True)
+    ]
+    generators = []
+    for index, generator in enumerate(series[0].generators):
+        merged = dict(generator)
+        merged["mirrored"] = all(s.generators[index]["mirrored"] for s in series)
+        generators.append(merged)
+    return RngSeries(
+        run=job,
+        replicas=[r for s in series for r in s.replicas],
+        devices=[d for s in series for d in s.devices],
+        generators=generators,
+        steps=np.array(steps, np.int64),
+        fingerprint=np.concatenate(
+            [s.fingerprint[i] for s, i in zip(series, at, strict=True)], axis=2
+        ),
+        state=np.concatenate(states, axis=2),
+        notes=notes,
+    )
+
+
+def sketch_overlap(sketch_a, distinct_a, sketch_b, distinct_b):
+    """Examples two replicas share, from their bottom-K sketches: `(count, exact)`.
+
+    Args:
+      sketch_a, sketch_b: int64 [K] bottom-K sketches (`DataSeries.sketch` rows: the smallest
+        distinct fingerprints, ascending, the first `min(distinct, K)` valid).
+      distinct_a, distinct_b: the replicas' distinct example counts at that step.
+
+    Returns:
+      `(count, exact)`. When both replicas have at most K distinct examples their sketches are
+      their whole sets: `count` is the exact size of the intersection. Otherwise the bottom-K
+      estimate: of the k = min(K, |a ∪ b|) smallest fingerprints of the two sketches' union
+      (which are the k smallest of the two sets' union), the fraction in both sketches
+      estimates the Jaccard index J, and `count = round(J (|A| + |B|) / (1 + J))`, clipped to
+      the smaller set.
+
+    Example:
+      >>> sketch_overlap(np.array([1, 2, 3, 0]), 3, np.array([2, 3, 5, 0]), 3)
+      (2, True)
+    """
+    size = sketch_a.shape[-1]
+    a = sketch_a[: min(int(distinct_a), size)]
+    b = sketch_b[: min(int(distinct_b), size)]
+    if distinct_a <= size and distinct_b <= size:
+        return int(np.intersect1d(a, b).size), True
+    union = np.union1d(a, b)[:size]
+    if not union.size:
+        return 0, False
+    both = np.isin(union, a) & np.isin(union, b)
+    jaccard = float(both.sum()) / union.size
+    count = round(jaccard * (int(distinct_a) + int(distinct_b)) / (1.0 + jaccard))
+    return int(min(count, distinct_a, distinct_b)), False
+
+
+def merge_data(job, member_runs, workers, notes):
+    """Examples fed to replicas of different workers at the same step, from the sketches.
+
+    Within a worker every count is exact (each worker's own `shared`, `duplicated` and window
+    fields). Across workers no example crosses: each replica wrote a bottom-K sketch (K = 16)
+    of its example fingerprints at every logged step, and for each pair of global replicas on
+    different workers and each step every worker logged:
+
+    - `shared`: exact when both replicas had at most K distinct examples at that step (the
+      sketches are the whole sets), else the bottom-K Jaccard estimate (`sketch_overlap`);
+      the steps where it was estimated are noted.
+    - `duplicated` (distinct examples of a replica also on another replica): exact when every
+      replica had at most K distinct examples at that step (computed from the whole sets),
+      else at least the largest of the worker's own count and the cross-worker pairs'.
+    - window fields (`window_shared`, `steps_shared`, `window_duplicated`): the within-worker
+      parts are exact; the cross-worker parts are known only at the logged step and are
+      extrapolated to its window (times `window_steps`; a pair counts every step of the window
+      as shared when it shared at the logged step). With `update_freq=1` every window is that
+      one step and nothing is extrapolated.
+
+    Returns:
+      A `DataSeries` on the global replica axis, or None when no worker (or not every worker:
+      noted) recorded example fingerprints.
+    """
+    series = _members_with(
+        "data", member_runs, workers, notes, "example fingerprints", "call observe_examples"
+    )
+    if series is None:
+        return None
+    steps = _common_steps(series, notes, "data")
+    at = [np.searchsorted(s.steps, steps).astype(np.int64) for s in series]
+
+    def concat(field):
+        return np.concatenate([getattr(s, field)[i] for s, i in zip(series, at, strict=True)], 1)
+
+    windows = np.stack([s.window_steps[i] for s, i in zip(series, at, strict=True)])
+    if windows.size and np.any(windows != windows[:1]):
+        notes.append(
+            "data: the workers' logging windows differ; the job view uses the shortest window "
+            "of each logged step."
+        )
+    window_steps = windows.min(axis=0) if windows.size else np.zeros(0, np.int64)
+    batch_size, distinct = concat("batch_size"), concat("distinct")
+    sketch = concat("sketch")
+    size = sketch.shape[-1]
+    total = distinct.shape[1]
+    owner = np.concatenate([np.full(s.num_replicas, w) for w, s in enumerate(series)])
+    offsets = np.cumsum([0] + [s.num_replicas for s in series])
+    shape = (len(steps), total, total)
+    shared = np.zeros(shape, np.int64)
+    window_shared = np.zeros(shape, np.int64)
+    steps_shared = np.zeros(shape, np.int64)
+    duplicated = concat("duplicated").copy()
+    window_duplicated = concat("window_duplicated").copy()
+    for s, i, start, stop in zip(series, at, offsets[:-1], offsets[1:], strict=True):
+        inside = (slice(None), slice(start, stop), slice(start, stop))
+        shared[inside] = s.shared[i]
+        window_shared[inside] = s.window_shared[i]
+        steps_shared[inside] = s.steps_shared[i]
+    estimated = 0
+    for k in range(len(steps)):
+        exact_step = bool(np.all(distinct[k] <= size))
+        for r in range(total):
+            for q in range(r + 1, total):
+                if owner[r] == owner[q]:
+                    continue
+                count, exact = sketch_overlap(
+                    sketch[k, r], distinct[k, r], sketch[k, q], distinct[k, q]
+                )
+                shared[k, r, q] = shared[k, q, r] = count
+        cross = owner[:, None] != owner[None, :]
+        if exact_step:
+            sets = [set(sketch[k, r, : distinct[k, r]].tolist()) for r in range(total)]
+            for r in range(total):
+                others = set().union(*(sets[q] for q in range(total) if q != r))
+                duplicated[k, r] = len(sets[r] & others)
+        else:
+            estimated += 1
+            across = np.where(cross, shared[k], 0).max(axis=1)
+            duplicated[k] = np.minimum(np.maximum(duplicated[k], across), distinct[k])
+        span = max(int(window_steps[k]), 1)
+        window_shared[k][cross] = shared[k][cross] * span
+        steps_shared[k][cross] = np.where(shared[k][cross] > 0, span, 0)
+        window_duplicated[k] = np.maximum(window_duplicated[k], duplicated[k] * span)
+    if estimated:
+        notes.append(
+            f"data: at {estimated} of {len(steps)} logged step(s) a replica had more than "
+            f"{size} distinct examples; the examples shared across workers are estimated there "
+            f"from bottom-{size} sketches (exact within a worker)."
+        )
+    if np.any(window_steps > 1):
+        notes.append(
+            "data: not every step is logged; the examples shared across workers are known at "
+            "the logged steps and extrapolated to the steps between them (exact within a "
+            "worker)."
+        )
+    return DataSeries(
+        run=job,
+        replicas=[r for s in series for r in s.replicas],
+        steps=np.array(steps, np.int64),
+        window_steps=window_steps.astype(np.int64),
+        batch_size=batch_size,
+        distinct=distinct,
+        duplicated=duplicated,
+        window_duplicated=window_duplicated,
+        shared=shared,
+        window_shared=window_shared,
+        steps_shared=steps_shared,
+        sketch=sketch,
+        notes=notes,
+    )
+
+
 # How each family of a job is built from its workers' `RunData` (in worker order):
 # `{RunData attribute: fn(job, member_runs, workers, notes) -> series or None}`. A family that
 # compares workers (cross-worker weight drift from per-copy fingerprints, duplicated data from
-# batch fingerprints) adds its merger here; families without one stay None on the job.
+# example sketches) adds its merger here; families without one stay None on the job.
 JOB_MERGERS = {
     "inputs": _merge_inputs_family,
     "step_time": merge_step_time,
     "variables": merge_variables,
+    "gradients": merge_gradients,
+    "rng": merge_rng,
+    "data": merge_data,
 }
 
 
