@@ -12,6 +12,8 @@ import shutil
 import pytest
 from conftest import REPO, TensorBoardServer
 
+from demo import multiworker
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -31,11 +33,12 @@ def demo_server(demo_logs):
     try:
         server.wait_for(
             "/data/plugin/replicas/runs",
-            # Every run, and the 5 multi-worker jobs with both of their workers.
+            # Every run, and the multi-worker jobs with both of their workers.
             lambda status, body: (
                 status == 200
                 and len(json.loads(body)["runs"]) >= 17
-                and sum(len(r["workers"]) == 2 for r in json.loads(body)["runs"]) == 5
+                and sum(len(r["workers"]) == 2 for r in json.loads(body)["runs"])
+                == len(multiworker.SCENARIOS)
             ),
         )
         yield server
@@ -107,6 +110,7 @@ def test_tab_shows_every_replica_and_the_imbalance_note(demo_server, browser, tm
         "mw_fit_tf_keras/replicas",
         "mw_straggler/replicas",
         "mw_uneven_shard/replicas",
+        "mw_unsharded/replicas",
         "weight_drift/batchnorm_fit",
         "weight_drift/skipped_allreduce",
         "weight_drift/synchronized",
@@ -330,6 +334,26 @@ def test_multi_worker_job_grouped_by_worker(demo_server, browser):
         '[data-view="shapes"] tbody tr:first-child td', "els => els.map(e => e.textContent)"
     )
     assert cells[:2] == ["[4, 4] float32", "[3, 4] float32"]
+
+    # Both workers fed the same examples: the data matrix shows the cross-worker pair, grouped
+    # by worker, and the gradients legend names each replica's worker.
+    frame.select_option("#run-select", "mw_unsharded/replicas")
+    wait_ready(frame)
+    matrix = '[data-view="data"] table.match-matrix'
+    assert frame.eval_on_selector_all(
+        matrix + " tr.worker-row th[data-worker]", "els => els.map(e => e.textContent)"
+    ) == ["worker_0", "worker_1"]
+    cross = frame.eval_on_selector_all(
+        matrix + " td.cross-worker",
+        "els => els.map(e => [e.dataset.r, e.dataset.q, e.dataset.share, e.className])",
+    )
+    assert cross == [["0", "1", "1", "match cross-worker"], ["1", "0", "1", "match cross-worker"]]
+    rows = frame.eval_on_selector_all(matrix + " tbody th", "els => els.map(e => e.textContent)")
+    assert rows == ["replica 0 · worker_0", "replica 1 · worker_1"]
+    finding = frame.inner_text('[data-view="findings"] .finding[data-kind="duplicate_examples"]')
+    assert "worker_0" in finding and "worker_1" in finding
+    legend = frame.inner_text('[data-view="gradients"]')
+    assert "replica 0 · worker_0" in legend and "replica 1 · worker_1" in legend
     assert errors == []
     page.close()
 

@@ -40,6 +40,8 @@ EXPECTED = {
         ("first_batch_uneven", "error", [1], 0),
         ("uneven_batch", "warning", [1], 0),
     ],
+    # Both workers' pipelines ignore the input context: found from the example sketches.
+    "mw_unsharded/replicas": [("duplicate_examples", "warning", [0, 1], 0)],
     "weight_drift/skipped_allreduce": [("variable_drift", "error", [1, 2, 3], 0)] * 4,
     "weight_drift/synchronized": [],
     # Keras 3 BatchNormalization moving statistics, checked at epoch ends (8 steps per epoch).

@@ -158,6 +158,82 @@ def test_slowed_worker_is_the_straggler(report):
     assert not analysis.find_stragglers(timing, job.workers, loose)
 
 
+def test_unsharded_job_duplicates_across_workers(report):
+    """Both workers' pipelines ignore the input context: the sketches show the same examples."""
+    job = report.runs["mw_unsharded/replicas"]
+    data = job.data
+    assert data.replicas == [0, 1]
+    assert data.steps.tolist() == list(range(4))
+    # 4 examples per replica (at most the 16 of a sketch): the cross-worker count is exact, and
+    # every example of each replica is also on the other worker's replica.
+    assert data.batch_size.tolist() == [[4, 4]] * 4
+    assert data.shared[:, 0, 1].tolist() == data.batch_size[:, 0].tolist()
+    assert data.shared[:, 1, 0].tolist() == [4] * 4
+    assert data.duplicated.tolist() == [[4, 4]] * 4
+    assert data.steps_shared[:, 0, 1].tolist() == [1] * 4
+    np.testing.assert_array_equal(data.sketch[:, 0], data.sketch[:, 1])
+    found = [f for f in report.findings["mw_unsharded/replicas"] if f.kind == "duplicate_examples"]
+    assert [(f.replicas, f.first_step, f.value) for f in found] == [([0, 1], 0, 1.0)]
+    assert "On worker_0, worker_1." in found[0].message
+    assert "input_context.input_pipeline_id" in found[0].message
+    # Each worker alone sees nothing: one replica per worker, no duplicate inside a worker.
+    for own in job.worker_runs.values():
+        assert own.data.num_replicas == 1 and not analysis.find_data(own.data)
+
+
+def test_clean_jobs_share_no_example_across_workers(report):
+    for run in ("mw_clean/replicas", "mw_straggler/replicas", "mw_fit_tf_keras/replicas"):
+        data = report.runs[run].data
+        assert data.replicas == [0, 1], run
+        assert data.steps.tolist() == report.runs[run].inputs.steps.tolist()
+        assert (data.shared[:, 0, 1] == 0).all() and (data.duplicated == 0).all(), run
+        assert data.shared[:, 0, 0].tolist() == data.batch_size[:, 0].tolist()
+        assert not [f for f in report.findings[run] if f.kind == "duplicate_examples"]
+
+
+def test_job_gradients_are_the_workers_norms_on_one_axis(report):
+    for run in ("mw_clean/replicas", "mw_fit_tf_keras/replicas"):
+        job = report.runs[run]
+        grads = job.gradients
+        assert grads.replicas == [0, 1]
+        assert grads.steps.tolist() == job.inputs.steps.tolist()
+        assert grads.variables == ["dense/kernel", "dense/bias"]
+        assert grads.nonfinite_steps.size == 0 and grads.nonfinite.shape == (0, 4, 2)
+        for w, worker in enumerate(job.workers):
+            own = job.worker_runs[worker["run"]].gradients
+            assert own.replicas == [w]
+            np.testing.assert_array_equal(grads.global_norm[:, w], own.global_norm[:, 0])
+            np.testing.assert_array_equal(grads.loss[:, w], own.loss[:, 0])
+            np.testing.assert_array_equal(
+                grads.variable_norms[:, :, w], own.variable_norms[:, :, 0]
+            )
+        # Different shards: the two replicas' norms differ, and no outlier is reported.
+        assert (grads.global_norm[:, 0] != grads.global_norm[:, 1]).all()
+        assert not analysis.find_gradients(grads)
+    # Same examples on both workers, identical weights: identical local gradients.
+    unsharded = report.runs["mw_unsharded/replicas"].gradients
+    np.testing.assert_array_equal(unsharded.global_norm[:, 0], unsharded.global_norm[:, 1])
+
+
+def test_tf_keras_job_random_streams(report):
+    """A tf.random.Generator created under the scope: one state, one stream per global replica."""
+    job = report.runs["mw_fit_tf_keras/replicas"]
+    rng = job.rng
+    assert [(g["name"], g["kind"], g["mirrored"]) for g in rng.generators] == [
+        ("noise", "tf.random.Generator", True)
+    ]
+    assert rng.replicas == [0, 1] and rng.steps.tolist() == list(range(16))
+    assert rng.devices == [DEVICE.format(0), DEVICE.format(1)]
+    for w, worker in enumerate(job.workers):
+        own = job.worker_runs[worker["run"]].rng
+        np.testing.assert_array_equal(rng.fingerprint[:, :, w], own.fingerprint[:, :, 0])
+    # The state is mirrored across workers, the streams differ (the global replica id is folded
+    # into the key): no identical streams, no desync.
+    np.testing.assert_array_equal(rng.state[:, :, 0], rng.state[:, :, 1])
+    assert (rng.fingerprint[:, 0, 0] != rng.fingerprint[:, 0, 1]).all()
+    assert not analysis.find_rng(rng)
+
+
 @pytest.fixture(scope="module")
 def server(demo_logs):
     # RustBoard (the Python loader serves the same job in tests/test_browser.py).
@@ -205,6 +281,17 @@ def test_routes_show_the_job(server):
 
     _, findings = get_json(server, PLUGIN + "/findings?run=mw_straggler/replicas")
     assert [(f["kind"], f["name"]) for f in findings["findings"]] == [("straggler", "worker_1")]
+    # The job's gradients, rng and data routes serve the merged families.
+    status, data = get_json(server, PLUGIN + "/data?run=mw_unsharded/replicas")
+    assert status == 200 and data["replicas"] == [0, 1]
+    assert data["share"] == [[1.0, 1.0], [1.0, 1.0]] and data["steps_shared"][0][1] == 4
+    status, grads = get_json(server, PLUGIN + "/gradients?run=mw_clean/replicas")
+    assert status == 200 and grads["replicas"] == [0, 1] and grads["steps"] == list(range(8))
+    status, rng = get_json(server, PLUGIN + "/rng?run=mw_fit_tf_keras/replicas")
+    assert status == 200 and rng["replicas"] == [0, 1]
+    assert rng["generators"][0]["match"] == [[1.0, 0.0], [0.0, 1.0]]
+    _, findings = get_json(server, PLUGIN + "/findings?run=mw_unsharded/replicas")
+    assert [f["kind"] for f in findings["findings"]] == ["duplicate_examples"]
     # A worker's own run stays readable by its name.
     status, own = get_json(server, PLUGIN + "/inputs?run=mw_clean/replicas/worker_1")
     assert status == 200 and own["replicas"] == [1] and own["workers"] == []
@@ -222,6 +309,10 @@ def test_report_json_and_text(report):
     assert [w["name"] for w in straggler["workers"]] == ["worker_0", "worker_1"]
     assert straggler["step_time"]["busy"][0] == [None, None]
     assert straggler["step_time"]["median_busy"][1] >= multiworker.STRAGGLER_SLEEP * 0.95
+    unsharded = runs["mw_unsharded/replicas"]
+    assert unsharded["data"]["share"] == [[1.0, 1.0], [1.0, 1.0]]
+    assert unsharded["gradients"] is not None
+    assert runs["mw_fit_tf_keras/replicas"]["rng"]["generators"][0]["name"] == "noise"
     text = report.to_text()
     assert "multi-worker job: 2 workers" in text
     assert "worker_1 (replicas 1): busy" in text
@@ -282,6 +373,113 @@ def test_merge_job_orders_workers_and_notes_a_missing_one():
     np.testing.assert_allclose(timing.lateness, [[0.0, 0.2], [0.0, 0.0]])
     # busy = period - (latest arrival - own arrival)
     np.testing.assert_allclose(timing.busy[1], [0.5, 0.3])
+
+
+def _data_member(replica, fingerprints, window=1):
+    """A worker's `DataSeries` (one replica) at steps 0.. from its distinct examples per step."""
+    size = 16
+    rows, counts = [], []
+    for examples in fingerprints:
+        unique = np.unique(np.asarray(examples, np.int64))
+        sketch = np.zeros(size, np.int64)
+        sketch[: min(size, unique.size)] = unique[:size]
+        rows.append(sketch)
+        counts.append(unique.size)
+    steps = len(rows)
+    counts = np.array(counts, np.int64)[:, None]
+    return reader.DataSeries(
+        run=f"j/worker_{replica}",
+        replicas=[replica],
+        steps=np.arange(steps, dtype=np.int64) * window + window - 1,
+        window_steps=np.full(steps, window, np.int64),
+        batch_size=counts.copy(),
+        distinct=counts.copy(),
+        duplicated=np.zeros((steps, 1), np.int64),
+        window_duplicated=np.zeros((steps, 1), np.int64),
+        shared=counts[:, :, None].copy(),
+        window_shared=counts[:, :, None] * window,
+        steps_shared=np.full((steps, 1, 1), window, np.int64),
+        sketch=np.stack(rows)[:, None, :],
+        notes=[],
+    )
+
+
+def test_cross_worker_data_exact_and_estimated():
+    workers = [{"name": f"worker_{i}", "replicas": [i], "run": f"j/worker_{i}"} for i in (0, 1)]
+    rng = np.random.default_rng(3)
+    pool = rng.integers(-(2**62), 2**62, size=400)
+    # Step 0: 8 examples each, 3 shared (exact). Step 1: 200 each, 100 shared (estimated).
+    first = [pool[:8], pool[100:200].tolist() + pool[200:300].tolist()]
+    second = [pool[5:13], pool[100:200].tolist() + pool[300:400].tolist()]
+    members = [
+        reader.RunData(run=w["run"], inputs=None, samples={}, notes=[], data=_data_member(i, f))
+        for i, (w, f) in enumerate(zip(workers, [first, second], strict=True))
+    ]
+    notes = []
+    merged = reader.merge_data("j", members, workers, notes)
+    assert merged.replicas == [0, 1]
+    assert merged.shared[0].tolist() == [[8, 3], [3, 8]]
+    assert merged.duplicated[0].tolist() == [3, 3]
+    estimate = merged.shared[1, 0, 1]
+    assert merged.shared[1, 1, 0] == estimate and 40 <= estimate <= 160  # true value: 100
+    assert any("at 1 of 2 logged step(s)" in note and "estimated" in note for note in notes)
+    assert reader.sketch_overlap(np.array([1, 2, 3, 0]), 3, np.array([2, 3, 5, 0]), 3) == (2, True)
+    # Logged every 5th step: the cross-worker window counts are extrapolated (and noted).
+    members = [
+        reader.RunData(run=w["run"], inputs=None, samples={}, notes=[], data=_data_member(i, f, 5))
+        for i, (w, f) in enumerate(zip(workers, [[pool[:8]], [pool[:8]]], strict=True))
+    ]
+    notes = []
+    merged = reader.merge_data("j", members, workers, notes)
+    assert merged.steps.tolist() == [4]
+    assert merged.window_shared[0].tolist() == [[40, 40], [40, 40]]
+    assert merged.steps_shared[0].tolist() == [[5, 5], [5, 5]]
+    assert any("extrapolated" in note for note in notes)
+    # A worker without data: the job has none, and says why.
+    members[1].data = None
+    notes = []
+    assert reader.merge_data("j", members, workers, notes) is None
+    assert any("worker_1 recorded no example fingerprints" in note for note in notes)
+
+
+def test_cross_worker_gradients_keep_every_nonfinite_event():
+    workers = [{"name": f"worker_{i}", "replicas": [i], "run": f"j/worker_{i}"} for i in (0, 1)]
+
+    def member(replica, steps, events):
+        series = reader.GradientsSeries(
+            run=f"j/worker_{replica}",
+            replicas=[replica],
+            variables=["k"],
+            shapes=[[2]],
+            has_loss=True,
+            scaling="as_given",
+            steps=np.array(steps, np.int64),
+            global_norm=np.arange(len(steps), dtype=float)[:, None] + replica,
+            loss=np.ones((len(steps), 1)),
+            variable_norms=np.ones((len(steps), 1, 1)) * (replica + 1),
+            nonfinite_steps=np.array(sorted(events), np.int64),
+            nonfinite=np.array([[[n], [0], [0], [0]] for _, n in sorted(events.items())]).reshape(
+                -1, 4, 1
+            ),
+        )
+        run = f"j/worker_{replica}"
+        return reader.RunData(run=run, inputs=None, samples={}, notes=[], gradients=series)
+
+    notes = []
+    merged = reader.merge_gradients(
+        "j", [member(0, [0, 2, 4], {3: 5}), member(1, [0, 2], {1: 2, 3: 1})], workers, notes
+    )
+    assert merged.steps.tolist() == [0, 2]
+    assert merged.global_norm.tolist() == [[0.0, 1.0], [1.0, 2.0]]
+    assert merged.variable_norms[:, 0].tolist() == [[1.0, 2.0], [1.0, 2.0]]
+    assert merged.nonfinite_steps.tolist() == [1, 3]
+    assert merged.nonfinite[:, 0].tolist() == [[0, 2], [5, 1]]
+    assert any("every worker logged" in note for note in notes)
+    found = analysis.find_gradients(merged)
+    assert [(f.kind, f.replicas, f.first_step) for f in found] == [
+        ("nonfinite_gradients", [1], 1),
+        ("nonfinite_gradients", [0], 3),
+    ]
 
 
 def test_straggler_thresholds():

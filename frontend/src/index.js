@@ -249,8 +249,8 @@ function buildRun(main, run, inputs, findings, views, { rng, data, stepTime, var
     );
   }
   views.push(timed('shapes', () => createShapesTable(shapes.body, { inputs, deviceName })));
-  if (rng) views.push(timed('rng', () => createRngView(rngSec.body, { rng, deviceName })));
-  if (data) views.push(timed('data', () => createDataView(dataSec.body, { data, deviceName })));
+  if (rng) views.push(timed('rng', () => createRngView(rngSec.body, { rng, deviceName, workerOf })));
+  if (data) views.push(timed('data', () => createDataView(dataSec.body, { data, deviceName, workerOf })));
   if (timing) {
     const stragglers = new Set(findings.filter((f) => f.kind === 'straggler').map((f) => f.name));
     views.push(timed('step_time', () => createStepTime(timing.body, { data: stepTime, zoom, width, stragglers })));
@@ -273,7 +273,7 @@ function buildRun(main, run, inputs, findings, views, { rng, data, stepTime, var
       const at = views.indexOf(view);
       view?.destroy?.();
       gradients.body.replaceChildren();
-      view = createGradients(gradients.body, { grads: next, zoom, width: widthOf(main), threshold, onStep: reloadGradients });
+      view = createGradients(gradients.body, { grads: next, zoom, width: widthOf(main), threshold, onStep: reloadGradients, workerOf });
       if (at >= 0) views[at] = view;
       else views.push(view);
     };

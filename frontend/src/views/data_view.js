@@ -1,10 +1,10 @@
 // Examples per replica: which replicas were fed the same examples at the same step.
 import { h, fmt } from '../dom.js';
-import { createMatchMatrix } from './match_matrix.js';
+import { createMatchMatrix, replicaText } from './match_matrix.js';
 
 const pct = (v) => `${Math.round(100 * v)}%`;
 
-export function createDataView(target, { data, deviceName }) {
+export function createDataView(target, { data, deviceName, workerOf = () => null }) {
   if (!data || !data.steps.length) {
     target.append(h('p', { class: 'muted' }, 'No example fingerprints were recorded for this run (ReplicaCallback records them; custom loops call probe.observe_examples).'));
     return {};
@@ -14,6 +14,7 @@ export function createDataView(target, { data, deviceName }) {
     replicas,
     matrix: data.share,
     deviceName,
+    workerOf,
     title: `Examples two replicas got at the same step (share of the smaller replica's, over ${data.total_steps} steps)`,
     cellText: (r, q) => (data.share[r][q] > 0 ? `${pct(data.share[r][q])} · ${data.steps_shared[r][q]} steps` : '0'),
   });
@@ -21,7 +22,7 @@ export function createDataView(target, { data, deviceName }) {
     const distinct = data.total_distinct[r];
     const dup = data.total_duplicated[r];
     return h('tr', { class: dup > 0 ? 'desync' : null, dataset: { replica: id } }, [
-      h('th', { scope: 'row' }, `replica ${id}`),
+      h('th', { scope: 'row' }, replicaText(id, workerOf)),
       h('td', {}, fmt(distinct)),
       h('td', {}, fmt(dup)),
       h('td', {}, distinct ? pct(dup / distinct) : '—'),

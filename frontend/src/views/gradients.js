@@ -2,6 +2,7 @@
 // the others), loss per replica, a layer × replica heatmap at a chosen step, and NaN/Inf markers.
 import { h, fmt } from '../dom.js';
 import { replicaColor, scaleRgb, rgbCss, scaleGradient } from '../colors.js';
+import { replicaText } from './match_matrix.js';
 import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis } from './uplot_common.js';
 
 const HEIGHT = 220;
@@ -13,7 +14,7 @@ const finite = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
 const ratioText = (v) => (Number.isFinite(v) && Math.abs(v) >= 100 ? Math.round(v).toLocaleString('en-US') : fmt(v, 2));
 
 /** Replicas with a NaN/Inf in an event, e.g. "replica 1: 16 NaN, loss NaN". */
-export function eventText(e, replicas) {
+export function eventText(e, replicas, workerOf = () => null) {
   const parts = [];
   replicas.forEach((id, r) => {
     const bits = [];
@@ -21,9 +22,16 @@ export function eventText(e, replicas) {
     if (e.grad_inf[r]) bits.push(`${e.grad_inf[r]} Inf`);
     if (e.loss_nan[r]) bits.push('loss NaN');
     if (e.loss_inf[r]) bits.push('loss Inf');
-    if (bits.length) parts.push(`replica ${id}: ${bits.join(', ')}`);
+    if (bits.length) parts.push(`${replicaText(id, workerOf)}: ${bits.join(', ')}`);
   });
   return parts.join('; ');
+}
+
+/** A heatmap column header: "w1 r3" (replica 3 on worker_1) in a job, as wide as fits. */
+function columnText(id, colW, workerOf) {
+  const worker = workerOf?.(id);
+  if (worker) return colW >= 60 ? `${worker.replace(/^worker_/, 'w')} r${id}` : String(id);
+  return colW >= 60 ? `replica ${id}` : String(id);
 }
 
 /** Draw hook: a red dashed vertical line at every step with a NaN/Inf event. */
@@ -105,7 +113,7 @@ function lineChart(target, { steps, columns, labels, yLabel, log, zoom, width, v
 }
 
 /** The layer × replica heatmap of gradient norms at one step (canvas). */
-function layerHeatmap(target, { grads, width, threshold }) {
+function layerHeatmap(target, { grads, width, threshold, workerOf }) {
   const { variables, replicas, layer_norms: norms, layer_ratio: ratio } = grads;
   const V = variables.length;
   const R = replicas.length;
@@ -154,7 +162,7 @@ function layerHeatmap(target, { grads, width, threshold }) {
     ctx.textBaseline = 'middle';
     ctx.fillStyle = '#616161';
     ctx.textAlign = 'center';
-    if (colW >= 40 || R <= 16) replicas.forEach((id, r) => ctx.fillText(colW >= 60 ? `replica ${id}` : String(id), labelW + r * colW + colW / 2, headH / 2));
+    if (colW >= 40 || R <= 16) replicas.forEach((id, r) => ctx.fillText(columnText(id, colW, workerOf), labelW + r * colW + colW / 2, headH / 2));
     for (let v = 0; v < V; v++) {
       const y = headH + v * rowH;
       ctx.fillStyle = '#424242';
@@ -187,7 +195,7 @@ function layerHeatmap(target, { grads, width, threshold }) {
     }
     tooltip.replaceChildren(
       h('div', { class: 'tt-title' }, variables[v]),
-      h('div', {}, `replica ${replicas[r]} · step ${grads.layer_step}`),
+      h('div', {}, `${replicaText(replicas[r], workerOf)} · step ${grads.layer_step}`),
       h('div', {}, [h('b', {}, 'norm: '), fmt(norms[v]?.[r], 4)]),
       h('div', {}, [h('b', {}, 'ratio to median of others: '), ratioText(ratio[v]?.[r])]),
     );
@@ -211,9 +219,9 @@ export function peakRatio(grads) {
   return best;
 }
 
-export function createGradients(target, { grads, zoom, width, threshold, onStep }) {
+export function createGradients(target, { grads, zoom, width, threshold, onStep, workerOf = () => null }) {
   const { steps, replicas, nonfinite: events } = grads;
-  const labels = replicas.map((id) => `replica ${id}`);
+  const labels = replicas.map((id) => replicaText(id, workerOf));
   const views = [];
   const what =
     grads.scaling === 'replica_loss'
@@ -224,7 +232,7 @@ export function createGradients(target, { grads, zoom, width, threshold, onStep 
     what,
     ' ',
     peak
-      ? h('span', { dataset: { peakReplica: String(replicas[peak.r]) } }, `Largest ratio to the median of the other replicas: replica ${replicas[peak.r]}, ×${ratioText(peak.ratio)} at step ${steps[peak.i]}.`)
+      ? h('span', { dataset: { peakReplica: String(replicas[peak.r]) } }, `Largest ratio to the median of the other replicas: ${replicaText(replicas[peak.r], workerOf)}, ×${ratioText(peak.ratio)} at step ${steps[peak.i]}.`)
       : null,
   ]);
   target.append(summary);
@@ -295,11 +303,11 @@ export function createGradients(target, { grads, zoom, width, threshold, onStep 
       h('p', { class: 'muted' }, 'Each row a variable, each column a replica; outlined: over the threshold times the median of the other replicas on that row. Hover for values.'),
       layers,
     );
-    views.push(layerHeatmap(layers, { grads, width, threshold }));
+    views.push(layerHeatmap(layers, { grads, width, threshold, workerOf }));
   }
 
   const rows = events.map((e) =>
-    h('tr', { dataset: { step: String(e.step) } }, [h('td', {}, `step ${e.step}`), h('td', {}, eventText(e, replicas))]),
+    h('tr', { dataset: { step: String(e.step) } }, [h('td', {}, `step ${e.step}`), h('td', {}, eventText(e, replicas, workerOf))]),
   );
   target.append(
     h('h3', {}, 'NaN / Inf'),

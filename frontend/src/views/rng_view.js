@@ -1,6 +1,6 @@
 // Random generators per replica: which replicas draw the same numbers, and their states.
 import { h, shortList } from '../dom.js';
-import { createMatchMatrix } from './match_matrix.js';
+import { createMatchMatrix, replicaText } from './match_matrix.js';
 
 const pct = (v) => `${Math.round(100 * v)}%`;
 
@@ -12,7 +12,7 @@ function groupsText(groups, replicas) {
   return same.map((ids) => `replicas ${shortList(ids, 8)} draw the same numbers`).join('; ');
 }
 
-function generatorBlock(gen, rng, deviceName) {
+function generatorBlock(gen, rng, deviceName, workerOf) {
   const { replicas } = rng;
   const lastGroups = gen.stream_groups[gen.stream_groups.length - 1] || [];
   const lastStates = gen.state_groups[gen.state_groups.length - 1] || [];
@@ -26,13 +26,14 @@ function generatorBlock(gen, rng, deviceName) {
     replicas,
     matrix: gen.match,
     deviceName,
+    workerOf,
     title: 'Logged steps where two replicas draw identical numbers',
     cellText: (r, q) => pct(gen.match[r][q]),
   });
   const stateRows = replicas.map((id, r) => {
     const desync = gen.mirrored && lastStates[r] !== majority;
     return h('tr', { class: desync ? 'desync' : null, dataset: { replica: id } }, [
-      h('th', { scope: 'row' }, `replica ${id}`),
+      h('th', { scope: 'row' }, replicaText(id, workerOf)),
       h('td', {}, (gen.last_state[r] || []).join(' ')),
       h('td', {}, gen.last_fingerprint[r] || ''),
       h('td', {}, desync ? 'desynchronised' : gen.mirrored ? 'in sync' : 'not mirrored'),
@@ -49,12 +50,12 @@ function generatorBlock(gen, rng, deviceName) {
   ]);
 }
 
-export function createRngView(target, { rng, deviceName }) {
+export function createRngView(target, { rng, deviceName, workerOf = () => null }) {
   if (!rng || !rng.generators.length) {
     target.append(h('p', { class: 'muted' }, 'No random generators were recorded for this run (ReplicaCallback records the SeedGenerators of the model\'s layers; custom loops call probe.observe_rng).'));
     return {};
   }
   if (rng.downsampled) target.append(h('p', { class: 'muted' }, `${rng.logged_steps} logged steps; matrices cover all of them.`));
-  for (const gen of rng.generators) target.append(generatorBlock(gen, rng, deviceName));
+  for (const gen of rng.generators) target.append(generatorBlock(gen, rng, deviceName, workerOf));
   return {};
 }
