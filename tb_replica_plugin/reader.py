@@ -1389,38 +1389,68 @@ def merge_rng(job, member_runs, workers, notes):
     )
 
 
-def sketch_overlap(sketch_a, distinct_a, sketch_b, distinct_b):
-    """Examples two replicas share, from their bottom-K sketches: `(count, exact)`.
+def sketch_overlaps(sketch, distinct):
+    """Examples each pair of replicas shares, from their bottom-K sketches (one step).
 
     Args:
-      sketch_a, sketch_b: int64 [K] bottom-K sketches (`DataSeries.sketch` rows: the smallest
-        distinct fingerprints, ascending, the first `min(distinct, K)` valid).
-      distinct_a, distinct_b: the replicas' distinct example counts at that step.
+      sketch: int64 [R, K] bottom-K sketches (`DataSeries.sketch` rows: the smallest distinct
+        fingerprints, ascending, the first `min(distinct, K)` valid).
+      distinct: int64 [R], the replicas' distinct example counts.
 
     Returns:
-      `(count, exact)`. When both replicas have at most K distinct examples their sketches are
-      their whole sets: `count` is the exact size of the intersection. Otherwise the bottom-K
-      estimate: of the k = min(K, |a ∪ b|) smallest fingerprints of the two sketches' union
-      (which are the k smallest of the two sets' union), the fraction in both sketches
-      estimates the Jaccard index J, and `count = round(J (|A| + |B|) / (1 + J))`, clipped to
-      the smaller set.
+      `(shared, exact, duplicated)`: int64 [R, R] shared examples per pair (diagonal:
+      `distinct`), bool [R, R] where that count is exact, and int64 [R] the distinct examples of
+      each replica found on another replica (exact when every replica has at most K).
+      For a pair (a, b), let t = the smaller of the two sketches' largest entries (a set of at
+      most K elements is whole: its t is +inf). Every fingerprint of either set up to t is in
+      its sketch, so `both` (sketch entries in both) and `union` (entries of either up to t)
+      are exact counts over the fingerprints up to t; J = both / union estimates the Jaccard
+      index and `shared = round(J (|A| + |B|) / (1 + J))` (clipped to the smaller set). When
+      both sets have at most K elements, t = +inf and this is the exact intersection. Computed
+      for every pair at once with two matrix products over the sketch entries.
+
+    Example:
+      >>> sketch_overlaps(np.array([[1, 2, 3, 0], [2, 3, 5, 0]]), np.array([3, 3]))[0].tolist()
+      [[3, 2], [2, 3]]
+    """
+    sketch = np.asarray(sketch, np.int64)
+    distinct = np.asarray(distinct, np.int64)
+    num, size = sketch.shape
+    valid = np.arange(size)[None, :] < np.minimum(distinct, size)[:, None]
+    values, inverse = np.unique(sketch[valid], return_inverse=True)
+    owner = np.nonzero(valid)[0]
+    presence = np.zeros((values.size, num), np.float32)
+    presence[inverse, owner] = 1.0
+    complete = distinct <= size
+    last = np.where(valid.any(axis=1), sketch[np.arange(num), np.maximum(valid.sum(1) - 1, 0)], 0)
+    below = np.where(complete[None, :], True, values[:, None] <= last[None, :]).astype(np.float32)
+    both = np.rint(presence.T @ presence).astype(np.int64)
+    up_to = np.rint(presence.T @ below).astype(np.int64)  # [r, q]: r's entries up to q's t
+    union = up_to + up_to.T - both
+    with np.errstate(divide="ignore", invalid="ignore"):
+        jaccard = np.where(union > 0, both / np.maximum(union, 1), 0.0)
+        total = (distinct[:, None] + distinct[None, :]).astype(np.float64)
+        shared = np.rint(jaccard * total / (1.0 + jaccard)).astype(np.int64)
+    shared = np.minimum(shared, np.minimum(distinct[:, None], distinct[None, :]))
+    exact = complete[:, None] & complete[None, :]
+    shared = np.where(exact, both, shared)
+    np.fill_diagonal(shared, distinct)
+    on_others = presence.sum(axis=1) > 1
+    duplicated = np.rint(presence.T @ on_others.astype(np.float32)).astype(np.int64)
+    return shared, exact, duplicated
+
+
+def sketch_overlap(sketch_a, distinct_a, sketch_b, distinct_b):
+    """`(count, exact)`: examples two replicas share, from their sketches (`sketch_overlaps`).
 
     Example:
       >>> sketch_overlap(np.array([1, 2, 3, 0]), 3, np.array([2, 3, 5, 0]), 3)
       (2, True)
     """
-    size = sketch_a.shape[-1]
-    a = sketch_a[: min(int(distinct_a), size)]
-    b = sketch_b[: min(int(distinct_b), size)]
-    if distinct_a <= size and distinct_b <= size:
-        return int(np.intersect1d(a, b).size), True
-    union = np.union1d(a, b)[:size]
-    if not union.size:
-        return 0, False
-    both = np.isin(union, a) & np.isin(union, b)
-    jaccard = float(both.sum()) / union.size
-    count = round(jaccard * (int(distinct_a) + int(distinct_b)) / (1.0 + jaccard))
-    return int(min(count, distinct_a, distinct_b)), False
+    shared, exact, _ = sketch_overlaps(
+        np.stack([sketch_a, sketch_b]), np.array([distinct_a, distinct_b])
+    )
+    return int(shared[0, 1]), bool(exact[0, 1])
 
 
 def merge_data(job, member_runs, workers, notes):
@@ -1432,7 +1462,7 @@ def merge_data(job, member_runs, workers, notes):
     different workers and each step every worker logged:
 
     - `shared`: exact when both replicas had at most K distinct examples at that step (the
-      sketches are the whole sets), else the bottom-K Jaccard estimate (`sketch_overlap`);
+      sketches are the whole sets), else the bottom-K Jaccard estimate (`sketch_overlaps`);
       the steps where it was estimated are noted.
     - `duplicated` (distinct examples of a replica also on another replica): exact when every
       replica had at most K distinct examples at that step (computed from the whole sets),
@@ -1483,22 +1513,12 @@ def merge_data(job, member_runs, workers, notes):
         window_shared[inside] = s.window_shared[i]
         steps_shared[inside] = s.steps_shared[i]
     estimated = 0
+    cross = owner[:, None] != owner[None, :]
     for k in range(len(steps)):
-        exact_step = bool(np.all(distinct[k] <= size))
-        for r in range(total):
-            for q in range(r + 1, total):
-                if owner[r] == owner[q]:
-                    continue
-                count, exact = sketch_overlap(
-                    sketch[k, r], distinct[k, r], sketch[k, q], distinct[k, q]
-                )
-                shared[k, r, q] = shared[k, q, r] = count
-        cross = owner[:, None] != owner[None, :]
-        if exact_step:
-            sets = [set(sketch[k, r, : distinct[k, r]].tolist()) for r in range(total)]
-            for r in range(total):
-                others = set().union(*(sets[q] for q in range(total) if q != r))
-                duplicated[k, r] = len(sets[r] & others)
+        pairs, _, found = sketch_overlaps(sketch[k], distinct[k])
+        shared[k][cross] = pairs[cross]
+        if np.all(distinct[k] <= size):
+            duplicated[k] = found  # every set is whole: exact
         else:
             estimated += 1
             across = np.where(cross, shared[k], 0).max(axis=1)
