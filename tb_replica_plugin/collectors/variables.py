@@ -294,22 +294,32 @@ def _is_numeric(dtype):
     return dtype.is_floating or dtype.is_integer or dtype.is_bool
 
 
-def copy_fingerprint(value, dtype, projection=None, algorithm=HASH_MIX):
-    """Hash, stats and sketch of one copy; call under `tf.device(copy.device)`.
+def _sketch_signs(projection, device, static_size, rows):
+    """The row signs for `rows` rows on `device`, cached in `projection` for static sizes."""
+    key = ("signs", device, static_size)  # static sizes only: dynamic ones vary
+    if projection is not None and static_size is not None and key in projection:
+        return projection[key]
+    signs = row_signs(rows)
+    if projection is not None and static_size is not None:
+        projection[key] = signs
+    return signs
+
+
+def copy_summary(value, dtype, projection=None):
+    """Stats and sketch of one copy (no hash); call under `tf.device(copy.device)`.
 
     Args:
       value: the copy's value (a tensor).
       dtype: its `tf.DType`.
-      projection: optional cache shared by the copies fingerprinted on one device in one graph
-        (sketch signs per row count, hash index terms per word count).
-      algorithm: the hash algorithm, `hash_algorithm(device, dtype)` of the copy's device.
+      projection: optional cache of sketch signs per device and static size (see
+        `copy_fingerprint`).
 
     Returns:
-      `(hash int64 scalar, stats_and_sketch float64 [4 + SKETCH_SIZE])`.
+      float64 `[4 + SKETCH_SIZE]`: min, max, sum, sum of squares, then the sketch (all NaN for
+      non-numeric types).
     """
-    hash64 = copy_hash(value, dtype, algorithm, projection)
     if not _is_numeric(dtype):
-        return hash64, tf.fill([len(STAT_COLUMNS) + SKETCH_SIZE], tf.constant(np.nan, tf.float64))
+        return tf.fill([len(STAT_COLUMNS) + SKETCH_SIZE], tf.constant(np.nan, tf.float64))
     native = tf.reshape(value, [-1])
     if dtype.is_bool:
         native = tf.cast(native, tf.uint8)
@@ -329,17 +339,27 @@ def copy_fingerprint(value, dtype, projection=None, algorithm=HASH_MIX):
         sketch = tf.pad(flat, [[0, SKETCH_SIZE - static_size]])
     else:
         rows = (size + SKETCH_WIDTH - 1) // SKETCH_WIDTH
-        key = ("signs", value.device, static_size)  # static sizes only: dynamic ones vary
-        if projection is None or static_size is None or key not in projection:
-            signs = row_signs(rows)
-            if projection is not None and static_size is not None:
-                projection[key] = signs
-        else:
-            signs = projection[key]
+        signs = _sketch_signs(projection, value.device, static_size, rows)
         grid = tf.reshape(tf.pad(flat, [[0, rows * SKETCH_WIDTH - size]]), [-1, SKETCH_WIDTH])
         sketch = tf.reduce_sum(grid * signs, axis=0)
         sketch = tf.pad(sketch, [[0, SKETCH_SIZE - SKETCH_WIDTH]])
-    return hash64, tf.concat([stats, sketch], axis=0)
+    return tf.concat([stats, sketch], axis=0)
+
+
+def copy_fingerprint(value, dtype, projection=None, algorithm=HASH_MIX):
+    """Hash, stats and sketch of one copy; call under `tf.device(copy.device)`.
+
+    Args:
+      value: the copy's value (a tensor).
+      dtype: its `tf.DType`.
+      projection: optional cache shared by the copies fingerprinted on one device in one graph
+        (sketch signs per row count, hash index terms per word count).
+      algorithm: the hash algorithm, `hash_algorithm(device, dtype)` of the copy's device.
+
+    Returns:
+      `(hash int64 scalar, stats_and_sketch float64 [4 + SKETCH_SIZE])`.
+    """
+    return copy_hash(value, dtype, algorithm, projection), copy_summary(value, dtype, projection)
 
 
 def exact_difference(value, reference, dtype):
@@ -376,11 +396,10 @@ class VariablesStats:
         missing_fp = tf.fill([width], tf.constant(np.nan, tf.float64))
         missing_hash = tf.constant(0, tf.int64)
         missing_exact = tf.constant([np.nan, np.nan], tf.float64)
-        hashes, fingerprints, exacts = [], [], []
+        hashes, items, exacts = [], [], []
         projection = {}
         for entry in entries:
             row_hash = [missing_hash] * num_replicas
-            row_fp = [missing_fp] * num_replicas
             values = {}
             for copy, column, algorithm in zip(
                 entry.copies, entry.columns, entry.hashes, strict=True
@@ -389,24 +408,105 @@ class VariablesStats:
                     continue
                 with tf.device(copy.device):
                     value = _read(copy)
-                    values[column] = (copy, value)
-                    row_hash[column], row_fp[column] = copy_fingerprint(
-                        value, entry.dtype, projection, algorithm
-                    )
+                    values[column] = (copy, value, algorithm)
+                    row_hash[column] = copy_hash(value, entry.dtype, algorithm, projection)
+            items.append((entry, values, row_hash))
             hashes.append(tf.stack(row_hash))
-            fingerprints.append(tf.stack(row_fp))
             if exact:
                 row = [missing_exact] * num_replicas
                 if 0 in values:
-                    reference_copy, reference = values[0]
+                    reference_copy, reference, _ = values[0]
                     with tf.device(reference_copy.device):
-                        for column, (_, value) in values.items():
+                        for column, (_, value, _) in values.items():
                             # Copies the whole of copy r to replica 0's device.
                             row[column] = exact_difference(value, reference, entry.dtype)
                 exacts.append(tf.stack(row))
+        summaries = _summaries(items, projection)
+        fingerprints = [
+            tf.stack([summaries.get((index, r), missing_fp) for r in range(num_replicas)])
+            for index in range(len(items))
+        ]
         self.hash = _stack_or_empty(hashes, [0, num_replicas], tf.int64)
         self.fingerprint = _stack_or_empty(fingerprints, [0, num_replicas, width], tf.float64)
         self.exact = _stack_or_empty(exacts, [0, num_replicas, 2], tf.float64) if exact else None
+
+
+def _shortcut(entry, values):
+    """True when the copies of one variable can share replica 0's summary when their hashes
+    agree: numeric, replica 0 present, at least two copies, all hashed by one algorithm."""
+    return (
+        0 in values
+        and len(values) > 1
+        and _is_numeric(entry.dtype)
+        and all(v[2] == values[0][2] for v in values.values())
+    )
+
+
+def _summaries(items, projection):
+    """Stats and sketch of each present copy, `{(variable index, column): float64 [4 + K]}`.
+
+    Args:
+      items: `[(entry, values, hashes)]`, `values` `{column: (copy, value, algorithm)}`,
+        `hashes` the int64 hash tensors by column.
+      projection: the sketch-sign and hash cache of the graph.
+
+    Copies that can share (see `_shortcut`) are summarized under `tf.cond`s on their hashes:
+    replica 0's copy is always summarized, on its device; if every copy's hash equals replica
+    0's (bit-identical copies, the normal case) its summary is used for every column (identical
+    bits give identical stats and sketch, so what is written does not change); otherwise each
+    other copy is summarized on its own device. One `tf.cond` covers the whole check when every
+    variable agrees, one per variable otherwise. Only the int64 hashes cross devices to decide.
+    """
+    summaries = {}
+    shared = []  # (index, columns, summary of replica 0, same, values)
+    for index, (entry, values, hashes) in enumerate(items):
+        if not _shortcut(entry, values):
+            for column, (copy, value, _) in values.items():
+                with tf.device(copy.device):
+                    summaries[index, column] = copy_summary(value, entry.dtype, projection)
+            continue
+        copy0, value0, _ = values[0]
+        with tf.device(copy0.device):
+            summary0 = copy_summary(value0, entry.dtype, projection)
+        columns = sorted(c for c in values if c != 0)
+        same = tf.reduce_all(tf.stack([tf.equal(hashes[c], hashes[0]) for c in columns]))
+        summaries[index, 0] = summary0
+        shared.append((index, entry, columns, summary0, same, values))
+    if not shared:
+        return summaries
+
+    def copies_of(entry, columns, summary0, values):
+        def agree():
+            return tf.tile(summary0[None, :], [len(columns), 1])
+
+        def differ():
+            # A copy of the cache: signs made inside a branch must stay in it.
+            cache = dict(projection)
+            rows = []
+            for column in columns:
+                copy, value, _ = values[column]
+                with tf.device(copy.device):
+                    rows.append(copy_summary(value, entry.dtype, cache))
+            return tf.stack(rows)
+
+        return agree, differ
+
+    branches = [
+        copies_of(entry, columns, s0, values) for _, entry, columns, s0, _, values in shared
+    ]
+    all_same = tf.reduce_all(tf.stack([item[4] for item in shared]))
+    others = tf.cond(
+        all_same,
+        lambda: [agree() for agree, _ in branches],
+        lambda: [
+            tf.cond(item[4], agree, differ)
+            for item, (agree, differ) in zip(shared, branches, strict=True)
+        ],
+    )
+    for (index, _, columns, _, _, _), rows in zip(shared, others, strict=True):
+        for column, row in zip(columns, tf.unstack(rows), strict=True):
+            summaries[index, column] = row
+    return summaries
 
 
 def _stack_or_empty(rows, empty_shape, dtype):
