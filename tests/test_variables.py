@@ -143,6 +143,42 @@ def test_sketch_matches_reference_and_estimates_structured_differences():
         assert abs(ratio - 1) < SKETCH_TOLERANCE, ratio
 
 
+def test_agreeing_copies_share_replica_0s_summary_bit_for_bit():
+    """The tf.cond shortcut (one summary when every hash equals replica 0's) writes exactly what
+    summarizing every copy writes: agreeing, drifted and mixed checks, traced and eager."""
+    strategy = mirrored(2)
+    rng = np.random.default_rng(7)
+    with strategy.scope():
+        variables = [
+            tf.Variable(rng.normal(size=[70, 9]).astype("float32"), name="big"),
+            tf.Variable(rng.normal(size=[300]).astype("float32"), name="same_size"),
+            tf.Variable(rng.normal(size=[5]).astype("float32"), name="small"),
+            tf.Variable(tf.constant(3, tf.int64), name="count"),
+        ]
+    devices = list(strategy.extended.worker_devices)
+    entries = collector.describe_variables(variables, devices)
+    traced = tf.function(lambda: collector.VariablesStats(entries, 2).fingerprint)
+
+    def per_copy():
+        rows = []
+        for entry in entries:
+            row = []
+            for copy in entry.copies:
+                with tf.device(copy.device):
+                    row.append(collector.copy_summary(tf.convert_to_tensor(copy), entry.dtype))
+            rows.append(tf.stack(row))
+        return tf.stack(rows).numpy()
+
+    for drift in ([], [0], [0, 1, 2, 3]):  # all agree; one differs; all differ
+        for index in drift:
+            copy = variables[index].values[1]
+            copy.assign_add(tf.ones_like(copy))
+        expected = per_copy()
+        assert (np.array_equal(expected[:, 0], expected[:, 1])) == (not drift)
+        for fingerprint in (traced(), collector.VariablesStats(entries, 2).fingerprint):
+            np.testing.assert_array_equal(fingerprint.numpy(), expected)
+
+
 def only(logdir):
     report = tb_replica_plugin.load(logdir)
     assert len(report.runs) == 1, list(report.runs)
