@@ -41,6 +41,11 @@ indices are congruent modulo 61 (e.g. one column of a variable with 61·m column
 one bucket, and its norm is then estimated from one signed sum (still unbiased, but a relative
 standard deviation of up to 141 % for the squared norm). See README "Weight drift".
 
+Bit-identical copies have identical stats and sketch, so `VariablesStats` hashes every copy
+first and, under a `tf.cond` on "every copy's hash equals replica 0's", summarizes replica 0's
+copy only and writes its summary for every replica (the normal case: one summary per variable
+instead of one per copy); otherwise every copy is summarized on its own device.
+
 `exact=True` adds the true element-wise difference: every copy is sent to replica 0's device and
 compared there (traffic: the whole variable per replica), giving the true max-abs and L2 norm of
 `copy_r - copy_0`.
