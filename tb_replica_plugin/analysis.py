@@ -1111,16 +1111,22 @@ def find_data(series, thresholds=Thresholds()):
         for r, q in pairs:
             with_shared |= series.steps_shared[:, r, q] > 0
         logged = np.flatnonzero(with_shared)
-        starts = series.steps - np.maximum(series.window_steps, 1) + 1
+        starts = series.window_starts()
         count = int(max(steps_shared[r, q] for r, q in pairs))
         total_steps = int(series.window_steps.sum())
+        # With examples_every > 1 only sampled steps were compared: say so.
+        kind = "sampled steps" if series.sampled else "steps"
         distinct = series.window_shared.sum(axis=0).diagonal()[members].sum()
         duplicated = series.window_duplicated.sum(axis=0)[members].sum()
         value = float(duplicated / distinct) if distinct else 0.0
         complete = len(pairs) == len(members) * (len(members) - 1) // 2 and all(
             share[r, q] >= 0.999 for r, q in pairs
         )
-        when = f"at {count} of {total_steps} steps" if count < total_steps else "at every step"
+        when = (
+            f"at {count} of {total_steps} {kind}"
+            if count < total_steps
+            else f"at every {kind[:-1]}"
+        )
         if complete:
             head = (
                 f"Replicas {replica_list_text(ids)} were fed the same examples at the same step "

@@ -33,6 +33,7 @@ from tb_replica_plugin import keras_compat
 from tb_replica_plugin.collectors import inputs as inputs_collector
 from tb_replica_plugin.collectors import rng as rng_collector
 from tb_replica_plugin.probe import (
+    DEFAULT_EXAMPLES_EVERY,
     DEFAULT_FLUSH_SECS,
     SCALING_AS_GIVEN,
     SCALING_REPLICA_LOSS,
@@ -250,6 +251,11 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         anything `ReplicaProbe.observe_rng` accepts).
       examples: record a fingerprint of every example each replica is fed, and which replicas
         got the same examples (default True). See `ReplicaProbe.observe_examples`.
+      examples_every: the examples are fingerprinted and compared at every this many steps and
+        at every logged step (each epoch's last step with `update_freq="epoch"`), not at the
+        others (default 16; 1: every step). Written windows count sampled steps only. A pipeline
+        that is never sharded duplicates at every step, so sampling finds it; a duplication
+        confined to steps that are not sampled is missed.
       variables: record weight drift and placement of every model and optimizer variable
         (default True): at each logged step, each copy is fingerprinted on its own device (no
         variable is copied across devices). See `ReplicaProbe.observe_variables`.
@@ -263,8 +269,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
     recording stops; the model is restored even when `fit` raises.
 
     Raises:
-      ValueError: if `update_freq` is not "epoch", "batch" or a positive integer, or `flush_secs`
-        is not a positive number.
+      ValueError: if `update_freq` is not "epoch", "batch" or a positive integer, `flush_secs`
+        is not a positive number or `examples_every` not a positive integer.
 
     Example:
       ```python
@@ -290,6 +296,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         examples=True,
         variables=True,
         variables_exact=False,
+        examples_every=DEFAULT_EXAMPLES_EVERY,
     ):
         super().__init__()
         if update_freq == "batch":
@@ -311,6 +318,15 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         ):
             raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
         self.flush_secs = flush_secs
+        if (
+            isinstance(examples_every, bool)
+            or not isinstance(examples_every, int)
+            or examples_every < 1
+        ):
+            raise ValueError(
+                f"`examples_every` must be an integer >= 1. Received: {examples_every!r}"
+            )
+        self.examples_every = examples_every
         self.gradients = bool(gradients)
         self.rng = rng
         self.generators = generators
@@ -343,6 +359,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                 update_freq=None if self.update_freq == "epoch" else self.update_freq,
                 source="fit",
                 flush_secs=self.flush_secs,
+                examples_every=self.examples_every,
             )
         try:
             self._probe.set_step(self._initial_step())
@@ -355,6 +372,10 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                 stacklevel=2,
             )
             self._restore(self.model)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._probe is not None and self.examples and self.update_freq == "epoch":
+            _sample_examples_at_epoch_end(self._probe, (self.params or {}).get("steps"))
 
     def on_epoch_end(self, epoch, logs=None):
         if self._probe is not None:
@@ -497,6 +518,16 @@ def _inputs_observer(probe):
 
 def _examples_observer(probe):
     return probe.observe_examples
+
+
+def _sample_examples_at_epoch_end(probe, steps):
+    """Host side, at an epoch's start: the data family also samples the epoch's last step (the
+    step written at the epoch end). Unknown epoch length: the last sampled step is written."""
+    try:
+        if steps:
+            probe._sample_examples_in(steps)  # noqa: SLF001 - the callback's own probe
+    except Exception as error:  # noqa: BLE001 - never break the training
+        probe._warn_family_failed("data", error)  # noqa: SLF001
 
 
 def _rng_observer(probe, model, generators):

@@ -155,6 +155,7 @@ def data_body(series, max_points=None):
         "window_steps": series.window_steps[picked].tolist(),
         "logged_steps": int(series.steps.size),
         "total_steps": int(series.window_steps.sum()),
+        "sampled": bool(series.sampled),
         "downsampled": bool(picked.size < series.steps.size),
         "batch_size": series.batch_size[picked].tolist(),
         "distinct": series.distinct[picked].tolist(),

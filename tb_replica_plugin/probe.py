@@ -57,6 +57,11 @@ SCALING_AS_GIVEN = "as_given"  # the gradients as given, divided by `scale`
 # Slots of the gradients family's packed int64 counters variable (one assign per step).
 _G_STEP, _G_HAS_NAMES, _G_NAMES_FP, _G_LAST_STEP, _G_PENDING = range(5)
 
+# Default sampling period of the data family (per-example fingerprints and overlaps): every this
+# many steps, and always at logged steps. Chosen by measurement (README, "Benchmarks"): at 16 the
+# data family's share of a step of the `fit_overhead` MLP is within noise.
+DEFAULT_EXAMPLES_EVERY = 16
+
 # Default seconds between background flushes: at most this much recorded data is lost when the
 # process is killed (SIGKILL, OOM killer) without running any Python.
 DEFAULT_FLUSH_SECS = 5.0
@@ -222,8 +227,8 @@ class ReplicaProbe:
         own `log_dir` then.
 
     Raises:
-      ValueError: if `update_freq`, `source` or `flush_secs` is invalid (raised at
-        construction, never during training).
+      ValueError: if `update_freq`, `source`, `flush_secs` or `examples_every` is invalid
+        (raised at construction, never during training).
 
     Example:
       ```python
@@ -250,6 +255,7 @@ class ReplicaProbe:
         source="custom_loop",
         flush_secs=DEFAULT_FLUSH_SECS,
         per_worker_run=True,
+        examples_every=DEFAULT_EXAMPLES_EVERY,
     ):
         if update_freq is not None and (
             isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1
@@ -259,6 +265,14 @@ class ReplicaProbe:
             )
         if source not in SOURCES:
             raise ValueError(f"`source` must be one of {SOURCES}. Received: {source!r}")
+        if (
+            isinstance(examples_every, bool)
+            or not isinstance(examples_every, int)
+            or examples_every < 1
+        ):
+            raise ValueError(
+                f"`examples_every` must be an integer >= 1. Received: {examples_every!r}"
+            )
         if (
             isinstance(flush_secs, bool)
             or not isinstance(flush_secs, (int, float))
@@ -270,6 +284,7 @@ class ReplicaProbe:
         self.source = source
         self.flush_secs = float(flush_secs)
         self.per_worker_run = per_worker_run
+        self.examples_every = examples_every
         self._strategy = strategy
         self._worker = None
         self._run_dir = None
@@ -361,6 +376,11 @@ class ReplicaProbe:
                     # steps of the rng and data families (each counts its own calls)
                     "family_steps": tf.Variable(
                         [0, 0], dtype=tf.int64, trainable=False, name="probe_family_steps"
+                    ),
+                    # A step the data family samples whatever `examples_every` says (-1: none);
+                    # `ReplicaCallback` sets it to the last step of each epoch (its logged step).
+                    "examples_at": tf.Variable(
+                        -1, dtype=tf.int64, trainable=False, name="probe_examples_at"
                     ),
                 }
                 if self._worker is not None:
@@ -817,12 +837,14 @@ class ReplicaProbe:
     def observe_examples(self, batch, step=None):
         """Records a fingerprint of every example each replica is fed, and their overlaps.
 
-        Per replica it hashes every example of the batch in-graph (`tf.fingerprint`, see
-        `collectors/data.py`), counts the examples shared with each other replica at this step
-        (exact), and keeps a small sketch of the fingerprints that can be compared across
-        workers. Call it like `observe_inputs`: in replica context with the local batch, or in
-        cross-replica context with a distributed batch. A failure warns once and never stops
-        training.
+        At sampled steps (every `examples_every` steps and every logged step, see the
+        constructor) it hashes, per replica, every example of the batch in-graph
+        (`tf.fingerprint`, see `collectors/data.py`), counts the examples shared with each other
+        replica at this step (exact), and keeps a small sketch of the fingerprints that can be
+        compared across workers; the other steps only advance the step counter (the work sits
+        under a `tf.cond`). Call it like `observe_inputs`: in replica context with the local
+        batch, or in cross-replica context with a distributed batch. A failure warns once and
+        never stops training.
 
         Args:
           batch: the (nested) structure of input tensors; every leaf with a leading batch
@@ -859,55 +881,94 @@ class ReplicaProbe:
                 },
             )
             merge = functools.partial(self._merge_examples, step=step)
-            local = data_collector.example_fingerprints
-            self._run_local_then_merge(lambda *parts: local(list(parts)), merge, tuple(leaves))
+            replica_context = tf.distribute.get_replica_context()
+            distributed = any(isinstance(leaf, tf.distribute.DistributedValues) for leaf in leaves)
+            if replica_context is not None and not distributed:
+                # Only the leaves go through merge_call (no computation): the fingerprints are
+                # computed on each replica's device under the sampling tf.cond.
+                replica_context.merge_call(merge, args=(leaves,))
+            else:
+                merge(self.strategy, leaves)
         except Exception as error:  # noqa: BLE001 - must never break training
             self._warn_family_failed("data", error)
 
-    def _merge_examples(self, strategy, fingerprints, *, step):
+    def _examples_sampled(self, step_value):
+        """Whether the data family samples this step (bool tensor): every `examples_every`
+        steps, every logged step, and the step set by `_sample_examples_in`."""
+        sampled = tf.equal(step_value % self.examples_every, 0)
+        if self.update_freq is not None and self.update_freq != self.examples_every:
+            sampled = tf.logical_or(sampled, tf.equal(step_value % self.update_freq, 0))
+        return tf.logical_or(sampled, tf.equal(step_value, self._state["examples_at"].read_value()))
+
+    def _sample_examples_in(self, steps):
+        """Host side: the data family also samples the last of its next `steps` steps (the
+        callback's epoch ends)."""
+        if self._state is not None and not self._disabled_reason:
+            first = self._state["family_steps"].numpy()[_FAMILY_STEP["data"]]
+            self._state["examples_at"].assign(int(first) + int(steps) - 1)
+
+    def _merge_examples(self, strategy, leaves, *, step):
         try:
-            stats = data_collector.OverlapStats(self._local_values(strategy, fingerprints))
-            family = self._families["data"]
+            per_replica = [self._local_values(strategy, leaf) for leaf in leaves]
+            devices = self._static["devices"]
             step_value = self._next_step("data", step)
-            fresh = tf.equal(family["win_count"], 0)
 
-            def accumulate(name, value):
-                return tf.where(fresh, tf.zeros_like(value), family[name]) + value
+            def sample():
+                fingerprints = []
+                for replica, device in enumerate(devices):
+                    with tf.device(device):
+                        fingerprints.append(
+                            data_collector.example_fingerprints(
+                                [leaf[replica] for leaf in per_replica]
+                            )
+                        )
+                self._record_examples(data_collector.OverlapStats(fingerprints), step_value)
+                return tf.constant(True)
 
-            ones = tf.ones_like(stats.distinct)
-            any_shared = tf.linalg.set_diag(tf.cast(stats.shared > 0, tf.int64), ones)
-            win_dup = accumulate("win_dup", stats.duplicated)
-            win_shared = accumulate("win_shared", stats.shared)
-            win_steps = accumulate("win_steps", any_shared)
-            column = functools.partial(tf.expand_dims, axis=1)
-            examples = tf.concat(
-                [
-                    column(stats.batch_size),
-                    column(stats.distinct),
-                    column(stats.duplicated),
-                    column(win_dup),
-                    stats.sketch,
-                ],
-                axis=1,
-            )
-            overlap = tf.stack([stats.shared, win_shared, win_steps])
-            next_count = self._window_write(
-                family,
-                step_value,
-                lambda condition: self._write_data(examples, overlap, step_value, condition),
-            )
-            for name, value in (
-                ("last_examples", examples),
-                ("last_overlap", overlap),
-                ("win_dup", win_dup),
-                ("win_shared", win_shared),
-                ("win_steps", win_steps),
-                ("last_step", step_value),
-                ("win_count", next_count),
-            ):
-                family[name].assign(value)
+            tf.cond(self._examples_sampled(step_value), sample, lambda: tf.constant(False))
         except Exception as error:  # noqa: BLE001
             self._warn_family_failed("data", error)
+
+    def _record_examples(self, stats, step_value):
+        """Window sums, in-graph write and state of one sampled step of the data family."""
+        family = self._families["data"]
+        fresh = tf.equal(family["win_count"], 0)
+
+        def accumulate(name, value):
+            return tf.where(fresh, tf.zeros_like(value), family[name]) + value
+
+        ones = tf.ones_like(stats.distinct)
+        any_shared = tf.linalg.set_diag(tf.cast(stats.shared > 0, tf.int64), ones)
+        win_dup = accumulate("win_dup", stats.duplicated)
+        win_shared = accumulate("win_shared", stats.shared)
+        win_steps = accumulate("win_steps", any_shared)
+        column = functools.partial(tf.expand_dims, axis=1)
+        examples = tf.concat(
+            [
+                column(stats.batch_size),
+                column(stats.distinct),
+                column(stats.duplicated),
+                column(win_dup),
+                stats.sketch,
+            ],
+            axis=1,
+        )
+        overlap = tf.stack([stats.shared, win_shared, win_steps])
+        next_count = self._window_write(
+            family,
+            step_value,
+            lambda condition: self._write_data(examples, overlap, step_value, condition),
+        )
+        for name, value in (
+            ("last_examples", examples),
+            ("last_overlap", overlap),
+            ("win_dup", win_dup),
+            ("win_shared", win_shared),
+            ("win_steps", win_steps),
+            ("last_step", step_value),
+            ("win_count", next_count),
+        ):
+            family[name].assign(value)
 
     def _write_data(self, examples, overlap, step, condition):
         self._write(
@@ -1199,7 +1260,8 @@ class ReplicaProbe:
             )
             replica_context = tf.distribute.get_replica_context()
             if replica_context is not None and not distributed:
-                # Stats on this replica's device; only they go through merge_call.
+                # Stats on this replica's device; they (and the gradients, for the exact
+                # NaN/Inf counts at a step that has some) go through merge_call, no copy.
                 stats = gradients_collector.replica_stats(grads, loss, grad_scale, loss_scale)
                 replica_context.merge_call(merge, args=stats)
             else:
@@ -1227,19 +1289,22 @@ class ReplicaProbe:
                     [s[0] for s in stats],
                     [s[1] for s in stats],
                     [s[2] for s in stats],
+                    [s[3] for s in stats],
                     **merge.keywords,
                 )
         except Exception as error:  # noqa: BLE001 - must never break training
             self._warn_gradients_failed(error)
 
-    def _merge_gradients(self, strategy, sq, loss, counts, **keywords):
+    def _merge_gradients(self, strategy, sq, loss, healthy, values, **keywords):
         """Cross-replica part of `observe_gradients`: gather the small stats, write."""
         try:
 
             def local(value):
                 return [tf.convert_to_tensor(t) for t in strategy.experimental_local_results(value)]
 
-            self._write_gradients(local(sq), local(loss), local(counts), **keywords)
+            per_variable = [local(v) for v in values]  # [V][R]; V >= 1
+            per_replica = [list(v) for v in zip(*per_variable, strict=True)]
+            self._write_gradients(local(sq), local(loss), local(healthy), per_replica, **keywords)
         except Exception as error:  # noqa: BLE001 - must never break training
             self._warn_gradients_failed(error)
 
@@ -1257,7 +1322,8 @@ class ReplicaProbe:
                         trainable=False,
                         name="probe_grad_counters",
                     ),
-                    # Last dense value, for host-side writes (update_freq=None).
+                    # Last raw rows (loss, sums of squares), for host-side writes
+                    # (update_freq=None).
                     "last": tf.Variable(
                         tf.zeros([0, 0]), shape=tf.TensorShape(None), trainable=False
                     ),
@@ -1265,7 +1331,7 @@ class ReplicaProbe:
         return self._grad_state
 
     def _write_gradients(
-        self, sq, loss, counts, *, names, shapes, step, has_loss, scaling, loss_scaled
+        self, sq, loss, healthy, values, *, names, shapes, step, has_loss, scaling, loss_scaled
     ):
         if len(sq) != len(self._static["devices"]):
             raise ValueError(
@@ -1280,7 +1346,6 @@ class ReplicaProbe:
         else:
             step_value = tf.cast(step, tf.int64)
             next_step = counters[_G_STEP]
-        counts = tf.stack(counts, axis=1)  # [4, R]
         text, fingerprint = gradients_collector.variables_document(
             names,
             shapes,
@@ -1304,21 +1369,42 @@ class ReplicaProbe:
             step_value,
             metadata.KIND_GRAD_VARIABLES,
         )
-        self._write(
-            tf.logical_and(tf.reduce_any(counts > 0), recording),
-            metadata.TAG_GRAD_NONFINITE,
-            lambda: counts,
-            step_value,
-            metadata.KIND_GRAD_NONFINITE,
+        devices = self._static["devices"]
+
+        def write_nonfinite():
+            # Only at a step where some replica's squared norm or loss is not finite.
+            per_replica = []
+            for replica, device in enumerate(devices):
+                with tf.device(device):
+                    per_replica.append(
+                        gradients_collector.nonfinite_counts(
+                            values[replica], loss[replica], has_loss
+                        )
+                    )
+            counts = tf.stack(per_replica, axis=1)  # [4, R]
+            self._write(
+                tf.reduce_any(counts > 0),
+                metadata.TAG_GRAD_NONFINITE,
+                lambda: counts,
+                step_value,
+                metadata.KIND_GRAD_NONFINITE,
+            )
+            return tf.constant(True)
+
+        tf.cond(
+            tf.logical_and(tf.logical_not(tf.reduce_all(tf.stack(healthy))), recording),
+            write_nonfinite,
+            lambda: tf.constant(False),
         )
         if self.update_freq is None:
-            state["last"].assign(gradients_collector.dense_rows(sq, loss))
+            # Every step keeps its raw stats (2 ops); the norms are taken at the host write.
+            state["last"].assign(gradients_collector.raw_rows(sq, loss))
             last_step, pending = step_value, tf.constant(1, tf.int64)
         else:
             self._write(
                 tf.logical_and(tf.equal(step_value % self.update_freq, 0), recording),
                 metadata.TAG_GRAD_NORMS,
-                lambda: gradients_collector.dense_rows(sq, loss),
+                lambda: gradients_collector.dense_rows(gradients_collector.raw_rows(sq, loss)),
                 step_value,
                 metadata.KIND_GRAD_NORMS,
             )
@@ -1341,7 +1427,7 @@ class ReplicaProbe:
             self._write(
                 tf.constant(True),
                 metadata.TAG_GRAD_NORMS,
-                last.read_value,
+                lambda: gradients_collector.dense_rows(last.read_value()),
                 int(values[_G_LAST_STEP]),
                 metadata.KIND_GRAD_NORMS,
             )

@@ -430,6 +430,12 @@ class DataSeries:
       sketch: int64 [S, R, K], bottom-K sketch of each replica's example fingerprints (the first
         `min(distinct, K)` entries are valid).
       notes: plain-language problems met while reading.
+      window_start: int64 [S], first step of the window each logged step closes (the step after
+        the previous logged step; for the first, the run's first step when known). None: not
+        known, taken as `steps - window_steps + 1` (exact when every step was sampled).
+      sampled: True when some window holds steps that were not sampled (`examples_every` > 1):
+        `window_steps`, the window sums and `steps_shared` then count sampled steps only. A
+        step that was not sampled is simply absent: it is never a step with 0 examples.
     """
 
     run: str
@@ -445,10 +451,18 @@ class DataSeries:
     steps_shared: np.ndarray
     sketch: np.ndarray
     notes: list
+    window_start: np.ndarray | None = None
+    sampled: bool = False
 
     @property
     def num_replicas(self):
         return len(self.replicas)
+
+    def window_starts(self):
+        """int64 [S]: `window_start`, or `steps - window_steps + 1` when it is not known."""
+        if self.window_start is not None:
+            return self.window_start
+        return self.steps - np.maximum(self.window_steps, 1) + 1
 
 
 def rng_from_samples(run, samples, notes):
@@ -519,7 +533,7 @@ def rng_from_samples(run, samples, notes):
     )
 
 
-def data_from_samples(run, samples, notes, replicas=None):
+def data_from_samples(run, samples, notes, replicas=None, first_step=None):
     """Builds the `DataSeries` of a run from its raw samples, or None when it has none.
 
     Args:
@@ -527,6 +541,8 @@ def data_from_samples(run, samples, notes, replicas=None):
       samples: `RunData.samples`.
       notes: the run's notes list (appended to).
       replicas: replica ids (from the inputs family); `range(R)` when None.
+      first_step: the run's first step (from the inputs family), or None: the first window
+        then starts `window_steps - 1` steps before its logged step.
     """
     examples = dict(samples.get(metadata.TAG_DATA_EXAMPLES, []))
     overlap = dict(samples.get(metadata.TAG_DATA_OVERLAP, []))
@@ -551,11 +567,20 @@ def data_from_samples(run, samples, notes, replicas=None):
     ov = np.stack([overlap[s] for s in kept]).astype(np.int64)
     if replicas is None or len(replicas) != num:
         replicas = list(range(num))
+    steps = np.array(kept, dtype=np.int64)
+    window_steps = np.diagonal(ov[:, 2], axis1=1, axis2=2)[:, 0].copy()
+    # Windows run from the step after the previous logged step; with sampling (examples_every
+    # > 1) they hold more steps than they sampled.
+    start = steps - np.maximum(window_steps, 1) + 1
+    start[1:] = steps[:-1] + 1
+    if first_step is not None and first_step <= steps[0]:
+        start[0] = first_step
+    sampled = bool((window_steps < steps - start + 1).any())
     return DataSeries(
         run=run,
         replicas=[int(r) for r in replicas],
-        steps=np.array(kept, dtype=np.int64),
-        window_steps=np.diagonal(ov[:, 2], axis1=1, axis2=2)[:, 0].copy(),
+        steps=steps,
+        window_steps=window_steps,
         batch_size=ex[:, :, 0],
         distinct=ex[:, :, 1],
         duplicated=ex[:, :, 2],
@@ -565,6 +590,8 @@ def data_from_samples(run, samples, notes, replicas=None):
         steps_shared=ov[:, 2],
         sketch=ex[:, :, 4:],
         notes=notes,
+        window_start=start,
+        sampled=sampled,
     )
 
 
@@ -927,7 +954,13 @@ def read_run(provider, ctx, experiment_id, run, tags_of_run=None):
     }
     inputs = inputs_from_samples(run, samples, notes)
     rng = rng_from_samples(run, samples, notes)
-    data = data_from_samples(run, samples, notes, inputs.replicas or None)
+    data = data_from_samples(
+        run,
+        samples,
+        notes,
+        inputs.replicas or None,
+        int(inputs.steps[0]) if inputs.steps.size else None,
+    )
     variables = variables_from_samples(run, samples, notes)
     gradients = gradients_from_samples(run, samples, notes)
     return RunData(

@@ -269,7 +269,8 @@ def _data_text(series):
         for q in range(r + 1, series.num_replicas)
         if share[r, q] > 0
     ]
-    head = f"  examples ({total} steps): shared at the same step by replica pair: "
+    kind = "sampled steps" if getattr(series, "sampled", False) else "steps"
+    head = f"  examples ({total} {kind}): shared at the same step by replica pair: "
     return [head + ("; ".join(pairs) if pairs else "none")]
 
 

@@ -11,7 +11,7 @@ import subprocess
 
 import numpy as np
 import tensorflow as tf
-from conftest import VENV_BIN, TensorBoardServer, http_get, mirrored
+from conftest import VENV_BIN, TensorBoardServer, http_get, mirrored, small_model
 
 import tb_replica_plugin
 from demo import scenarios
@@ -40,7 +40,7 @@ def test_shared_examples_match_a_hand_count_eagerly(tmp_path):
         tf.data.Dataset.from_tensor_slices({"v": values[:, None], "label": labels}).batch(8)
     )
     expected_shared, expected_distinct = [], []
-    with ReplicaProbe(str(tmp_path), strategy, update_freq=3) as probe:
+    with ReplicaProbe(str(tmp_path), strategy, update_freq=3, examples_every=1) as probe:
         for batch in dataset:
             local = [
                 set(zip(rows(v), rows(lab), strict=True))
@@ -55,6 +55,7 @@ def test_shared_examples_match_a_hand_count_eagerly(tmp_path):
             probe.observe_examples(batch)
     run, findings = only_run(str(tmp_path))
     series = run.data
+    assert series.sampled is False
     assert expected_shared == [1, 2, 1]
     # update_freq=3: steps 0 and 3 are written in-graph, and close() writes the last one (2).
     assert series.steps.tolist() == [0, 2]
@@ -75,6 +76,80 @@ def test_shared_examples_match_a_hand_count_eagerly(tmp_path):
     assert finding.value == round(4 / 12, 6)
     loose = analysis.find_data(series, analysis.Thresholds(max_duplicate_share=0.5))
     assert loose == []
+
+
+def test_examples_every_samples_every_nth_and_every_logged_step(tmp_path):
+    """examples_every=3 with update_freq=4 over 10 steps: sampled steps 0, 3, 4, 6, 8, 9 (every
+    3rd and every logged one); written: the logged steps 0, 4, 8 and, at close, 9; the windows
+    count and sum the sampled steps only."""
+    strategy = mirrored(2)
+    # 10 steps of 2 examples per replica; replica 1 repeats replica 0's examples at steps 1, 4, 9.
+    values = np.arange(40, dtype="float32")
+    for step in (1, 4, 9):
+        values[4 * step + 2 : 4 * step + 4] = values[4 * step : 4 * step + 2]
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices(values[:, None]).batch(4)
+    )
+    probe = ReplicaProbe(str(tmp_path), strategy, update_freq=4, examples_every=3)
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(x):
+            probe.observe_inputs({"x": x})
+            probe.observe_examples({"x": x})
+            return tf.reduce_sum(x)
+
+        return strategy.run(step_fn, args=(batch,))
+
+    for batch in dataset:
+        train_step(batch)
+    probe.close()
+    run, findings = only_run(str(tmp_path))
+    series = run.data
+    assert series.steps.tolist() == [0, 4, 8, 9]
+    assert series.window_steps.tolist() == [1, 2, 2, 1]  # {0}, {3, 4}, {6, 8}, {9}
+    assert series.window_start.tolist() == [0, 1, 5, 9]
+    assert series.sampled is True
+    # Shared examples at the logged step and summed over the sampled steps of the window: step
+    # 1 (duplicated, not sampled) is in no window.
+    assert series.shared[:, 0, 1].tolist() == [0, 2, 0, 2]
+    assert series.window_shared[:, 0, 1].tolist() == [0, 2, 0, 2]
+    assert series.steps_shared[:, 0, 1].tolist() == [0, 1, 0, 1]
+    assert series.batch_size.tolist() == [[2, 2]] * 4
+    (finding,) = findings
+    assert (finding.replicas, finding.count, finding.first_step, finding.last_step) == (
+        [0, 1],
+        2,
+        1,
+        9,
+    )
+    assert "(at 2 of 6 sampled steps;" in finding.message
+    assert "examples (6 sampled steps)" in tb_replica_plugin.load(str(tmp_path)).to_text()
+
+
+def test_fit_samples_examples_at_every_nth_step_and_each_epoch_end(tmp_path):
+    """ReplicaCallback(examples_every=3), update_freq="epoch", 2 epochs of 5 steps: sampled
+    steps 0, 3, 4 (epoch end) | 6, 9; written at the epoch ends 4 and 9."""
+    strategy = mirrored(2)
+    x = np.arange(40, dtype="float32").reshape(40, 1)
+    model = small_model(strategy, 1)
+    model.fit(
+        tf.data.Dataset.from_tensor_slices((x, x)).batch(8),
+        epochs=2,
+        verbose=0,
+        callbacks=[tb_replica_plugin.ReplicaCallback(str(tmp_path), examples_every=3)],
+    )
+    run, _ = only_run(str(tmp_path))
+    series = run.data
+    assert series.steps.tolist() == [4, 9]
+    assert series.window_steps.tolist() == [3, 2]
+    assert series.window_start.tolist() == [0, 5]
+    assert series.sampled is True
+    assert series.window_shared[:, 0, 0].tolist() == [12, 8]  # 4 distinct examples per step
+    assert series.distinct.tolist() == [[4, 4], [4, 4]]
+    assert series.window_shared[:, 0, 1].tolist() == [0, 0]
+    # Every step is still in the inputs family.
+    assert run.inputs.steps.tolist() == list(range(10))
 
 
 def test_fingerprints_and_sketch_layout():

@@ -175,6 +175,7 @@ export async function fetchData(run, maxPoints, opts) {
     replicas: list(body.replicas),
     steps: numbers(body.steps),
     total_steps: toNumber(body.total_steps),
+    sampled: body.sampled === true,
     share: matrix(body.share),
     steps_shared: matrix(body.steps_shared),
     total_distinct: numbers(body.total_distinct),

@@ -10,9 +10,10 @@ few scalars per variable, so only `V + 2` floats and 4 ints per replica ever lea
 - NaN/Inf counts (int32 [4]: NaN in gradients, Inf in gradients, loss NaN, loss Inf).
 
 The counts are cheap to skip: the global squared norm is finite exactly when no gradient holds a
-NaN or an Inf (or the squares overflow float32, beyond ~1.8e19 per element), so the exact counts
-are computed only inside a `tf.cond` on that flag (and the loss check). A step without NaN/Inf
-costs the V reductions and one scalar `is_finite`.
+NaN or an Inf (or the squares overflow float32, beyond ~1.8e19 per element), so each replica
+only computes that flag (with the loss check); the probe computes the exact counts of every
+replica inside one `tf.cond` on the flags. A step without NaN/Inf costs the V reductions (one
+`l2_loss` each) and one scalar `is_finite` per replica.
 """
 
 import hashlib
@@ -89,7 +90,7 @@ def _as_float32(value):
 
 
 def replica_stats(grads, loss=None, scale=1.0, loss_scale=None):
-    """The stats of one replica's gradients, computed where they are (no copy to the host).
+    """The every-step stats of one replica's gradients, computed where they are (no copy).
 
     Args:
       grads: this replica's gradients (tensors or `tf.IndexedSlices`, no None).
@@ -99,57 +100,77 @@ def replica_stats(grads, loss=None, scale=1.0, loss_scale=None):
       loss_scale: factor the recorded loss is divided by (default: `scale`).
 
     Returns:
-      A tuple `(sq, loss, counts)`: float32 [V] sums of squares of each gradient divided by
-      `scale**2`, the float32 loss divided by `loss_scale` (NaN when `loss` is None), int32 [4]
-      non-finite counts (rows `NONFINITE_ROWS`; the loss rows are 0 when `loss` is None).
+      A tuple `(sq, loss, healthy, values)`: float32 [V] sums of squares of each gradient divided
+      by `scale**2`, the float32 loss divided by `loss_scale` (NaN when `loss` is None), a bool
+      scalar (the squared global norm and the loss are finite), and the float32 dense gradient
+      values (`IndexedSlices` combined) that `nonfinite_counts` counts in when `healthy` is
+      False.
     """
     values = [_as_float32(_dense_values(g)) for g in grads]
     inverse = 1.0 / _as_float32(scale)
     if values:
-        sq = tf.stack([tf.reduce_sum(tf.square(v)) for v in values]) * tf.square(inverse)
+        # One op per variable: l2_loss(v) = sum(v * v) / 2, the same sum (halving is exact).
+        sq = tf.stack([tf.nn.l2_loss(v) for v in values]) * (2.0 * tf.square(inverse))
     else:
         sq = tf.zeros([0], tf.float32)
     if loss is None:
         loss_value = tf.constant(float("nan"), tf.float32)
-        loss_finite = tf.constant(True)
+        healthy = tf.math.is_finite(tf.reduce_sum(sq))
     else:
         loss_divisor = _as_float32(scale if loss_scale is None else loss_scale)
         loss_value = tf.reshape(_as_float32(loss), [-1])[0] / loss_divisor
-        loss_finite = tf.math.is_finite(loss_value)
-    total = tf.reduce_sum(sq)
-    healthy = tf.logical_and(tf.math.is_finite(total), loss_finite)
-
-    def exact_counts():
-        def count(predicate):
-            if not values:
-                return tf.constant(0, tf.int32)
-            return tf.add_n([tf.math.count_nonzero(predicate(v), dtype=tf.int32) for v in values])
-
-        if loss is None:
-            loss_nan = loss_inf = tf.constant(0, tf.int32)
-        else:
-            loss_nan = tf.cast(tf.math.is_nan(loss_value), tf.int32)
-            loss_inf = tf.cast(tf.math.is_inf(loss_value), tf.int32)
-        return tf.stack([count(tf.math.is_nan), count(tf.math.is_inf), loss_nan, loss_inf])
-
-    counts = tf.cond(healthy, lambda: tf.zeros([4], tf.int32), exact_counts)
-    return sq, loss_value, counts
+        healthy = tf.math.is_finite(tf.reduce_sum(sq) + loss_value)
+    return sq, loss_value, healthy, values
 
 
-def dense_rows(per_replica_sq, per_replica_loss):
-    """The dense `[2 + V, R]` tensor from per-replica stats (cross-replica context).
+def nonfinite_counts(values, loss_value, has_loss):
+    """int32 [4] exact NaN/Inf counts of one replica (rows `NONFINITE_ROWS`).
+
+    Only computed (by the probe, under a `tf.cond`) at a step where some replica's `healthy`
+    flag is False: a finite sum of squares means no gradient element is NaN or Inf.
 
     Args:
-      per_replica_sq: list over replicas of float32 [V] sums of squares.
-      per_replica_loss: list over replicas of float32 scalars.
+      values: the replica's float32 gradient values (from `replica_stats`).
+      loss_value: its float32 loss (from `replica_stats`).
+      has_loss: whether a loss was given (else the loss rows are 0).
+    """
+
+    def count(predicate):
+        if not values:
+            return tf.constant(0, tf.int32)
+        return tf.add_n([tf.math.count_nonzero(predicate(v), dtype=tf.int32) for v in values])
+
+    if has_loss:
+        loss_nan = tf.cast(tf.math.is_nan(loss_value), tf.int32)
+        loss_inf = tf.cast(tf.math.is_inf(loss_value), tf.int32)
+    else:
+        loss_nan = loss_inf = tf.constant(0, tf.int32)
+    return tf.stack([count(tf.math.is_nan), count(tf.math.is_inf), loss_nan, loss_inf])
+
+
+def raw_rows(per_replica_sq, per_replica_loss):
+    """float32 `[1 + V, R]`: the loss row, then the sums of squares (cross-replica context).
+
+    What the probe keeps at every step for a host-side write (two ops); `dense_rows` turns it
+    into the written rows.
+    """
+    return tf.concat(
+        [tf.expand_dims(tf.stack(per_replica_loss), 0), tf.stack(per_replica_sq, axis=1)], 0
+    )
+
+
+def dense_rows(raw):
+    """The dense `[2 + V, R]` tensor of `gradients/norms` from `raw_rows`.
+
+    Args:
+      raw: float32 [1 + V, R] from `raw_rows`.
 
     Returns:
       float32 [2 + V, R]: global norm, loss, then the norm of each variable's gradient.
     """
-    sq = tf.stack(per_replica_sq, axis=1)  # [V, R]
+    sq = raw[1:]  # [V, R]
     global_norm = tf.sqrt(tf.reduce_sum(sq, axis=0, keepdims=True))
-    loss = tf.expand_dims(tf.stack(per_replica_loss), 0)
-    return tf.concat([global_norm, loss, tf.sqrt(sq)], axis=0)
+    return tf.concat([global_norm, raw[:1], tf.sqrt(sq)], axis=0)
 
 
 def variables_document(names, shapes, static_fields):

@@ -10,13 +10,15 @@ export function createDataView(target, { data, deviceName, workerOf = () => null
     return {};
   }
   const { replicas } = data;
+  // examples_every > 1: only sampled steps were compared; the others are absent, not empty.
+  const stepWord = data.sampled ? 'sampled steps' : 'steps';
   const matrix = createMatchMatrix({
     replicas,
     matrix: data.share,
     deviceName,
     workerOf,
-    title: `Examples two replicas got at the same step (share of the smaller replica's, over ${data.total_steps} steps)`,
-    cellText: (r, q) => (data.share[r][q] > 0 ? `${pct(data.share[r][q])} · ${data.steps_shared[r][q]} steps` : '0'),
+    title: `Examples two replicas got at the same step (share of the smaller replica's, over ${data.total_steps} ${stepWord})`,
+    cellText: (r, q) => (data.share[r][q] > 0 ? `${pct(data.share[r][q])} · ${data.steps_shared[r][q]} ${stepWord}` : '0'),
   });
   const rows = replicas.map((id, r) => {
     const distinct = data.total_distinct[r];
