@@ -3,9 +3,12 @@
 The same Keras MLP (64 → 256 → 256 → 1) trains on 4 logical CPU replicas with global batch 256.
 Variants are alternated (A B C D A B C D …) so drift of the machine hits them alike; each round
 fits one warm-up epoch (tracing) and times the following epochs. Prints one JSON document with
-the median seconds per step of each variant and its ratio to the no-callback baseline.
+the median seconds per step of each variant and its ratio to the no-callback baseline, in wall
+time and in CPU time of this process (`time.process_time()` per epoch: steadier than wall time on
+a shared machine, and it counts every thread of the step, replicas included).
 
     python -m benchmarks.fit_overhead [--steps-per-epoch 100] [--epochs 3] [--rounds 3]
+        [--variants no_callback replica_callback_default ...]
 """
 
 import argparse
@@ -20,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 class EpochTimer:
-    """Wall time of every epoch (no per-batch hooks, so it adds no per-step host work)."""
+    """Wall and CPU time of every epoch (no per-batch hooks, so it adds no per-step host work)."""
 
     def __new__(cls):
         import keras
@@ -29,12 +32,15 @@ class EpochTimer:
             def __init__(self):
                 super().__init__()
                 self.times = []
+                self.cpu_times = []
 
             def on_epoch_begin(self, epoch, logs=None):
                 self._start = time.perf_counter()
+                self._cpu_start = time.process_time()
 
             def on_epoch_end(self, epoch, logs=None):
                 self.times.append(time.perf_counter() - self._start)
+                self.cpu_times.append(time.process_time() - self._cpu_start)
 
         return _Timer()
 
@@ -45,6 +51,9 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument(
+        "--variants", nargs="*", help="variants to run (default: all; no_callback always runs)"
+    )
     args = parser.parse_args(argv)
 
     import keras
@@ -81,9 +90,17 @@ def main(argv=None):
         "replica_callback_inputs_only": lambda d: [
             ReplicaCallback(d, gradients=False, rng=False, examples=False, variables=False)
         ],
+        # The data family at every step (the default before examples_every, 2026-11-21).
+        "replica_callback_examples_every_1": lambda d: [ReplicaCallback(d, examples_every=1)],
         "replica_callback_every_step": lambda d: [ReplicaCallback(d, update_freq=1)],
     }
+    if args.variants:
+        unknown = set(args.variants) - set(variants)
+        if unknown:
+            parser.error(f"unknown variants {sorted(unknown)}; known: {sorted(variants)}")
+        variants = {k: v for k, v in variants.items() if k == "no_callback" or k in args.variants}
     per_step = {name: [] for name in variants}
+    cpu_per_step = {name: [] for name in variants}
     for round_index in range(args.rounds):
         for name, make_callbacks in variants.items():
             timer = EpochTimer()
@@ -95,7 +112,9 @@ def main(argv=None):
                 callbacks=[*make_callbacks(logdir), timer],
             )
             per_step[name].extend(t / args.steps_per_epoch for t in timer.times[1:])
+            cpu_per_step[name].extend(t / args.steps_per_epoch for t in timer.cpu_times[1:])
     base = statistics.median(per_step["no_callback"])
+    cpu_base = statistics.median(cpu_per_step["no_callback"])
     result = {
         "benchmark": "fit_overhead",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
@@ -105,6 +124,12 @@ def main(argv=None):
         "median_seconds_per_step": {k: round(statistics.median(v), 6) for k, v in per_step.items()},
         "ratio_to_no_callback": {
             k: round(statistics.median(v) / base, 4) for k, v in per_step.items()
+        },
+        "median_cpu_seconds_per_step": {
+            k: round(statistics.median(v), 6) for k, v in cpu_per_step.items()
+        },
+        "cpu_ratio_to_no_callback": {
+            k: round(statistics.median(v) / cpu_base, 4) for k, v in cpu_per_step.items()
         },
     }
     print(json.dumps(result, indent=1))

@@ -33,9 +33,12 @@ def test_every_benchmark_runs_and_prints_its_figures():
         "keras_tensorboard_update_freq_1",
         "replica_callback_default",
         "replica_callback_inputs_only",
+        "replica_callback_examples_every_1",
         "replica_callback_every_step",
     }
     assert all(v > 0 for v in fit["median_seconds_per_step"].values())
+    assert set(fit["median_cpu_seconds_per_step"]) == set(fit["ratio_to_no_callback"])
+    assert fit["cpu_ratio_to_no_callback"]["no_callback"] == 1.0
     loop = results["loop_overhead"]
     assert loop["ratio_to_no_probe"]["no_probe"] == 1.0
     assert all(v > 0 for v in loop["event_bytes_per_logged_step_per_replica"].values())
