@@ -90,6 +90,9 @@ def main(argv=None):
         "replica_callback_inputs_only": lambda d: [
             ReplicaCallback(d, gradients=False, rng=False, examples=False, variables=False)
         ],
+        # The default without the weight-drift check at epoch ends (the timer's epoch includes
+        # the callbacks' on_epoch_end, so the default's figure includes that check).
+        "replica_callback_default_variables_off": lambda d: [ReplicaCallback(d, variables=False)],
         # The data family at every step (the default before examples_every, 2026-11-21).
         "replica_callback_examples_every_1": lambda d: [ReplicaCallback(d, examples_every=1)],
         "replica_callback_every_step": lambda d: [ReplicaCallback(d, update_freq=1)],

@@ -33,6 +33,7 @@ def test_every_benchmark_runs_and_prints_its_figures():
         "keras_tensorboard_update_freq_1",
         "replica_callback_default",
         "replica_callback_inputs_only",
+        "replica_callback_default_variables_off",
         "replica_callback_examples_every_1",
         "replica_callback_every_step",
     }
