@@ -1586,6 +1586,11 @@ def merge_data(job, member_runs, workers, notes):
         steps_shared=steps_shared,
         sketch=sketch,
         notes=notes,
+        # The shortest window of each logged step (as window_steps); sampled when any worker was.
+        window_start=np.max(
+            [s.window_starts()[i] for s, i in zip(series, at, strict=True)], axis=0
+        ).astype(np.int64),
+        sampled=any(s.sampled for s in series),
     )
 
 
