@@ -38,6 +38,7 @@ from tb_replica_plugin.probe import (
     SCALING_AS_GIVEN,
     SCALING_REPLICA_LOSS,
     ReplicaProbe,
+    check_examples_every,
 )
 
 
@@ -318,14 +319,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         ):
             raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
         self.flush_secs = flush_secs
-        if (
-            isinstance(examples_every, bool)
-            or not isinstance(examples_every, int)
-            or examples_every < 1
-        ):
-            raise ValueError(
-                f"`examples_every` must be an integer >= 1. Received: {examples_every!r}"
-            )
+        check_examples_every(examples_every)
         self.examples_every = examples_every
         self.gradients = bool(gradients)
         self.rng = rng

@@ -136,6 +136,16 @@ class _Flusher:
 _FLUSHER = _Flusher()
 
 
+def check_examples_every(examples_every):
+    """Raises ValueError unless `examples_every` is an integer >= 1 (the data family's period)."""
+    if (
+        isinstance(examples_every, bool)
+        or not isinstance(examples_every, int)
+        or examples_every < 1
+    ):
+        raise ValueError(f"`examples_every` must be an integer >= 1. Received: {examples_every!r}")
+
+
 def _local_devices(strategy):
     """Device names of this worker's replicas, in replica order."""
     try:
@@ -265,14 +275,7 @@ class ReplicaProbe:
             )
         if source not in SOURCES:
             raise ValueError(f"`source` must be one of {SOURCES}. Received: {source!r}")
-        if (
-            isinstance(examples_every, bool)
-            or not isinstance(examples_every, int)
-            or examples_every < 1
-        ):
-            raise ValueError(
-                f"`examples_every` must be an integer >= 1. Received: {examples_every!r}"
-            )
+        check_examples_every(examples_every)
         if (
             isinstance(flush_secs, bool)
             or not isinstance(flush_secs, (int, float))
@@ -522,16 +525,24 @@ class ReplicaProbe:
             if not leaves:
                 self._warn_once("no_inputs", "tb_replica_plugin: observe_inputs got no tensors.")
                 return
-            merge = functools.partial(self._merge_inputs, names=names, step=step)
-            replica_context = tf.distribute.get_replica_context()
-            distributed = any(isinstance(leaf, tf.distribute.DistributedValues) for leaf in leaves)
-            if replica_context is not None and not distributed:
-                # Only the leaves go through merge_call: it regroups them into PerReplica values.
-                replica_context.merge_call(merge, args=(leaves,))
-            else:
-                merge(self.strategy, leaves)
+            self._merge_leaves(
+                functools.partial(self._merge_inputs, names=names, step=step), leaves
+            )
         except Exception as error:  # noqa: BLE001 - must never break training
             self._warn_inputs_failed(error)
+
+    def _merge_leaves(self, merge, leaves):
+        """Calls `merge(strategy, leaves)` in cross-replica context with PerReplica leaves.
+
+        From replica context only the leaves go through `merge_call` (no computation), which
+        regroups them into PerReplica values; distributed leaves are passed as they are.
+        """
+        replica_context = tf.distribute.get_replica_context()
+        distributed = any(isinstance(leaf, tf.distribute.DistributedValues) for leaf in leaves)
+        if replica_context is not None and not distributed:
+            replica_context.merge_call(merge, args=(leaves,))
+        else:
+            merge(self.strategy, leaves)
 
     def _warn_inputs_failed(self, error):
         self._warn_once(
@@ -880,15 +891,9 @@ class ReplicaProbe:
                     "last_step": [],
                 },
             )
-            merge = functools.partial(self._merge_examples, step=step)
-            replica_context = tf.distribute.get_replica_context()
-            distributed = any(isinstance(leaf, tf.distribute.DistributedValues) for leaf in leaves)
-            if replica_context is not None and not distributed:
-                # Only the leaves go through merge_call (no computation): the fingerprints are
-                # computed on each replica's device under the sampling tf.cond.
-                replica_context.merge_call(merge, args=(leaves,))
-            else:
-                merge(self.strategy, leaves)
+            # The fingerprints are computed in the merge, on each replica's device, under the
+            # sampling tf.cond.
+            self._merge_leaves(functools.partial(self._merge_examples, step=step), leaves)
         except Exception as error:  # noqa: BLE001 - must never break training
             self._warn_family_failed("data", error)
 

@@ -1200,15 +1200,15 @@ def merge_variables(job, member_runs, workers, notes):
       A `VariablesSeries` over the steps every worker logged, or None when no worker recorded
       variables (or their variable lists differ: noted).
     """
-    series = [getattr(m, "variables", None) for m in member_runs]
-    if all(s is None for s in series):
-        return None
-    if any(s is None for s in series):
-        missing = [w["name"] for w, s in zip(workers, series, strict=True) if s is None]
-        notes.append(
-            f"Workers {', '.join(missing)} recorded no variables: cross-worker weight drift is "
-            "not computed (call observe_variables on every worker)."
-        )
+    series = _members_with(
+        "variables",
+        member_runs,
+        workers,
+        notes,
+        "variables",
+        "no cross-worker weight drift; call observe_variables on every worker",
+    )
+    if series is None:
         return None
     versions = {
         int(s.placement_events[-1][1].get("fingerprint", {}).get("version", 1)) for s in series
