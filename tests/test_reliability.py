@@ -306,8 +306,14 @@ def test_keyboard_interrupt_in_a_step_restores_and_flushes(tmp_path):
     x, y = xy(80)
     callback = ReplicaCallback(str(tmp_path), update_freq=1, flush_secs=NEVER)
     assert threading.current_thread() is threading.main_thread()
-    with pytest.raises(KeyboardInterrupt):
-        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    # Python's own handler, even when the test runner was started with SIGINT ignored (a
+    # background job of a non-interactive shell, nohup): then SIGINT would do nothing here.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert "train_step" not in model.__dict__ and model.train_function is None
     series = read_run(str(tmp_path / "replicas"))
     assert series.dense_steps.tolist() == [0, 1, 2]
