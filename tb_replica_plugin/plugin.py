@@ -570,34 +570,43 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             )
         return http_util.Respond(request, {"runs": result}, "application/json")
 
-    @wrappers.Request.application
-    def _serve_inputs(self, request):
+    def _one_run(self, request, parsers):
+        """The run a route's request names, its `RunData` and its parsed arguments.
+
+        Args:
+          request: the werkzeug request; `run` is required.
+          parsers: `{argument name: parse function}`, applied in order to the raw values.
+
+        Returns:
+          `(run, run_data, {name: parsed value}, None)`, or `(run, None, None, response)` with
+          the 400 (missing run, bad argument) or 404 (unknown run) error response to return.
+        """
         run = request.args.get("run")
         if not run:
-            return _error(request, 400, "missing argument 'run'")
+            return run, None, None, _error(request, 400, "missing argument 'run'")
         try:
-            max_points = parse_max_points(request.args.get("max_points"))
-            body = downsample_inputs(self._read_runs(request, run)[run].inputs, max_points)
+            parsed = {name: parse(request.args.get(name)) for name, parse in parsers.items()}
+            return run, self._read_runs(request, run)[run], parsed, None
         except BadRequestError as error:
-            return _error(request, 400, str(error))
+            return run, None, None, _error(request, 400, str(error))
         except reader.RunNotFoundError:
-            return _error(request, 404, f"no replica data for run {run!r}")
+            return run, None, None, _error(request, 404, f"no replica data for run {run!r}")
+
+    @wrappers.Request.application
+    def _serve_inputs(self, request):
+        _, run_data, args, error = self._one_run(request, {"max_points": parse_max_points})
+        if error:
+            return error
+        body = downsample_inputs(run_data.inputs, args["max_points"])
         return http_util.Respond(request, body, "application/json")
 
     @wrappers.Request.application
     def _serve_variables(self, request):
-        run = request.args.get("run")
-        if not run:
-            return _error(request, 400, "missing argument 'run'")
-        try:
-            max_points = parse_max_points(request.args.get("max_points"))
-            top = parse_top(request.args.get("top"))
-            series = self._read_runs(request, run)[run].variables
-        except BadRequestError as error:
-            return _error(request, 400, str(error))
-        except reader.RunNotFoundError:
-            return _error(request, 404, f"no replica data for run {run!r}")
-        body = variables_body(series, top=top, max_points=max_points)
+        parsers = {"max_points": parse_max_points, "top": parse_top}
+        run, run_data, args, error = self._one_run(request, parsers)
+        if error:
+            return error
+        body = variables_body(run_data.variables, top=args["top"], max_points=args["max_points"])
         body["run"] = run
         return http_util.Respond(request, body, "application/json")
 
@@ -610,53 +619,34 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         return self._family_response(request, "data", data_body)
 
     def _family_response(self, request, family, body):
-        run = request.args.get("run")
-        if not run:
-            return _error(request, 400, "missing argument 'run'")
-        try:
-            max_points = parse_max_points(request.args.get("max_points"))
-            series = getattr(self._read_runs(request, run)[run], family)
-        except BadRequestError as error:
-            return _error(request, 400, str(error))
-        except reader.RunNotFoundError:
-            return _error(request, 404, f"no replica data for run {run!r}")
+        run, run_data, args, error = self._one_run(request, {"max_points": parse_max_points})
+        if error:
+            return error
+        series = getattr(run_data, family)
         if series is None:
             # A run without this family answers 200 with no data: the tab asks every run.
             empty = {"run": run, "replicas": [], "steps": [], "logged_steps": 0, "notes": []}
             empty.update({"generators": []} if family == "rng" else {"total_steps": 0})
             return http_util.Respond(request, empty, "application/json")
-        return http_util.Respond(request, body(series, max_points), "application/json")
+        return http_util.Respond(request, body(series, args["max_points"]), "application/json")
 
     @wrappers.Request.application
     def _serve_step_time(self, request):
-        run = request.args.get("run")
-        if not run:
-            return _error(request, 400, "missing argument 'run'")
-        try:
-            max_points = parse_max_points(request.args.get("max_points"))
-            body = step_time_body(self._read_runs(request, run)[run], max_points)
-        except BadRequestError as error:
-            return _error(request, 400, str(error))
-        except reader.RunNotFoundError:
-            return _error(request, 404, f"no replica data for run {run!r}")
+        _, run_data, args, error = self._one_run(request, {"max_points": parse_max_points})
+        if error:
+            return error
+        body = step_time_body(run_data, args["max_points"])
         return http_util.Respond(request, body, "application/json")
 
     @wrappers.Request.application
     def _serve_gradients(self, request):
-        run = request.args.get("run")
-        if not run:
-            return _error(request, 400, "missing argument 'run'")
-        try:
-            max_points = parse_max_points(request.args.get("max_points"))
-            step = parse_step(request.args.get("step"))
-            run_data = self._read_runs(request, run)[run]
-        except BadRequestError as error:
-            return _error(request, 400, str(error))
-        except reader.RunNotFoundError:
-            return _error(request, 404, f"no replica data for run {run!r}")
+        parsers = {"max_points": parse_max_points, "step": parse_step}
+        run, run_data, args, error = self._one_run(request, parsers)
+        if error:
+            return error
         if run_data.gradients is None:
             return _error(request, 404, f"no gradient data for run {run!r}")
-        body = gradients_body(run_data.gradients, max_points, step)
+        body = gradients_body(run_data.gradients, args["max_points"], args["step"])
         body["notes"] = run_data.notes
         return http_util.Respond(request, body, "application/json")
 
