@@ -26,28 +26,9 @@ import statistics
 import tempfile
 import time
 
+from benchmarks import common
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-class _EpochClock:
-    """Wall and process CPU time of every epoch (no per-batch hooks)."""
-
-    def __new__(cls):
-        import keras
-
-        class _Clock(keras.callbacks.Callback):
-            def __init__(self):
-                super().__init__()
-                self.times, self.cpu = [], []
-
-            def on_epoch_begin(self, epoch, logs=None):
-                self._start = (time.perf_counter(), time.process_time())
-
-            def on_epoch_end(self, epoch, logs=None):
-                self.times.append(time.perf_counter() - self._start[0])
-                self.cpu.append(time.process_time() - self._start[1])
-
-        return _Clock()
 
 
 def _time_checks(probe, variables, exact, repeats):
@@ -69,7 +50,6 @@ def main():
     parser.add_argument("--replicas", type=int, default=4)
     args = parser.parse_args()
 
-    import keras
     import numpy as np
     import tensorflow as tf
 
@@ -79,21 +59,9 @@ def main():
     from tb_replica_plugin.collectors import variables as collector
 
     strategy = tf.distribute.MirroredStrategy(configure_devices(args.replicas))
-    batch = 256
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(batch * args.steps_per_epoch, 64)).astype("float32")
-    y = rng.normal(size=(batch * args.steps_per_epoch, 1)).astype("float32")
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache().prefetch(2)
+    dataset = common.mlp_dataset(args.steps_per_epoch)
+    model = common.mlp_model(strategy)
     with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((64,)),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dense(1),
-            ]
-        )
-        model.compile(optimizer="adam", loss="mse")
         large = tf.Variable(tf.random.normal([2048, 2048]), name="large")
     workdir = tempfile.mkdtemp(prefix="tb_replica_drift_bench_")
     model.fit(dataset, epochs=1, verbose=0)  # builds the optimizer slots
@@ -120,19 +88,15 @@ def main():
         "default_no_drift": lambda d: [ReplicaCallback(d, variables=False)],
         "default_drift_at_epoch_end": lambda d: [ReplicaCallback(d)],
     }
-    per_step = {name: [] for name in variants}
-    cpu_per_step = {name: [] for name in variants}
-    for round_index in range(args.rounds):
-        for name, make_callbacks in variants.items():
-            timer = _EpochClock()
-            model.fit(
-                dataset,
-                epochs=1 + args.epochs,
-                verbose=0,
-                callbacks=[*make_callbacks(os.path.join(workdir, f"{name}_{round_index}")), timer],
-            )
-            per_step[name].extend(t / args.steps_per_epoch for t in timer.times[1:])
-            cpu_per_step[name].extend(t / args.steps_per_epoch for t in timer.cpu[1:])
+    per_step, cpu_per_step = common.alternate_fits(
+        model,
+        dataset,
+        variants,
+        rounds=args.rounds,
+        epochs=args.epochs,
+        steps_per_epoch=args.steps_per_epoch,
+        workdir=workdir,
+    )
     median = {k: statistics.median(v) for k, v in per_step.items()}
     best = {k: min(v) for k, v in per_step.items()}
     cpu = {k: statistics.median(v) for k, v in cpu_per_step.items()}

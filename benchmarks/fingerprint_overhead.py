@@ -23,51 +23,17 @@ import statistics
 import tempfile
 import time
 
+from benchmarks import common
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def make_timer():
-    """A Keras callback recording (wall, CPU) seconds of every epoch."""
-    import keras
-
-    class Timer(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.times = []
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self._start = (time.perf_counter(), time.process_time())
-
-        def on_epoch_end(self, epoch, logs=None):
-            wall, cpu = self._start
-            self.times.append((time.perf_counter() - wall, time.process_time() - cpu))
-
-    return Timer()
-
-
 def fit_variants(strategy, args):
-    import keras
-    import numpy as np
-    import tensorflow as tf
 
     from tb_replica_plugin import ReplicaCallback
 
-    batch = 256
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(batch * args.steps_per_epoch, 64)).astype("float32")
-    y = rng.normal(size=(batch * args.steps_per_epoch, 1)).astype("float32")
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache().prefetch(2)
-    with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((64,)),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dropout(0.2),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dense(1),
-            ]
-        )
-        model.compile(optimizer="adam", loss="mse")
+    dataset = common.mlp_dataset(args.steps_per_epoch)
+    model = common.mlp_model(strategy, dropout=0.2)
     workdir = tempfile.mkdtemp(prefix="tb_replica_fp_bench_")
     variants = {
         "no_callback": lambda d: [],
@@ -76,26 +42,21 @@ def fit_variants(strategy, args):
         "inputs_examples": lambda d: [ReplicaCallback(d, rng=False)],
         "all_default": lambda d: [ReplicaCallback(d)],
     }
-    wall = {name: [] for name in variants}
-    cpu = {name: [] for name in variants}
-    for round_index in range(args.rounds):
-        for name, make_callbacks in variants.items():
-            timer = make_timer()
-            model.fit(
-                dataset,
-                epochs=1 + args.epochs,
-                verbose=0,
-                callbacks=[*make_callbacks(os.path.join(workdir, f"{name}_{round_index}")), timer],
-            )
-            for seconds, cpu_seconds in timer.times[1:]:
-                wall[name].append(seconds / args.steps_per_epoch)
-                cpu[name].append(cpu_seconds / args.steps_per_epoch)
+    wall, cpu = common.alternate_fits(
+        model,
+        dataset,
+        variants,
+        rounds=args.rounds,
+        epochs=args.epochs,
+        steps_per_epoch=args.steps_per_epoch,
+        workdir=workdir,
+    )
     med_wall = {k: statistics.median(v) for k, v in wall.items()}
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     base = "inputs_only"
     return {
         "replicas": strategy.num_replicas_in_sync,
-        "global_batch": batch,
+        "global_batch": common.GLOBAL_BATCH,
         "timed_steps_per_variant": args.rounds * args.epochs * args.steps_per_epoch,
         "median_wall_seconds_per_step": {k: round(v, 6) for k, v in med_wall.items()},
         "median_cpu_seconds_per_step": {k: round(v, 6) for k, v in med_cpu.items()},

@@ -17,32 +17,10 @@ import os
 import platform
 import statistics
 import tempfile
-import time
+
+from benchmarks import common
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-class EpochTimer:
-    """Wall and CPU time of every epoch (no per-batch hooks, so it adds no per-step host work)."""
-
-    def __new__(cls):
-        import keras
-
-        class _Timer(keras.callbacks.Callback):
-            def __init__(self):
-                super().__init__()
-                self.times = []
-                self.cpu_times = []
-
-            def on_epoch_begin(self, epoch, logs=None):
-                self._start = time.perf_counter()
-                self._cpu_start = time.process_time()
-
-            def on_epoch_end(self, epoch, logs=None):
-                self.times.append(time.perf_counter() - self._start)
-                self.cpu_times.append(time.process_time() - self._cpu_start)
-
-        return _Timer()
 
 
 def main(argv=None):
@@ -57,28 +35,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import keras
-    import numpy as np
     import tensorflow as tf
 
     from demo.scenarios import configure_devices
     from tb_replica_plugin import ReplicaCallback
 
     strategy = tf.distribute.MirroredStrategy(configure_devices(args.replicas))
-    batch = 256
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(batch * args.steps_per_epoch, 64)).astype("float32")
-    y = rng.normal(size=(batch * args.steps_per_epoch, 1)).astype("float32")
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache().prefetch(2)
-    with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((64,)),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dense(1),
-            ]
-        )
-        model.compile(optimizer="adam", loss="mse")
+    dataset = common.mlp_dataset(args.steps_per_epoch)
+    model = common.mlp_model(strategy)
     workdir = tempfile.mkdtemp(prefix="tb_replica_bench_")
     variants = {
         "no_callback": lambda d: [],
@@ -102,27 +66,22 @@ def main(argv=None):
         if unknown:
             parser.error(f"unknown variants {sorted(unknown)}; known: {sorted(variants)}")
         variants = {k: v for k, v in variants.items() if k == "no_callback" or k in args.variants}
-    per_step = {name: [] for name in variants}
-    cpu_per_step = {name: [] for name in variants}
-    for round_index in range(args.rounds):
-        for name, make_callbacks in variants.items():
-            timer = EpochTimer()
-            logdir = os.path.join(workdir, f"{name}_{round_index}")
-            model.fit(
-                dataset,
-                epochs=1 + args.epochs,
-                verbose=0,
-                callbacks=[*make_callbacks(logdir), timer],
-            )
-            per_step[name].extend(t / args.steps_per_epoch for t in timer.times[1:])
-            cpu_per_step[name].extend(t / args.steps_per_epoch for t in timer.cpu_times[1:])
+    per_step, cpu_per_step = common.alternate_fits(
+        model,
+        dataset,
+        variants,
+        rounds=args.rounds,
+        epochs=args.epochs,
+        steps_per_epoch=args.steps_per_epoch,
+        workdir=workdir,
+    )
     base = statistics.median(per_step["no_callback"])
     cpu_base = statistics.median(cpu_per_step["no_callback"])
     result = {
         "benchmark": "fit_overhead",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "replicas": args.replicas,
-        "global_batch": batch,
+        "global_batch": common.GLOBAL_BATCH,
         "timed_steps_per_variant": args.rounds * args.epochs * args.steps_per_epoch,
         "median_seconds_per_step": {k: round(statistics.median(v), 6) for k, v in per_step.items()},
         "ratio_to_no_callback": {

@@ -1,0 +1,82 @@
+"""What the `fit` benchmarks share: the MLP, its data, and variants timed in alternation.
+
+The model is the performance issue's MLP (64 → 256 → 256 → 1, Adam, MSE) on a cached dataset
+of global batch 256; each round fits every variant once (A B C … A B C …) so drift of the
+machine hits them alike, and the first epoch of each fit (tracing) is not timed.
+"""
+
+import os
+import time
+
+GLOBAL_BATCH = 256
+
+
+def mlp_dataset(steps_per_epoch, seed=0):
+    """`tf.data.Dataset` of `steps_per_epoch` batches of GLOBAL_BATCH (x [64], y [1]), cached."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(GLOBAL_BATCH * steps_per_epoch, 64)).astype("float32")
+    y = rng.normal(size=(GLOBAL_BATCH * steps_per_epoch, 1)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH).cache().prefetch(2)
+
+
+def mlp_model(strategy, dropout=None):
+    """The compiled MLP under `strategy.scope()`; `dropout`: a Dropout rate after layer 1."""
+    import keras
+
+    with strategy.scope():
+        layers = [keras.Input((64,)), keras.layers.Dense(256, activation="relu")]
+        if dropout is not None:
+            layers.append(keras.layers.Dropout(dropout))
+        layers += [keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)]
+        model = keras.Sequential(layers)
+        model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def epoch_timer():
+    """A Keras callback keeping the wall (`times`) and process CPU (`cpu_times`) seconds of every
+    epoch; no per-batch hooks, so it adds no per-step host work."""
+    import keras
+
+    class EpochTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.times, self.cpu_times = [], []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._start = (time.perf_counter(), time.process_time())
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.times.append(time.perf_counter() - self._start[0])
+            self.cpu_times.append(time.process_time() - self._start[1])
+
+    return EpochTimer()
+
+
+def alternate_fits(model, dataset, variants, *, rounds, epochs, steps_per_epoch, workdir):
+    """Fits `model` once per variant per round, 1 + `epochs` epochs each, variants alternated.
+
+    Args:
+      variants: `{name: make_callbacks(log_dir) -> list of callbacks}`.
+
+    Returns:
+      `(wall, cpu)`: `{name: [seconds per step of each timed epoch]}` each.
+    """
+    wall = {name: [] for name in variants}
+    cpu = {name: [] for name in variants}
+    for round_index in range(rounds):
+        for name, make_callbacks in variants.items():
+            timer = epoch_timer()
+            log_dir = os.path.join(workdir, f"{name}_{round_index}")
+            model.fit(
+                dataset,
+                epochs=1 + epochs,
+                verbose=0,
+                callbacks=[*make_callbacks(log_dir), timer],
+            )
+            wall[name].extend(t / steps_per_epoch for t in timer.times[1:])
+            cpu[name].extend(t / steps_per_epoch for t in timer.cpu_times[1:])
+    return wall, cpu
