@@ -356,25 +356,13 @@ def bad_server(bad_logs):
 
 def test_hostile_names_render_as_text_and_bad_data_notes_show(bad_server):
     from playwright.sync_api import sync_playwright
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, tab_frame, wait_ready
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, open_tab, wait_ready
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
         )
-        page = browser.new_page(viewport={"width": 1300, "height": 1000})
-        errors = []
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(bad_server.url + "/#replicas", wait_until="load")
-        frame = None
-        for _ in range(300):
-            frame = tab_frame(page)
-            if frame:
-                break
-            page.wait_for_timeout(100)
-        assert frame is not None, [f.url for f in page.frames]
-        wait_ready(frame)
+        page, frame, errors = open_tab(bad_server, browser)
 
         options = frame.eval_on_selector_all("#run-select option", "els => els.map(e => e.text)")
         assert HOSTILE_RUN in options and SCRIPT_RUN in options
