@@ -56,7 +56,7 @@ def main():
     from demo.scenarios import configure_devices
     from tb_replica_plugin import ReplicaCallback, ReplicaProbe
     from tb_replica_plugin.callback import fit_variables
-    from tb_replica_plugin.collectors import variables as collector
+    from tb_replica_plugin.families.variables import fingerprint as collector
 
     strategy = tf.distribute.MirroredStrategy(configure_devices(args.replicas))
     dataset = common.mlp_dataset(args.steps_per_epoch)

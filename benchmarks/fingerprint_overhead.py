@@ -77,7 +77,7 @@ def ops_alone(repeats, iterations=100):
     import numpy as np
     import tensorflow as tf
 
-    from tb_replica_plugin.collectors import data as data_collector
+    from tb_replica_plugin.families.examples import record as data_collector
 
     def timed(function, *args):
         function(*args)  # trace

@@ -30,13 +30,12 @@ import warnings
 import tensorflow as tf
 
 from tb_replica_plugin import keras_compat
-from tb_replica_plugin.collectors import inputs as inputs_collector
-from tb_replica_plugin.collectors import rng as rng_collector
+from tb_replica_plugin.families.gradients.record import SCALING_AS_GIVEN, SCALING_REPLICA_LOSS
+from tb_replica_plugin.families.inputs import record as inputs_record
+from tb_replica_plugin.families.rng import record as rng_record
 from tb_replica_plugin.probe import (
     DEFAULT_EXAMPLES_EVERY,
     DEFAULT_FLUSH_SECS,
-    SCALING_AS_GIVEN,
-    SCALING_REPLICA_LOSS,
     ReplicaProbe,
     check_examples_every,
 )
@@ -182,6 +181,7 @@ def gradient_observer(probe, model, optimizer, capture):
     (`keras_compat.optimizer_info`). With an overridden `compute_loss`, or no loss seen,
     gradients are recorded as given (divided by that loss scale).
     """
+    recorder = probe.recorder("gradients")
     keras_loss = uses_keras_compute_loss(model)
     replicas = model.distribute_strategy.num_replicas_in_sync
     info = keras_compat.optimizer_info(optimizer)
@@ -197,7 +197,7 @@ def gradient_observer(probe, model, optimizer, capture):
             )
             replica_loss = loss is not None and keras_loss
             divide = 1.0 / replicas if replica_loss else 1.0
-            probe._observe_gradients(
+            recorder.observe(
                 grads,
                 variables,
                 loss,
@@ -208,7 +208,7 @@ def gradient_observer(probe, model, optimizer, capture):
                 loss_scaled=info.loss_scaled,
             )
         except Exception as error:  # noqa: BLE001 - never break training
-            probe._warn_gradients_failed(error)
+            recorder.warn(error)
 
     return observe
 
@@ -216,6 +216,8 @@ def gradient_observer(probe, model, optimizer, capture):
 UPDATE_FREQ_WORDS = ("batch", "epoch")
 # Set on the model at the end of an instrumented fit: the step the next fit starts from.
 NEXT_STEP_ATTR = "_tb_replica_next_step"
+# Set on the model while a ReplicaCallback's hooks are installed: that callback.
+INSTALLED_ATTR = "_tb_replica_installed_by"
 
 
 class ReplicaCallback(*keras_compat.callback_bases()):
@@ -330,11 +332,37 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         self._probe = None
         self._patched = None
         self._undo_hooks = []
+        self._armed = False  # set_model ran: the next make_train_function is this fit's
+        self._training = False
+        self._traced = None  # (what it depends on, the instrumented train function)
 
     @property
     def probe(self):
         """The `ReplicaProbe` this callback writes with (None before training starts)."""
         return self._probe
+
+    # ----------------------------------------------------------------- Keras hooks
+
+    def set_model(self, model):
+        """Instruments `model` before `fit` builds its train function (Keras calls this first).
+
+        `fit` builds its `CallbackList` (so this runs) *before* `make_train_function`, so the
+        instrumented step is traced once, by Keras itself. The traced train function is kept and
+        handed back to the next `fit` of the same model with this callback: no retrace.
+        """
+        super().set_model(model)
+        try:
+            if keras_compat.strategy_refusal(model.distribute_strategy):
+                return  # warned at on_train_begin, where fit is known to train
+            self._install(model)
+        except Exception as error:  # noqa: BLE001 - never break the training it watches
+            warnings.warn(
+                "tb_replica_plugin: ReplicaCallback could not instrument the train step, "
+                f"training goes on without it: {type(error).__name__}: {error}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self._restore(model)
 
     def on_train_begin(self, logs=None):
         strategy = self.model.distribute_strategy
@@ -346,22 +374,15 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                 stacklevel=2,
             )
             return
-        if self._probe is None:
-            self._probe = ReplicaProbe(
-                os.path.join(self.log_dir, self.run_name),
-                strategy=strategy,
-                update_freq=None if self.update_freq == "epoch" else self.update_freq,
-                source="fit",
-                flush_secs=self.flush_secs,
-                examples_every=self.examples_every,
-            )
+        if self._patched is None:
+            return  # instrumenting failed (warned at set_model)
+        self._training = True
         try:
             self._probe.set_step(self._initial_step())
-            self._instrument(self.model)
         except Exception as error:  # noqa: BLE001 - never break the training it watches
             warnings.warn(
-                "tb_replica_plugin: ReplicaCallback could not instrument the train step, "
-                f"training goes on without it: {type(error).__name__}: {error}",
+                "tb_replica_plugin: ReplicaCallback could not start recording, training goes "
+                f"on without it: {type(error).__name__}: {error}",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -380,11 +401,22 @@ class ReplicaCallback(*keras_compat.callback_bases()):
     def on_train_end(self, logs=None):
         self._finish(self.model)
 
+    def on_test_end(self, logs=None):
+        # `evaluate`/`predict` with this callback also call set_model; `fit`'s validation runs
+        # inside training (keep the instrumentation then).
+        if not self._training:
+            self._restore(self.model)
+
+    def on_predict_end(self, logs=None):
+        if not self._training:
+            self._restore(self.model)
+
     def _finish(self, model):
         """Restores the model and writes what was recorded: at train end, or when a step raised.
 
         Also keeps where the steps stopped, so that the next fit continues the step axis.
         """
+        self._training = False
         try:
             self._restore(model)
         finally:
@@ -410,9 +442,95 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         iterations = keras_compat.optimizer_iterations(self.model) or 0
         return max(iterations, getattr(self.model, NEXT_STEP_ATTR, 0))
 
-    def _instrument(self, model):
+    def _traced_key(self, model):
+        """What the kept train function depends on besides the model: a recompiled model (new
+        optimizer or loss) or another `steps_per_execution` needs a new trace."""
+        return (
+            id(model),
+            id(getattr(model, "optimizer", None)),
+            id(getattr(model, "_compile_loss", getattr(model, "compiled_loss", None))),
+            getattr(model, "steps_per_execution", 1),
+            bool(getattr(model, "run_eagerly", False)),
+        )
+
+    def _install(self, model):
+        """Wraps `train_step`, the gradient hooks and `make_train_function` (instance
+        attributes) so that the train function Keras builds next is the instrumented one."""
+        owner = model.__dict__.get(INSTALLED_ATTR)
+        if owner is self and self._patched is not None:
+            self._armed = True  # a fit after a failed one: still instrumented
+            return
+        if owner is not None and owner is not self:
+            owner._finish(model)  # another ReplicaCallback left its hooks (its fit failed)
+        if self._probe is None:
+            self._probe = ReplicaProbe(
+                os.path.join(self.log_dir, self.run_name),
+                strategy=model.distribute_strategy,
+                update_freq=None if self.update_freq == "epoch" else self.update_freq,
+                source="fit",
+                flush_secs=self.flush_secs,
+                examples_every=self.examples_every,
+            )
+        # The probe's state exists before Keras traces the step: variables created during a
+        # first trace would make TensorFlow trace the step twice.
+        self._probe.build()
         had_own = "train_step" in model.__dict__
-        original = model.train_step
+        self._patched = (had_own, model.__dict__.get("train_step"), model.jit_compile)
+        object.__setattr__(model, INSTALLED_ATTR, self)
+        if model.jit_compile:
+            warnings.warn(
+                "tb_replica_plugin: summaries cannot be written from XLA-compiled steps; "
+                "ReplicaCallback turns `jit_compile` off for this fit.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            model.jit_compile = False
+        model.train_step = self._instrumented_step(model, model.train_step)
+        self._hook_gradients(model, self._probe)
+        self._armed = True
+        traced = self._traced
+        # Keras reuses `model.train_function` when set: ours if this model was traced with this
+        # callback before, else none (a train function built without the probe is not reused).
+        if traced is not None and traced[0] == self._traced_key(model):
+            model.train_function = self._guarded(model, traced[1])
+        else:
+            model.train_function = None
+        original_make = model.make_train_function
+
+        def make_train_function(force=False):
+            if not self._armed:
+                # A new fit/train_on_batch without this callback while the hooks are still in
+                # place (the previous fit did not end normally): the original step comes back.
+                self._finish(model)
+                return model.make_train_function(force=force)
+            self._armed = False
+            kept = self._traced
+            if not force and kept is not None and kept[0] == self._traced_key(model):
+                model.train_function = self._guarded(model, kept[1])
+                return model.train_function
+            result = original_make(force=force)
+            built = result if result is not None else model.train_function
+            self._traced = (self._traced_key(model), built)
+            model.train_function = self._guarded(model, built)
+            return model.train_function
+
+        object.__setattr__(model, "make_train_function", make_train_function)
+
+    def _guarded(self, model, instrumented):
+        """`instrumented`, restoring the model and flushing when an exception escapes a step."""
+
+        def train_function(*args, **kwargs):
+            try:
+                return instrumented(*args, **kwargs)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                raise  # the end of a dataset of unknown length: fit goes on with the next epoch
+            except BaseException:  # KeyboardInterrupt too; the exception goes on unchanged
+                self._finish(model)
+                raise
+
+        return train_function
+
+    def _instrumented_step(self, model, original):
         probe = self._probe
         observers = [_inputs_observer(probe)]
         if self.examples:
@@ -424,9 +542,9 @@ class ReplicaCallback(*keras_compat.callback_bases()):
 
         def train_step(data):
             try:
-                batch = inputs_collector.name_fit_batch(data)
+                batch = inputs_record.name_fit_batch(data)
             except Exception as error:  # noqa: BLE001 - never break the training it watches
-                probe._warn_inputs_failed(error)  # noqa: SLF001 - the probe's one warning
+                probe.warn_failed("inputs", error)
             else:
                 for observe in observers:
                     observe(batch)
@@ -441,38 +559,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                     probe.observe_variables(variables, exact=exact)
             return outputs
 
-        self._patched = (had_own, model.__dict__.get("train_step"), model.jit_compile)
-        if model.jit_compile:
-            warnings.warn(
-                "tb_replica_plugin: summaries cannot be written from XLA-compiled steps; "
-                "ReplicaCallback turns `jit_compile` off for this fit.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            model.jit_compile = False
-        model.train_step = train_step
-        self._hook_gradients(model, probe)
-        model.make_train_function(force=True)
-        instrumented = model.train_function
-
-        def train_function(*args, **kwargs):
-            try:
-                return instrumented(*args, **kwargs)
-            except (StopIteration, tf.errors.OutOfRangeError):
-                raise  # the end of a dataset of unknown length: fit goes on with the next epoch
-            except BaseException:  # KeyboardInterrupt too; the exception goes on unchanged
-                self._finish(model)
-                raise
-
-        model.train_function = train_function
-
-        def make_train_function(force=False):
-            # Only a new fit/train_on_batch asks for a train function while this one is in place
-            # (this fit asked before on_train_begin): the previous fit did not end normally.
-            self._finish(model)
-            return model.make_train_function(force=force)
-
-        model.make_train_function = make_train_function
+        return train_step
 
     def _hook_gradients(self, model, probe):
         if not self.gradients:
@@ -486,12 +573,16 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         self._undo_hooks.append(hook_optimizer(optimizer, observe))
 
     def _restore(self, model):
+        """Puts the model back as it was before `set_model` (the traced function is kept)."""
+        self._armed = False
         while self._undo_hooks:
             self._undo_hooks.pop()()
         if self._patched is None:
             return
         had_own, own_step, jit_compile = self._patched
         self._patched = None
+        if model.__dict__.get(INSTALLED_ATTR) is self:
+            model.__dict__.pop(INSTALLED_ATTR, None)
         model.__dict__.pop("make_train_function", None)
         if had_own:
             model.train_step = own_step
@@ -499,7 +590,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             model.__dict__.pop("train_step", None)
         if model.jit_compile != jit_compile:
             model.jit_compile = jit_compile
-        # The next fit must build a train function without the probe.
+        # The next fit without this callback must build a train function without the probe.
         model.train_function = None
 
 
@@ -519,9 +610,9 @@ def _sample_examples_at_epoch_end(probe, steps):
     step written at the epoch end). Unknown epoch length: the last sampled step is written."""
     try:
         if steps:
-            probe._sample_examples_in(steps)  # noqa: SLF001 - the callback's own probe
+            probe.recorder("examples").sample_last_of(steps)
     except Exception as error:  # noqa: BLE001 - never break the training
-        probe._warn_family_failed("data", error)  # noqa: SLF001
+        probe.warn_failed("data", error)
 
 
 def _rng_observer(probe, model, generators):
@@ -530,7 +621,7 @@ def _rng_observer(probe, model, generators):
     It runs before the model's own step so it sees the state each draw of this step starts from.
     """
     sources = [model] if generators is None else [model, generators]
-    if not rng_collector.find_generators(sources):
+    if not rng_record.find_generators(sources):
         return []
     return [lambda batch: probe.observe_rng(sources)]
 

@@ -12,7 +12,7 @@ import os
 import tensorflow as tf
 
 from tb_replica_plugin import analysis, reader
-from tb_replica_plugin.collectors import inputs as inputs_collector
+from tb_replica_plugin.families.inputs import record as inputs_record
 from tb_replica_plugin.probe import ReplicaProbe
 
 
@@ -72,7 +72,7 @@ def inspect_dataset(strategy, dataset, log_dir, steps=10, run_name="inspect_data
         for step, batch in enumerate(dataset):
             if step >= steps:
                 break
-            probe.observe_inputs(inputs_collector.name_fit_batch(batch), step=step)
+            probe.observe_inputs(inputs_record.name_fit_batch(batch), step=step)
     probe.close()
     run_data = next(iter(reader.read_log_dir(run_dir).values()), None)
     if run_data is None:

@@ -115,7 +115,7 @@ def test_metadata_roundtrip_and_newer_schema_refused():
 
 
 def test_flatten_with_names():
-    from tb_replica_plugin.collectors.inputs import flatten_with_names, name_fit_batch
+    from tb_replica_plugin.families.inputs.record import flatten_with_names, name_fit_batch
 
     assert flatten_with_names({"b": 1, "a": (2, None)}) == [("a/0", 2), ("b", 1)]
     assert [n for n, _ in flatten_with_names(name_fit_batch(({"img": 1}, 2, None)))] == [

@@ -196,6 +196,35 @@ def test_overridden_train_step_and_model_restored_after_fit(tmp_path):
     assert series.batch_size.tolist() == [[4, 4], [4, 4]]
 
 
+def test_train_step_traced_once_per_model_across_two_fits(tmp_path):
+    traces = []
+
+    class Counting(keras.Model):
+        def train_step(self, data):
+            traces.append(1)  # Python: runs only while the step is traced, once per replica
+            return super().train_step(data)
+
+    strategy = mirrored(2)
+    with strategy.scope():
+        inputs = keras.Input((3,))
+        model = Counting(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(optimizer="sgd", loss="mse")
+    callback = ReplicaCallback(str(tmp_path))
+    _fit(strategy, str(tmp_path), examples=32, batch=8, epochs=2, model=model, callback=callback)
+    assert len(traces) == 2  # one trace: the step runs once per replica while tracing
+    assert "train_step" not in model.__dict__ and model.train_function is None
+    _fit(strategy, str(tmp_path), examples=32, batch=8, epochs=1, model=model, callback=callback)
+    assert len(traces) == 2  # the second fit reuses the instrumented train function
+    series, _ = only_run(str(tmp_path))
+    assert series.steps.tolist() == list(range(12))
+    assert series.batch_size.tolist() == [[4, 4]] * 12
+    # A fit without the callback gets a train function without the probe (one more trace).
+    x = np.zeros((16, 3), "float32")
+    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0)
+    assert len(traces) == 4
+    assert only_run(str(tmp_path))[0].steps.tolist() == list(range(12))
+
+
 def test_probe_in_cross_replica_context_eagerly(tmp_path):
     strategy = mirrored(2)
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.range(10).batch(6))

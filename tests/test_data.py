@@ -16,7 +16,7 @@ from conftest import VENV_BIN, TensorBoardServer, http_get, mirrored, small_mode
 import tb_replica_plugin
 from demo import scenarios
 from tb_replica_plugin import ReplicaProbe, analysis, reader
-from tb_replica_plugin.collectors import data as data_collector
+from tb_replica_plugin.families.examples import record as data_collector
 
 
 def only_run(logdir):

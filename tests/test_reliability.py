@@ -26,7 +26,7 @@ from conftest import REPO, mirrored, small_model
 
 import tb_replica_plugin
 from tb_replica_plugin import ReplicaCallback, ReplicaProbe
-from tb_replica_plugin.collectors import inputs as inputs_collector
+from tb_replica_plugin.families.inputs import record as inputs_collector
 
 CHILD = os.path.join(REPO, "tests", "reliability_child.py")
 NEVER = 3600.0  # flush_secs that keeps the background flush out of a test

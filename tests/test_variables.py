@@ -13,7 +13,7 @@ from conftest import TensorBoardServer, http_get, mirrored
 
 import tb_replica_plugin
 from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, reader
-from tb_replica_plugin.collectors import variables as collector
+from tb_replica_plugin.families.variables import fingerprint as collector
 
 # The sketch estimate of ||copy_r - copy_0|| has a relative standard deviation of about
 # 1 / sqrt(2W) = 9.1 % with W = 61 buckets (README "Weight drift"); about 4 standard deviations:

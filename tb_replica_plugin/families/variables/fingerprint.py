@@ -1,4 +1,4 @@
-"""Variables family: where every copy of a variable lives, and a small fingerprint of each copy.
+"""Variables family, in-graph fingerprints: weight drift and placement of every variable copy.
 
 Each copy of a variable is fingerprinted on the device that holds it; only the fingerprint
 (a few dozen numbers, whatever the variable's size) leaves that device. A fingerprint is:

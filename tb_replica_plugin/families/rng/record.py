@@ -1,4 +1,4 @@
-"""RNG family: per replica, the state of each random generator and a fingerprint of its stream.
+"""RNG family, write side: per replica, each generator's state and a fingerprint of its stream.
 
 State alone does not tell whether replicas draw the same numbers: a `tf.random.Generator` created
 under `strategy.scope()` has the same (mirrored) state on every replica, yet each replica folds its
@@ -18,8 +18,14 @@ replicas mean they draw the same numbers at that step.
 """
 
 import dataclasses
+import functools
+import hashlib
+import json
 
 import tensorflow as tf
+
+from tb_replica_plugin.core.recorder import Recorder as RecorderBase
+from tb_replica_plugin.families.rng import schema
 
 STREAM_WORDS = 4
 KERAS_SEED_GENERATOR = "keras.SeedGenerator"
@@ -243,3 +249,161 @@ def local_streams(infos, width):
         state = tf.pad(state, [[0, width - info.state_size]])
         rows.append(tf.concat([_fingerprint64(words), state], axis=0))
     return tf.stack(rows)
+
+
+# Slots of the family's packed int64 counters: next step, step of `last`, steps since the last
+# write, id of the last written generators document.
+_STEP, _LAST_STEP, _WIN_COUNT, _DOC = range(4)
+
+
+def _document_id(document):
+    return 1 + int.from_bytes(
+        hashlib.blake2b(document.encode("utf-8"), digest_size=7).digest(), "little"
+    )
+
+
+class Recorder(RecorderBase):
+    """State and writes of the rng family."""
+
+    name = "rng"
+
+    def create_state(self):
+        self.variable("counters", [int(self._start_step), -1, 0, 0], tf.int64)
+        # The last step's streams [G, R, 1 + W] (G and W known when a step is traced).
+        self.variable("last", tf.zeros([0, 0, 0], tf.int64), shape=tf.TensorShape(None))
+        self._document = None
+        self._layout = None
+
+    def set_step(self, step):
+        super().set_step(step)
+        counters = self.state.get("counters")
+        if counters is not None:
+            counters.assign(
+                tf.tensor_scatter_nd_update(counters, [[_STEP]], [tf.cast(step, tf.int64)])
+            )
+
+    def observe(self, generators, step, include_global):
+        probe = self.probe
+        infos = find_generators(generators, include_global=include_global)
+        if not infos:
+            probe.warn_once("rng_none", "tb_replica_plugin: observe_rng found no generator.")
+            return
+        width = max(info.state_size for info in infos)
+        layout = (len(infos), width)
+        if self._layout is not None and self._layout != layout:
+            raise ValueError(
+                f"rng: {len(infos)} generators of {width} state words, first recorded with "
+                f"{self._layout[0]} of {self._layout[1]}; use one probe per layout"
+            )
+        self._layout = layout
+        document = json.dumps(
+            {"generators": [info.to_json() for info in infos], **probe.static}, sort_keys=True
+        )
+        self._document = document
+        local = functools.partial(local_streams, infos, width)
+        merge = functools.partial(self._merge, document=document, step=step)
+        probe.run_local_then_merge(local, merge, ())
+
+    def _merge(self, strategy, rows, *, document, step):
+        probe = self.probe
+        try:
+            streams = tf.stack(probe.local_values(strategy, rows), axis=1)  # [G, R, 1 + W]
+            counters = self.state["counters"].read_value()
+            if step is None:
+                step_value = counters[_STEP]
+                next_step = step_value + 1
+            else:
+                step_value = tf.cast(step, tf.int64)
+                next_step = counters[_STEP]
+            if probe.update_freq is None:
+                count = counters[_WIN_COUNT] + 1
+                doc = counters[_DOC]
+            else:
+                write = tf.logical_and(probe.logged(step_value), probe.recording())
+                doc = self._write(streams, step_value, document, write, counters[_DOC])
+                count = tf.where(write, tf.constant(0, tf.int64), counters[_WIN_COUNT] + 1)
+            self.state["last"].assign(streams)
+            self.state["counters"].assign(tf.stack([next_step, step_value, count, doc]))
+        except Exception as error:  # noqa: BLE001
+            probe.warn_failed("rng", error)
+
+    def _write(self, streams, step, document, condition, written_doc):
+        """Queues the streams, and the generators document when it differs from the last one
+        written; returns the id of the last written document.
+
+        The document (names of the G rows) changes only when the step is traced again with other
+        generators, so it is written once per layout, not at every logged step.
+        """
+        probe = self.probe
+        document_id = _document_id(document)
+        probe.write(
+            condition, schema.TAG_RNG_STREAMS, lambda: streams, step, schema.KIND_RNG_STREAMS
+        )
+        new_document = tf.logical_and(condition, tf.not_equal(written_doc, document_id))
+        probe.write(
+            new_document,
+            schema.TAG_RNG_GENERATORS,
+            lambda: tf.constant(document),
+            step,
+            schema.KIND_RNG_GENERATORS,
+        )
+        return tf.where(new_document, tf.constant(document_id, tf.int64), written_doc)
+
+    def write_window(self):
+        counters = self.state.get("counters")
+        if counters is None or self._document is None:
+            return
+        values = counters.numpy()
+        if int(values[_WIN_COUNT]) == 0:
+            return
+        with tf.init_scope():
+            doc = self._write(
+                self.state["last"].read_value(),
+                int(values[_LAST_STEP]),
+                self._document,
+                True,
+                int(values[_DOC]),
+            )
+        counters.assign(tf.stack([values[_STEP], values[_LAST_STEP], 0, doc]))
+
+
+class Recording:
+    """`ReplicaProbe` methods of the rng family."""
+
+    def observe_rng(self, generators=None, step=None, include_global=True):
+        """Records, per replica, the state and the stream fingerprint of random generators.
+
+        Call it at the start of the step, before the model draws, in replica context (inside
+        `strategy.run`) or in cross-replica context (it then runs itself through `strategy.run`).
+        The stream fingerprint hashes the first numbers the generator's *next* draw would give
+        on each replica, computed statelessly (the generator is not advanced), so equal
+        fingerprints mean the replicas draw the same numbers (see `families/rng/record.py`).
+        A failure warns once and never stops training.
+
+        Args:
+          generators: what to observe: a `tf.random.Generator`, a `keras.random.SeedGenerator`,
+            a Keras layer or model (every SeedGenerator of its layers, named by layer, e.g.
+            Dropout's), a dict `{name: any of these}`, or a list of them. Create
+            `tf.random.Generator`s under `strategy.scope()` so each replica has its own stream.
+          step: the step to record at; when omitted the probe counts `observe_rng` calls from 0
+            (or from `set_step`).
+          include_global: also observe TensorFlow's global generator and Keras's global seed
+            generator if they already exist (they are never created here).
+
+        Example:
+          ```python
+          with strategy.scope():
+              noise = tf.random.Generator.from_seed(1)
+
+          def step_fn(x):
+              probe.observe_rng({"noise": noise, "model": model})
+              x = x + noise.normal(tf.shape(x))
+              ...
+          ```
+        """
+        if not self.build():
+            return
+        try:
+            self.recorder("rng").observe(generators, step, include_global)
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self.warn_failed("rng", error)

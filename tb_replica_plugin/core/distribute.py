@@ -1,0 +1,66 @@
+"""Where a probe's replicas live: local devices, the worker's place in a multi-worker job."""
+
+import hashlib
+import json
+
+import tensorflow as tf
+
+
+def local_devices(strategy):
+    """Device names of this worker's replicas, in replica order."""
+    try:
+        devices = tuple(strategy.extended.worker_devices)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        devices = ()
+    if devices:
+        return [tf.DeviceSpec.from_string(d).to_string() for d in devices]
+    # The default strategy places ops on the first GPU if there is one, else on the CPU.
+    kind = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    return [f"/job:localhost/replica:0/task:0/device:{kind}:0"]
+
+
+def worker_info(strategy):
+    """This worker's place in a multi-worker job, or None for a single-worker strategy.
+
+    Args:
+      strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+      None unless the strategy spans several workers (`MultiWorkerMirroredStrategy` with a
+      `TF_CONFIG` cluster of 2 or more workers); else a dict with `task_type`, `task_index`,
+      `worker` (the worker's index among the workers, chief first: global replica ids start at
+      `worker * local replicas`), `num_workers` and `job` (a fingerprint of the cluster spec, the
+      same on every worker of one job).
+    """
+    extended = getattr(strategy, "extended", None)
+    num_workers = getattr(extended, "_num_workers", 1)
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if not isinstance(num_workers, int) or num_workers < 2 or resolver is None:
+        return None
+    from tensorflow.python.distribute import multi_worker_util
+
+    task_type, task_index = resolver.task_type, resolver.task_id
+    cluster = resolver.cluster_spec()
+    worker = getattr(extended, "_id_in_cluster", None)
+    if worker is None:
+        worker = multi_worker_util.id_in_cluster(cluster, task_type, task_index)
+    spec = json.dumps(cluster.as_dict(), sort_keys=True).encode("utf-8")
+    return {
+        "task_type": str(task_type),
+        "task_index": int(task_index),
+        "worker": int(worker),
+        "num_workers": int(num_workers),
+        "job": hashlib.blake2b(spec, digest_size=6).hexdigest(),
+    }
+
+
+def central_storage(strategy):
+    """True when the strategy keeps one copy of each variable on a parameter device on purpose
+    (CentralStorageStrategy) instead of mirroring it on the replica devices."""
+    try:
+        parameter = {
+            tf.DeviceSpec.from_string(d).to_string() for d in strategy.extended.parameter_devices
+        }
+    except (AttributeError, RuntimeError, NotImplementedError, ValueError):
+        return False
+    return len(local_devices(strategy)) > 1 and parameter != set(local_devices(strategy))

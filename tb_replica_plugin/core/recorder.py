@@ -1,0 +1,72 @@
+"""The base of a family's write side: its state, created before any step is traced.
+
+A family's `record` module (`tb_replica_plugin.families.<name>.record`) defines a `Recorder`
+subclass and, for the public API, a `Recording` mixin whose `observe_*` methods become methods of
+`ReplicaProbe`. The probe creates one recorder per family of the registry and calls, host side:
+
+- `create_state()` when it builds (outside any graph, before the first step is traced: variables
+  created inside a `tf.function`'s first trace make TensorFlow trace it a second time);
+- `set_step(step)` when the step axis is set;
+- `write_window()` when the dense series' pending window must be written (epoch ends, `flush`,
+  `close`): host-side writes of what was kept in the state;
+- `close()` when the probe closes.
+
+Everything a recorder does in-graph goes through its probe: `probe.write(...)` queues a summary,
+`probe.logged(step)` / `probe.sampled(step)` are the one step-level decision every family shares.
+"""
+
+import tensorflow as tf
+
+
+class Recorder:
+    """State and host-side writes of one family (see the module docstring).
+
+    Args:
+      probe: the `ReplicaProbe` this family records for.
+
+    Attributes:
+      name: the family name (as in the registry), e.g. "gradients".
+      probe: the probe.
+    """
+
+    name = ""
+
+    def __init__(self, probe):
+        self.probe = probe
+        self.state = {}
+        self._start_step = 0
+
+    def variable(self, name, initial, dtype=None, shape=None):
+        """Creates one state variable on the host CPU (called from `create_state`).
+
+        Args:
+          name: short name, unique in the family.
+          initial: the initial value.
+          dtype: its dtype (default: inferred from `initial`).
+          shape: a `tf.TensorShape` to allow other shapes later (e.g. `tf.TensorShape(None)`).
+
+        Returns:
+          The `tf.Variable` (also kept in `self.state[name]`).
+        """
+        with tf.init_scope(), tf.device("/cpu:0"):
+            value = tf.constant(initial, dtype) if dtype is not None else initial
+            created = tf.Variable(
+                value, trainable=False, shape=shape, name=f"probe_{self.name}_{name}"
+            )
+        self.state[name] = created
+        return created
+
+    def create_state(self):
+        """Creates the family's variables (host side, once). Default: none."""
+
+    def set_step(self, step):
+        """The step the next call without `step=` records at (host side). Default: kept for
+        `create_state`."""
+        self._start_step = step
+
+    def write_window(self):
+        """Writes what the in-graph steps kept but did not write (host side). Default: nothing."""
+
+    def close(self):
+        """Drops the state (the probe records nothing after closing)."""
+        self.state = {}

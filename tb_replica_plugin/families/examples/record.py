@@ -1,0 +1,286 @@
+"""Examples family, write side: a fingerprint per example, and examples shared by replicas.
+
+Per-example fingerprint (deterministic across processes and machines, so workers of a multi-worker
+job can be compared offline; little-endian hosts):
+
+1. For each input leaf (named and ordered as `inputs.flatten_with_names`: dict keys sorted, `x`,
+   `y`, `sample_weight` in `fit`) with a leading batch dimension B: its example rows as bytes
+   (`bool` cast to uint8, numbers bit-cast to uint8, `[B, -1]`; strings stay strings), hashed by
+   `tf.fingerprint` (farmhash64) into 8 bytes per example. A leaf whose leading dimension differs
+   from the first leaf's contributes 8 zero bytes; rank-0 leaves are skipped.
+2. The leaf digests of one example are concatenated (8 bytes per leaf, leaf order) and hashed
+   again with `tf.fingerprint`; the 8 bytes bit-cast to int64 are the example's fingerprint.
+
+Per step the probe keeps, per replica, the set of distinct fingerprints; it computes in-graph the
+replica × replica count of shared examples (exact) and writes a bottom-K sketch of each replica's
+set (the K smallest fingerprints in signed int64 order), enough to tell identical batches apart
+from disjoint ones across workers and to estimate overlaps (Jaccard of two bottom-K sketches).
+"""
+
+import functools
+
+import tensorflow as tf
+
+from tb_replica_plugin.core.recorder import Recorder as RecorderBase
+from tb_replica_plugin.families.examples import schema
+
+SKETCH_SIZE = 16
+
+
+def _leaf_digest(leaf, batch):
+    """[B, 8] uint8 farmhash64 of each example row of one leaf."""
+    if leaf.dtype == tf.bool:
+        leaf = tf.cast(leaf, tf.uint8)
+    if leaf.dtype != tf.string and leaf.dtype != tf.uint8 and leaf.dtype != tf.int8:
+        leaf = tf.bitcast(leaf, tf.uint8)
+    shape = tf.shape(leaf, out_type=tf.int64)
+    rows = tf.reshape(leaf, tf.stack([shape[0], tf.reduce_prod(shape[1:])]))
+    digest = tf.fingerprint(rows)
+    if batch is None:
+        return digest
+    return tf.cond(
+        tf.equal(shape[0], batch),
+        lambda: digest,
+        lambda: tf.zeros(tf.stack([batch, 8]), tf.uint8),
+    )
+
+
+def example_fingerprints(leaves):
+    """int64 [B]: one fingerprint per example of a replica's batch (see the module docstring).
+
+    Args:
+      leaves: the replica's input tensors, in name order.
+
+    Returns:
+      An int64 vector with the batch's leading dimension (empty when no leaf has rank >= 1).
+
+    Example:
+      >>> example_fingerprints([tf.constant([[1.0], [1.0], [2.0]])]).numpy()[0] == _[1]
+      True
+    """
+    tensors = [tf.convert_to_tensor(leaf) for leaf in leaves]
+    tensors = [t for t in tensors if t.shape.rank is None or t.shape.rank >= 1]
+    if not tensors:
+        return tf.zeros([0], tf.int64)
+    batch = tf.shape(tensors[0], out_type=tf.int64)[0]
+    digests = [_leaf_digest(tensors[0], None)]
+    digests += [_leaf_digest(t, batch) for t in tensors[1:]]
+    combined = tf.fingerprint(tf.concat(digests, axis=1))
+    return tf.reshape(tf.bitcast(combined, tf.int64), [-1])
+
+
+class OverlapStats:
+    """Cross-replica statistics of one step's example fingerprints (cross-replica context).
+
+    Args:
+      fingerprints: list over local replicas of int64 [B_r] vectors.
+      sketch_size: K, fingerprints kept per replica in the sketch.
+
+    Attributes:
+      batch_size: int64 [R], examples per replica.
+      distinct: int64 [R], distinct examples per replica.
+      duplicated: int64 [R], distinct examples of a replica also fed to another replica.
+      shared: int64 [R, R], distinct examples fed to both replicas (diagonal: `distinct`).
+      sketch: int64 [R, K], the K smallest distinct fingerprints per replica, ascending, zero
+        padded after `min(distinct, K)` entries.
+    """
+
+    def __init__(self, fingerprints, sketch_size=SKETCH_SIZE):
+        num = len(fingerprints)
+        uniques = [tf.unique(f).y for f in fingerprints]
+        self.batch_size = tf.stack([tf.size(f, out_type=tf.int64) for f in fingerprints])
+        self.distinct = tf.stack([tf.size(u, out_type=tf.int64) for u in uniques])
+        everything = tf.concat(uniques, axis=0)
+        owner = tf.concat(
+            [tf.fill(tf.shape(u), tf.constant(r, tf.int32)) for r, u in enumerate(uniques)], 0
+        )
+        values, index = tf.unique(everything, out_idx=tf.int32)
+        presence = tf.math.unsorted_segment_max(
+            tf.one_hot(owner, num, dtype=tf.int32), index, tf.size(values)
+        )
+        as_float = tf.cast(presence, tf.float64)
+        self.shared = tf.cast(tf.matmul(as_float, as_float, transpose_a=True), tf.int64)
+        on_several = tf.cast(tf.reduce_sum(presence, axis=1) > 1, tf.int64)
+        self.duplicated = tf.reduce_sum(tf.cast(presence, tf.int64) * on_several[:, None], 0)
+        rows = []
+        for unique in uniques:
+            smallest = tf.sort(unique)[:sketch_size]
+            rows.append(tf.pad(smallest, [[0, sketch_size - tf.size(smallest)]]))
+        self.sketch = tf.stack(rows)
+
+
+# Slots of the family's packed int64 counters: next step, step of the last sample, sampled steps
+# since the last write.
+_STEP, _LAST_STEP, _WIN_COUNT = range(3)
+
+
+class Recorder(RecorderBase):
+    """State and writes of the examples family (tags `data/*`)."""
+
+    name = "examples"
+
+    def create_state(self):
+        num = self.probe.num_replicas
+        width = 4 + SKETCH_SIZE
+        self.variable("counters", [int(self._start_step), -1, 0], tf.int64)
+        self.variable("last_examples", tf.zeros([num, width], tf.int64))
+        self.variable("last_overlap", tf.zeros([3, num, num], tf.int64))
+        self.variable("win_dup", tf.zeros([num], tf.int64))
+        self.variable("win_shared", tf.zeros([num, num], tf.int64))
+        self.variable("win_steps", tf.zeros([num, num], tf.int64))
+
+    def set_step(self, step):
+        super().set_step(step)
+        counters = self.state.get("counters")
+        if counters is not None:
+            counters.assign(
+                tf.tensor_scatter_nd_update(counters, [[_STEP]], [tf.cast(step, tf.int64)])
+            )
+
+    def sample_last_of(self, steps):
+        """Host side: also sample the last of the next `steps` steps (an epoch's last)."""
+        counters = self.state.get("counters")
+        if counters is not None:
+            self.probe.sample_last_of(int(counters.numpy()[_STEP]), steps)
+
+    def merge(self, strategy, leaves, *, step):
+        probe = self.probe
+        try:
+            per_replica = [probe.local_values(strategy, leaf) for leaf in leaves]
+            devices = probe.static["devices"]
+            counters = self.state["counters"]
+            if step is None:
+                step_value = counters.read_value()[_STEP]
+                counters.assign(tf.tensor_scatter_nd_add(counters.read_value(), [[_STEP]], [1]))
+            else:
+                step_value = tf.cast(step, tf.int64)
+
+            def sample():
+                fingerprints = []
+                for replica, device in enumerate(devices):
+                    with tf.device(device):
+                        fingerprints.append(
+                            example_fingerprints([leaf[replica] for leaf in per_replica])
+                        )
+                self._record(OverlapStats(fingerprints), step_value)
+                return tf.constant(True)
+
+            tf.cond(probe.sampled(step_value), sample, lambda: tf.constant(False))
+        except Exception as error:  # noqa: BLE001
+            probe.warn_failed("data", error)
+
+    def _record(self, stats, step_value):
+        """Window sums, in-graph write and state of one sampled step."""
+        probe = self.probe
+        state = self.state
+        counters = state["counters"].read_value()
+        fresh = tf.equal(counters[_WIN_COUNT], 0)
+
+        def accumulate(name, value):
+            return tf.where(fresh, tf.zeros_like(value), state[name]) + value
+
+        ones = tf.ones_like(stats.distinct)
+        any_shared = tf.linalg.set_diag(tf.cast(stats.shared > 0, tf.int64), ones)
+        win_dup = accumulate("win_dup", stats.duplicated)
+        win_shared = accumulate("win_shared", stats.shared)
+        win_steps = accumulate("win_steps", any_shared)
+        column = functools.partial(tf.expand_dims, axis=1)
+        examples = tf.concat(
+            [
+                column(stats.batch_size),
+                column(stats.distinct),
+                column(stats.duplicated),
+                column(win_dup),
+                stats.sketch,
+            ],
+            axis=1,
+        )
+        overlap = tf.stack([stats.shared, win_shared, win_steps])
+        if probe.update_freq is None:
+            count = counters[_WIN_COUNT] + 1
+        else:
+            write = tf.logical_and(probe.logged(step_value), probe.recording())
+            self._write(examples, overlap, step_value, write)
+            count = tf.where(write, tf.constant(0, tf.int64), counters[_WIN_COUNT] + 1)
+        for name, value in (
+            ("last_examples", examples),
+            ("last_overlap", overlap),
+            ("win_dup", win_dup),
+            ("win_shared", win_shared),
+            ("win_steps", win_steps),
+        ):
+            state[name].assign(value)
+        # The step slot may have moved on in this step (the counter is advanced before the cond).
+        state["counters"].assign(
+            tf.stack([state["counters"].read_value()[_STEP], step_value, count])
+        )
+
+    def _write(self, examples, overlap, step, condition):
+        probe = self.probe
+        probe.write(
+            condition, schema.TAG_DATA_EXAMPLES, lambda: examples, step, schema.KIND_DATA_EXAMPLES
+        )
+        probe.write(
+            condition, schema.TAG_DATA_OVERLAP, lambda: overlap, step, schema.KIND_DATA_OVERLAP
+        )
+
+    def write_window(self):
+        counters = self.state.get("counters")
+        if counters is None:
+            return
+        values = counters.numpy()
+        if int(values[_WIN_COUNT]) == 0:
+            return
+        with tf.init_scope():
+            self._write(
+                self.state["last_examples"].read_value(),
+                self.state["last_overlap"].read_value(),
+                int(values[_LAST_STEP]),
+                True,
+            )
+        counters.assign(tf.tensor_scatter_nd_update(counters, [[_WIN_COUNT]], [0]))
+
+
+class Recording:
+    """`ReplicaProbe` methods of the examples family."""
+
+    def observe_examples(self, batch, step=None):
+        """Records a fingerprint of every example each replica is fed, and their overlaps.
+
+        At sampled steps (every `examples_every` steps and every logged step, see the
+        constructor) it hashes, per replica, every example of the batch in-graph
+        (`tf.fingerprint`, see `families/examples/record.py`), counts the examples shared with
+        each other replica at this step (exact), and keeps a small sketch of the fingerprints
+        that can be compared across workers; the other steps only advance the step counter (the
+        work sits under a `tf.cond`). Call it like `observe_inputs`: in replica context with the
+        local batch, or in cross-replica context with a distributed batch. A failure warns once
+        and never stops training.
+
+        Args:
+          batch: the (nested) structure of input tensors; every leaf with a leading batch
+            dimension is part of an example's fingerprint.
+          step: the step to record at; when omitted the probe counts `observe_examples` calls
+            from 0 (or from `set_step`).
+
+        Example:
+          ```python
+          def step_fn(x, y):
+              probe.observe_examples({"x": x, "y": y})
+              ...
+          ```
+        """
+        from tb_replica_plugin.families.inputs.record import flatten_with_names
+
+        if not self.build():
+            return
+        recorder = self.recorder("examples")
+        try:
+            leaves = [leaf for _, leaf in flatten_with_names(batch)]
+            if not leaves:
+                self.warn_once("data_none", "tb_replica_plugin: observe_examples got no tensors.")
+                return
+            # The fingerprints are computed in the merge, on each replica's device, under the
+            # sampling tf.cond.
+            self.merge_leaves(functools.partial(recorder.merge, step=step), leaves)
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self.warn_failed("data", error)

@@ -1,0 +1,441 @@
+"""Gradients family, write side: local (pre all-reduce) gradient norms, loss, NaN/Inf per replica.
+
+`replica_stats` runs on one replica's device, in replica context (or under `tf.device` of that
+replica in cross-replica context), on the gradients that replica computed. It reduces them to a
+few scalars per variable, so only `V + 2` floats and 4 ints per replica ever leave the device:
+
+- the sum of squares of every variable's gradient (`sq`, float32 [V]), from which the per-variable
+  norms and the global norm (`sqrt(sum(sq))`) follow;
+- the loss (float32 scalar);
+- NaN/Inf counts (int32 [4]: NaN in gradients, Inf in gradients, loss NaN, loss Inf).
+
+The counts are cheap to skip: the global squared norm is finite exactly when no gradient holds a
+NaN or an Inf (or the squares overflow float32, beyond ~1.8e19 per element), so each replica
+only computes that flag (with the loss check); the probe computes the exact counts of every
+replica inside one `tf.cond` on the flags. A step without NaN/Inf costs the V reductions (one
+`l2_loss` each) and one scalar `is_finite` per replica.
+"""
+
+import functools
+import hashlib
+import json
+
+import tensorflow as tf
+
+from tb_replica_plugin.core.recorder import Recorder as RecorderBase
+from tb_replica_plugin.families.gradients import schema
+
+# What the recorded gradient norms are the norms of (stored in the `gradients/variables` event).
+SCALING_REPLICA_LOSS = "replica_loss"  # the gradient of the replica's own loss (fit, Keras losses)
+SCALING_AS_GIVEN = "as_given"  # the gradients as given, divided by `scale`
+
+
+# Rows of the int32 [4, R] non-finite counts.
+NONFINITE_ROWS = ("grad_nan", "grad_inf", "loss_nan", "loss_inf")
+
+
+def variable_name(variable, index):
+    """A readable name for a variable: Keras 3 `path`, else `name` without ":0"."""
+    name = getattr(variable, "path", None) or getattr(variable, "name", None) or f"var_{index}"
+    name = str(name)
+    return name[:-2] if name.endswith(":0") else name
+
+
+def variable_names(variables):
+    """Names of `variables`, made unique with a `#i` suffix where two share a name."""
+    names = []
+    seen = {}
+    for index, variable in enumerate(variables):
+        name = variable_name(variable, index)
+        if name in seen:
+            seen[name] += 1
+            name = f"{name}#{seen[name]}"
+        else:
+            seen[name] = 0
+        names.append(name)
+    return names
+
+
+def variable_shape(variable):
+    try:
+        return [int(d) if d is not None else -1 for d in variable.shape]
+    except (TypeError, ValueError, AttributeError):
+        return []
+
+
+def pair_gradients(grads, variables):
+    """Keeps the `(gradient, variable)` pairs whose gradient is not None.
+
+    Args:
+      grads: gradients (tensors, `tf.IndexedSlices` or None), one per variable.
+      variables: the variables.
+
+    Returns:
+      `(grads, variables)` lists without the None gradients.
+
+    Raises:
+      ValueError: if the two lists differ in length.
+    """
+    grads = list(grads)
+    variables = list(variables)
+    if len(grads) != len(variables):
+        raise ValueError(f"got {len(grads)} gradients for {len(variables)} variables")
+    kept = [(g, v) for g, v in zip(grads, variables, strict=True) if g is not None]
+    return [g for g, _ in kept], [v for _, v in kept]
+
+
+def _dense_values(grad):
+    """The values whose squares sum to the squared norm of `grad` (IndexedSlices combined)."""
+    if isinstance(grad, tf.IndexedSlices):
+        # Rows repeated in the indices add up in the dense gradient: combine them first.
+        unique, position = tf.unique(grad.indices)
+        return tf.math.unsorted_segment_sum(grad.values, position, tf.size(unique))
+    return grad
+
+
+def _as_float32(value):
+    value = tf.convert_to_tensor(value)
+    return value if value.dtype == tf.float32 else tf.cast(value, tf.float32)
+
+
+def replica_stats(grads, loss=None, scale=1.0, loss_scale=None):
+    """The every-step stats of one replica's gradients, computed where they are (no copy).
+
+    Args:
+      grads: this replica's gradients (tensors or `tf.IndexedSlices`, no None).
+      loss: this replica's loss (scalar tensor), or None when unknown.
+      scale: factor the recorded gradients are divided by (float or scalar tensor), e.g. the
+        loss scale of a `LossScaleOptimizer`.
+      loss_scale: factor the recorded loss is divided by (default: `scale`).
+
+    Returns:
+      A tuple `(sq, loss, healthy, values)`: float32 [V] sums of squares of each gradient divided
+      by `scale**2`, the float32 loss divided by `loss_scale` (NaN when `loss` is None), a bool
+      scalar (the squared global norm and the loss are finite), and the float32 dense gradient
+      values (`IndexedSlices` combined) that `nonfinite_counts` counts in when `healthy` is
+      False.
+    """
+    values = [_as_float32(_dense_values(g)) for g in grads]
+    inverse = 1.0 / _as_float32(scale)
+    if values:
+        # One op per variable: l2_loss(v) = sum(v * v) / 2, the same sum (halving is exact).
+        sq = tf.stack([tf.nn.l2_loss(v) for v in values]) * (2.0 * tf.square(inverse))
+    else:
+        sq = tf.zeros([0], tf.float32)
+    if loss is None:
+        loss_value = tf.constant(float("nan"), tf.float32)
+        healthy = tf.math.is_finite(tf.reduce_sum(sq))
+    else:
+        loss_divisor = _as_float32(scale if loss_scale is None else loss_scale)
+        loss_value = tf.reshape(_as_float32(loss), [-1])[0] / loss_divisor
+        healthy = tf.math.is_finite(tf.reduce_sum(sq) + loss_value)
+    return sq, loss_value, healthy, values
+
+
+def nonfinite_counts(values, loss_value, has_loss):
+    """int32 [4] exact NaN/Inf counts of one replica (rows `NONFINITE_ROWS`).
+
+    Only computed (by the probe, under a `tf.cond`) at a step where some replica's `healthy`
+    flag is False: a finite sum of squares means no gradient element is NaN or Inf.
+
+    Args:
+      values: the replica's float32 gradient values (from `replica_stats`).
+      loss_value: its float32 loss (from `replica_stats`).
+      has_loss: whether a loss was given (else the loss rows are 0).
+    """
+
+    def count(predicate):
+        if not values:
+            return tf.constant(0, tf.int32)
+        return tf.add_n([tf.math.count_nonzero(predicate(v), dtype=tf.int32) for v in values])
+
+    if has_loss:
+        loss_nan = tf.cast(tf.math.is_nan(loss_value), tf.int32)
+        loss_inf = tf.cast(tf.math.is_inf(loss_value), tf.int32)
+    else:
+        loss_nan = loss_inf = tf.constant(0, tf.int32)
+    return tf.stack([count(tf.math.is_nan), count(tf.math.is_inf), loss_nan, loss_inf])
+
+
+def raw_rows(per_replica_sq, per_replica_loss):
+    """float32 `[1 + V, R]`: the loss row, then the sums of squares (cross-replica context).
+
+    What the probe keeps at every step for a host-side write (two ops); `dense_rows` turns it
+    into the written rows.
+    """
+    return tf.concat(
+        [tf.expand_dims(tf.stack(per_replica_loss), 0), tf.stack(per_replica_sq, axis=1)], 0
+    )
+
+
+def dense_rows(raw):
+    """The dense `[2 + V, R]` tensor of `gradients/norms` from `raw_rows`.
+
+    Args:
+      raw: float32 [1 + V, R] from `raw_rows`.
+
+    Returns:
+      float32 [2 + V, R]: global norm, loss, then the norm of each variable's gradient.
+    """
+    sq = raw[1:]  # [V, R]
+    global_norm = tf.sqrt(tf.reduce_sum(sq, axis=0, keepdims=True))
+    return tf.concat([global_norm, raw[:1], tf.sqrt(sq)], axis=0)
+
+
+def variables_document(names, shapes, static_fields):
+    """The JSON text of a `gradients/variables` event and its int64 fingerprint."""
+    document = dict(static_fields, variables=list(names), shapes=[list(s) for s in shapes])
+    text = json.dumps(document, sort_keys=True)
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=7).digest()
+    return text, int.from_bytes(digest, "little")
+
+
+# Slots of the packed int64 counters (one assign per step): next step, names written, names
+# fingerprint, step of `last`, `last` not written yet.
+_STEP, _HAS_NAMES, _NAMES_FP, _LAST_STEP, _PENDING = range(5)
+
+
+class Recorder(RecorderBase):
+    """State and writes of the gradients family."""
+
+    name = "gradients"
+
+    def create_state(self):
+        self.variable("counters", [int(self._start_step), 0, 0, -1, 0], tf.int64)
+        # Last raw rows (loss, sums of squares), for host-side writes (update_freq=None).
+        self.variable("last", tf.zeros([0, 0]), shape=tf.TensorShape(None))
+
+    def set_step(self, step):
+        super().set_step(step)
+        counters = self.state.get("counters")
+        if counters is not None:
+            counters.assign(
+                tf.tensor_scatter_nd_update(counters, [[_STEP]], [tf.cast(step, tf.int64)])
+            )
+
+    def warn(self, error):
+        self.probe.warn_failed("gradients", error)
+
+    def observe(
+        self, grads, variables, loss, step, grad_scale, loss_scale, scaling, loss_scaled=False
+    ):
+        """`observe_gradients` with separate divisors for gradients and loss (used by fit).
+
+        `loss_scaled` tells readers that a loss-scale optimizer is in use (its overflow steps
+        are expected and skipped by the rules).
+        """
+        probe = self.probe
+        if not probe.build():
+            return
+        try:
+            grads, variables = pair_gradients(grads, variables)
+            if not grads:
+                probe.warn_once(
+                    "no_gradients", "tb_replica_plugin: observe_gradients got no gradients."
+                )
+                return
+            names = variable_names(variables)
+            shapes = [variable_shape(v) for v in variables]
+            merge = functools.partial(
+                self._merge,
+                names=names,
+                shapes=shapes,
+                step=step,
+                has_loss=loss is not None,
+                scaling=scaling,
+                loss_scaled=bool(loss_scaled),
+            )
+            distributed = isinstance(loss, tf.distribute.DistributedValues) or any(
+                isinstance(g, tf.distribute.DistributedValues) for g in grads
+            )
+            replica_context = tf.distribute.get_replica_context()
+            if replica_context is not None and not distributed:
+                # Stats on this replica's device; they (and the gradients, for the exact
+                # NaN/Inf counts at a step that has some) go through merge_call, no copy.
+                stats = replica_stats(grads, loss, grad_scale, loss_scale)
+                replica_context.merge_call(merge, args=stats)
+            else:
+                strategy = probe.strategy
+                per_grad = [strategy.experimental_local_results(g) for g in grads]
+                count = len(per_grad[0])
+                losses = (
+                    [None] * count
+                    if loss is None
+                    else list(strategy.experimental_local_results(loss))
+                )
+                devices = probe.static["devices"]
+                stats = []
+                for replica in range(count):
+                    with tf.device(devices[replica] if replica < len(devices) else None):
+                        stats.append(
+                            replica_stats(
+                                [g[replica] for g in per_grad],
+                                losses[replica],
+                                grad_scale,
+                                loss_scale,
+                            )
+                        )
+                self._write(
+                    [s[0] for s in stats],
+                    [s[1] for s in stats],
+                    [s[2] for s in stats],
+                    [s[3] for s in stats],
+                    **merge.keywords,
+                )
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self.warn(error)
+
+    def _merge(self, strategy, sq, loss, healthy, values, **keywords):
+        """Cross-replica part: gather the small stats, write."""
+        try:
+
+            def local(value):
+                return [tf.convert_to_tensor(t) for t in strategy.experimental_local_results(value)]
+
+            per_variable = [local(v) for v in values]  # [V][R]; V >= 1
+            per_replica = [list(v) for v in zip(*per_variable, strict=True)]
+            self._write(local(sq), local(loss), local(healthy), per_replica, **keywords)
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self.warn(error)
+
+    def _write(
+        self, sq, loss, healthy, values, *, names, shapes, step, has_loss, scaling, loss_scaled
+    ):
+        probe = self.probe
+        static = probe.static
+        if len(sq) != len(static["devices"]):
+            raise ValueError(
+                f"got gradients of {len(sq)} replicas, the probe was built for "
+                f"{len(static['devices'])}; create the probe with this strategy"
+            )
+        state = self.state
+        counters = state["counters"].read_value()
+        if step is None:
+            step_value = counters[_STEP]
+            next_step = step_value + 1
+        else:
+            step_value = tf.cast(step, tf.int64)
+            next_step = counters[_STEP]
+        text, fingerprint = variables_document(
+            names,
+            shapes,
+            {
+                "loss": bool(has_loss),
+                "scaling": scaling,
+                "loss_scaled": loss_scaled,
+                "replicas": static["replicas"],
+                "devices": static["devices"],
+                "source": probe.source,
+            },
+        )
+        names_changed = tf.logical_or(
+            tf.equal(counters[_HAS_NAMES], 0), tf.not_equal(counters[_NAMES_FP], fingerprint)
+        )
+        recording = probe.recording()
+        probe.write(
+            tf.logical_and(names_changed, recording),
+            schema.TAG_GRAD_VARIABLES,
+            lambda: tf.constant(text),
+            step_value,
+            schema.KIND_GRAD_VARIABLES,
+        )
+        devices = static["devices"]
+
+        def write_nonfinite():
+            # Only at a step where some replica's squared norm or loss is not finite.
+            per_replica = []
+            for replica, device in enumerate(devices):
+                with tf.device(device):
+                    per_replica.append(nonfinite_counts(values[replica], loss[replica], has_loss))
+            counts = tf.stack(per_replica, axis=1)  # [4, R]
+            probe.write(
+                tf.reduce_any(counts > 0),
+                schema.TAG_GRAD_NONFINITE,
+                lambda: counts,
+                step_value,
+                schema.KIND_GRAD_NONFINITE,
+            )
+            return tf.constant(True)
+
+        tf.cond(
+            tf.logical_and(tf.logical_not(tf.reduce_all(tf.stack(healthy))), recording),
+            write_nonfinite,
+            lambda: tf.constant(False),
+        )
+        if probe.update_freq is None:
+            # Every step keeps its raw stats (2 ops); the norms are taken at the host write.
+            state["last"].assign(raw_rows(sq, loss))
+            last_step, pending = step_value, tf.constant(1, tf.int64)
+        else:
+            probe.write(
+                tf.logical_and(probe.logged(step_value), recording),
+                schema.TAG_GRAD_NORMS,
+                lambda: dense_rows(raw_rows(sq, loss)),
+                step_value,
+                schema.KIND_GRAD_NORMS,
+            )
+            last_step, pending = counters[_LAST_STEP], counters[_PENDING]
+        state["counters"].assign(
+            tf.stack([next_step, tf.constant(1, tf.int64), fingerprint, last_step, pending])
+        )
+
+    def write_window(self):
+        counters = self.state.get("counters")
+        if counters is None:
+            return
+        values = counters.numpy()
+        if not values[_PENDING]:
+            return
+        last = self.state["last"]
+        self.probe.write_now(
+            schema.TAG_GRAD_NORMS,
+            lambda: dense_rows(last.read_value()),
+            int(values[_LAST_STEP]),
+            schema.KIND_GRAD_NORMS,
+        )
+        counters.assign(tf.tensor_scatter_nd_update(counters, [[_PENDING]], [0]))
+
+
+class Recording:
+    """`ReplicaProbe` methods of the gradients family."""
+
+    def observe_gradients(self, grads, variables, loss=None, step=None, scale=1.0):
+        """Records each replica's local gradient norms, loss and NaN/Inf counts, before all-reduce.
+
+        Call it in replica context (inside `strategy.run`) with the gradients this replica
+        computed, before `optimizer.apply_gradients` all-reduces them; or in cross-replica context
+        with `PerReplica` gradients (and loss). Per replica, on its own device, it reduces the
+        gradients to one sum of squares per variable and NaN/Inf counts; only those scalars are
+        gathered. Written: the norms and loss every `update_freq` steps (`gradients/norms`), and
+        at EVERY step where a replica's gradients or loss hold a NaN or an Inf, an event naming
+        the replica (`gradients/nonfinite`). The exact NaN/Inf counts are computed only at such
+        steps (a `tf.cond` on the squared global norm being finite). A failure warns once and
+        never stops training.
+
+        Args:
+          grads: this replica's gradients, one per variable (tensors, `tf.IndexedSlices` or
+            None; None gradients are skipped).
+          variables: the variables, in the same order (their names label the per-variable norms).
+          loss: this replica's loss (scalar), or None.
+          step: the step to record at (int or int tensor). When omitted, this family counts its
+            own calls from 0 (or from `set_step`), so `observe_inputs` and `observe_gradients`
+            called once per step record the same step numbers.
+          scale: the recorded gradients and loss are divided by this (float or scalar tensor).
+            E.g. with `loss = tf.nn.compute_average_loss(per_example, global_batch_size=B)` over
+            R replicas, `scale=1 / R` records the gradient of each replica's own mean loss, which
+            is comparable across replicas and runs of any size.
+
+        Example:
+          ```python
+          def step_fn(x, y):
+              with tf.GradientTape() as tape:
+                  loss = tf.nn.compute_average_loss(loss_fn(y, model(x)), global_batch_size=B)
+              grads = tape.gradient(loss, model.trainable_variables)
+              probe.observe_gradients(grads, model.trainable_variables, loss=loss,
+                                      scale=1 / strategy.num_replicas_in_sync)
+              optimizer.apply_gradients(zip(grads, model.trainable_variables))
+          ```
+        """
+        self.recorder("gradients").observe(
+            grads, variables, loss, step, scale, scale, SCALING_AS_GIVEN
+        )

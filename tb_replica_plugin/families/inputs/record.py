@@ -1,0 +1,403 @@
+"""Inputs family, write side: per-replica batch size, shape and dtype of every input leaf.
+
+Every step, per replica, the shapes of the input leaves are packed into one small int64 vector on
+the replica's device; in cross-replica context they give the batch sizes (the leading dimension of
+the first leaf) and one fingerprint of every shape and dtype. The shapes are formatted to JSON
+in-graph only at a step whose fingerprint differs from the previous step's (`inputs/shapes`, a
+sparse event, so an odd batch is never lost to sampling). The dense `inputs/batch_size` series
+keeps per-window minima and maxima. In a multi-worker job this family also records the step time
+(`workers/step_time`: the step_time family's data).
+"""
+
+import functools
+import hashlib
+import json
+import math
+
+import tensorflow as tf
+
+from tb_replica_plugin.core.recorder import Recorder as RecorderBase
+from tb_replica_plugin.families.inputs import schema
+from tb_replica_plugin.families.step_time import schema as step_time_schema
+
+# Names Keras gives to the parts of a `fit` batch, in `unpack_x_y_sample_weight` order.
+FIT_BATCH_NAMES = ("x", "y", "sample_weight")
+
+
+def flatten_with_names(structure, prefix=""):
+    """Flattens nested dicts/lists/tuples of tensors into `(name, leaf)` pairs.
+
+    Dict keys are sorted (as `tf.nest` does), sequence items are numbered, namedtuple fields keep
+    their names, `None` leaves are dropped. Any other object is a leaf.
+
+    Args:
+      structure: the nested structure, e.g. `{"image": t1, "label": t2}` or `(t1, t2)`.
+      prefix: the name of `structure` itself ("" for the root).
+
+    Returns:
+      A list of `(name, leaf)` pairs; names are joined with "/", e.g. `"x/image"`.
+
+    Example:
+      >>> flatten_with_names({"b": 1, "a": (2, None)})
+      [('a/0', 2), ('b', 1)]
+    """
+
+    def join(key):
+        return f"{prefix}/{key}" if prefix else str(key)
+
+    if structure is None:
+        return []
+    if isinstance(structure, dict):
+        pairs = []
+        for key in sorted(structure, key=str):
+            pairs.extend(flatten_with_names(structure[key], join(key)))
+        return pairs
+    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
+        pairs = []
+        for key in structure._fields:
+            pairs.extend(flatten_with_names(getattr(structure, key), join(key)))
+        return pairs
+    if isinstance(structure, (list, tuple)):
+        pairs = []
+        for index, item in enumerate(structure):
+            pairs.extend(flatten_with_names(item, join(index)))
+        return pairs
+    return [(prefix or "input", structure)]
+
+
+def name_fit_batch(data):
+    """Names the parts of a Keras `fit` batch `(x,)`, `(x, y)` or `(x, y, sample_weight)`.
+
+    Args:
+      data: the batch as `train_step` receives it.
+
+    Returns:
+      A dict `{"x": ..., "y": ..., "sample_weight": ...}` without the missing parts.
+    """
+    if isinstance(data, tuple) and not hasattr(data, "_fields") and 1 <= len(data) <= 3:
+        return {
+            name: part
+            for name, part in zip(FIT_BATCH_NAMES, data, strict=False)
+            if part is not None
+        }
+    return {"x": data}
+
+
+class InputsStats:
+    """The inputs family for one step, computed from per-replica leaves in cross-replica context.
+
+    Each replica's shapes are packed into one int64 vector on that replica's device, so a step
+    moves one small tensor per replica to the merge point, whatever the number of inputs.
+
+    Args:
+      names: input names, one per leaf.
+      per_replica_leaves: `per_replica_leaves[l][r]` is the tensor of leaf `l` on replica `r`.
+      devices: optional device of each replica, where its shape vector is computed.
+
+    Attributes:
+      batch_size: int32 tensor [R], leading dimension of the first leaf of rank >= 1 (0 for a
+        replica whose leaf is empty, 1 if every leaf is a scalar).
+      fingerprint: int64 scalar tensor, changes whenever any shape or dtype on any replica changes.
+    """
+
+    def __init__(self, names, per_replica_leaves, devices=None):
+        self.names = list(names)
+        self.num_replicas = len(per_replica_leaves[0]) if per_replica_leaves else 0
+        self.dtypes = [[t.dtype.name for t in leaf] for leaf in per_replica_leaves]
+        devices = list(devices or [None] * self.num_replicas)
+        # ranks[r][l]: static rank, or None when only known at run time.
+        self._ranks = [
+            [leaf[r].shape.rank for leaf in per_replica_leaves] for r in range(self.num_replicas)
+        ]
+        vectors = []
+        for replica in range(self.num_replicas):
+            with tf.device(devices[replica]):
+                pieces = []
+                for leaf, rank in zip(per_replica_leaves, self._ranks[replica], strict=True):
+                    shape = tf.shape(leaf[replica], out_type=tf.int64)
+                    if rank is None:  # the rank goes in front, so [4, 3] and [43] cannot collide
+                        pieces.append(tf.reshape(tf.size(shape, out_type=tf.int64), [1]))
+                    pieces.append(shape)
+                vectors.append(tf.concat(pieces, axis=0) if pieces else tf.zeros([0], tf.int64))
+        self._vectors = vectors
+        self.batch_size = self._batch_size()
+        self.fingerprint = self._fingerprint()
+
+    def _leaf_shape(self, replica, leaf):
+        """Shape of one leaf on one replica, sliced from that replica's vector (run-time rank
+        leaves carry their rank in front)."""
+        offset = 0
+        vector = self._vectors[replica]
+        for index, rank in enumerate(self._ranks[replica]):
+            if rank is None:
+                size = vector[offset]
+                if index == leaf:
+                    return vector[offset + 1 : offset + 1 + size]
+                offset = offset + 1 + size
+            else:
+                if index == leaf:
+                    return vector[offset : offset + rank]
+                offset = offset + rank
+        raise IndexError(leaf)
+
+    def _batch_size(self):
+        for leaf in range(len(self.names)):
+            ranks = [self._ranks[r][leaf] for r in range(self.num_replicas)]
+            if ranks and all(rank is None or rank >= 1 for rank in ranks):
+                # A run-time rank of 0 would make [0] fail; such inputs are rare (scalars).
+                return tf.cast(
+                    tf.stack([self._leaf_shape(r, leaf)[0] for r in range(self.num_replicas)]),
+                    tf.int32,
+                )
+        return tf.ones([self.num_replicas], tf.int32)
+
+    def _fingerprint(self):
+        static = json.dumps([self.names, self.dtypes, self._ranks]).encode("utf-8")
+        static_hash = int.from_bytes(hashlib.blake2b(static, digest_size=7).digest(), "little")
+        lengths = [tf.reshape(tf.size(v, out_type=tf.int64), [1]) for v in self._vectors]
+        signature = tf.concat([tf.constant([static_hash], tf.int64), *lengths, *self._vectors], 0)
+        digest = tf.fingerprint(tf.expand_dims(tf.bitcast(signature, tf.uint8), 0))
+        return tf.reshape(tf.bitcast(digest, tf.int64), [])
+
+    def shapes_json(self, static_fields):
+        """Builds the JSON document of a shapes event as a scalar string tensor.
+
+        Args:
+          static_fields: dict of JSON-serialisable fields known when tracing (devices, replica
+            ids, source) merged into the document.
+
+        Returns:
+          A scalar tf.string tensor, e.g. `{"inputs": [{"name": "x", "dtypes": ["float32"],
+          "shapes": [[4, 3]]}], "devices": [...], ...}`.
+        """
+        pieces = [json.dumps(static_fields, sort_keys=True)[:-1], ', "inputs": [']
+        for index, (name, dtypes) in enumerate(zip(self.names, self.dtypes, strict=True)):
+            head = json.dumps({"name": name, "dtypes": dtypes})[:-1] + ', "shapes": ['
+            pieces.append(("" if index == 0 else ", ") + head)
+            for replica in range(self.num_replicas):
+                shape = self._leaf_shape(replica, index)
+                pieces.append("[" if replica == 0 else ", [")
+                pieces.append(tf.strings.reduce_join(tf.strings.as_string(shape), separator=", "))
+                pieces.append("]")
+            pieces.append("]}")
+        pieces.append("]}")
+        return tf.strings.join(pieces)
+
+
+# Slots of the packed int64 counters: next step, has a previous step, its fingerprint, last step,
+# steps in the window.
+_STEP, _HAS_PREV, _PREV_FP, _LAST_STEP, _WIN_COUNT = range(5)
+# Slots of the float64 timing variable of a multi-worker worker's probe.
+_LAST_TIME, _LAST_PERIOD, _WIN_TIME, _WIN_STEPS = range(4)
+
+
+class Recorder(RecorderBase):
+    """State and writes of the inputs family (and of the step time of a multi-worker job)."""
+
+    name = "inputs"
+
+    def create_state(self):
+        probe = self.probe
+        start = int(self._start_step)
+        # Packed so that a step reads and writes each variable once.
+        self.variable("counters", [start, 0, 0, -1, 0], tf.int64)
+        # rows: batch size at the last step, window minimum, window maximum
+        self.variable("window", tf.zeros([3, probe.num_replicas], tf.int32))
+        if probe.worker is not None:
+            # Step timing (multi-worker jobs only), wall-clock seconds, NaN until known:
+            # last arrival, last period, arrival at the window start, steps in window.
+            self.variable("timing", [math.nan, math.nan, math.nan, 0.0], tf.float64)
+
+    def set_step(self, step):
+        super().set_step(step)
+        counters = self.state.get("counters")
+        if counters is not None:
+            counters.assign(
+                tf.tensor_scatter_nd_update(counters, [[_STEP]], [tf.cast(step, tf.int64)])
+            )
+
+    def warn(self, error):
+        self.probe.warn_failed("inputs", error)
+
+    def merge(self, strategy, leaves, *, names, step):
+        """Cross-replica part of `observe_inputs`: stats, change detection, summary writes."""
+        probe = self.probe
+        try:
+            per_replica = [probe.local_values(strategy, leaf) for leaf in leaves]
+            stats = InputsStats(names, per_replica, probe.static["devices"])
+            now = None
+            if probe.worker is not None:
+                # Host wall-clock time once this step's inputs are ready (cheap, CPU, no sync).
+                with tf.control_dependencies([t for leaf in per_replica for t in leaf]):
+                    now = tf.timestamp()
+            self._write(stats, step, now)
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self.warn(error)
+
+    def _write(self, stats, step, now=None):
+        probe = self.probe
+        counters = self.state["counters"].read_value()
+        window = self.state["window"].read_value()
+        if step is None:
+            step_value = counters[_STEP]
+            next_step = step_value + 1
+        else:
+            step_value = tf.cast(step, tf.int64)
+            next_step = counters[_STEP]
+        changed = tf.logical_or(
+            tf.equal(counters[_HAS_PREV], 0), tf.not_equal(counters[_PREV_FP], stats.fingerprint)
+        )
+        batch_size = stats.batch_size
+        window_empty = tf.equal(counters[_WIN_COUNT], 0)
+        win_min = tf.where(window_empty, batch_size, tf.minimum(window[1], batch_size))
+        win_max = tf.where(window_empty, batch_size, tf.maximum(window[2], batch_size))
+        static = probe.static
+        recording = probe.recording()
+        probe.write(
+            tf.logical_and(changed, recording),
+            schema.TAG_SHAPES,
+            lambda: stats.shapes_json(static),
+            step_value,
+            schema.KIND_SHAPES,
+        )
+        if probe.update_freq is None:
+            # Host-written only (e.g. at epoch ends): no dense write op in the step's graph.
+            next_count = counters[_WIN_COUNT] + 1
+            write_dense = tf.constant(False)
+        else:
+            write_dense = probe.logged(step_value)
+            probe.write(
+                tf.logical_and(write_dense, recording),
+                schema.TAG_BATCH_SIZE,
+                lambda: tf.stack([batch_size, win_min, win_max]),
+                step_value,
+                schema.KIND_BATCH_SIZE,
+            )
+            next_count = tf.where(write_dense, tf.constant(0, tf.int64), counters[_WIN_COUNT] + 1)
+        if now is not None:
+            self._record_time(now, step_value, write_dense, recording)
+        one = tf.constant(1, tf.int64)
+        self.state["counters"].assign(
+            tf.stack([next_step, one, stats.fingerprint, step_value, next_count])
+        )
+        self.state["window"].assign(tf.stack([batch_size, win_min, win_max]))
+
+    def _record_time(self, now, step, write, recording):
+        """Step timing of a multi-worker job: arrival time, period, window mean (in-graph)."""
+        timing = self.state["timing"]
+        last_time, _, win_time, win_steps = tf.unstack(timing.read_value())
+        period = now - last_time
+        steps = win_steps + 1.0
+        mean = (now - win_time) / steps
+        if self.probe.update_freq is not None:
+            self.probe.write(
+                tf.logical_and(write, recording),
+                step_time_schema.TAG_STEP_TIME,
+                lambda: tf.stack([now, period, mean]),
+                step,
+                step_time_schema.KIND_STEP_TIME,
+            )
+        timing.assign(
+            tf.stack(
+                [
+                    now,
+                    period,
+                    tf.where(write, now, win_time),
+                    tf.where(write, tf.constant(0.0, tf.float64), steps),
+                ]
+            )
+        )
+
+    def write_window(self):
+        counters = self.state.get("counters")
+        if counters is None:
+            return
+        values = counters.numpy()
+        if int(values[_WIN_COUNT]) == 0:
+            return
+        window = self.state["window"]
+        step = int(values[_LAST_STEP])
+        self.probe.write_now(schema.TAG_BATCH_SIZE, window.read_value, step, schema.KIND_BATCH_SIZE)
+        counters.assign(tf.tensor_scatter_nd_update(counters, [[_WIN_COUNT]], [0]))
+        self._write_time_window(step)
+
+    def _write_time_window(self, step):
+        """Host side: the step time of the last step of a window that had no in-graph write."""
+        timing = self.state.get("timing")
+        if timing is None or float(timing.numpy()[_WIN_STEPS]) == 0:
+            return
+        last, period, start, steps = (float(v) for v in timing.numpy())
+        self.probe.write_now(
+            step_time_schema.TAG_STEP_TIME,
+            lambda: tf.constant([last, period, (last - start) / steps], tf.float64),
+            step,
+            step_time_schema.KIND_STEP_TIME,
+        )
+        timing.assign([last, period, last, 0.0])
+
+    def last_step(self):
+        counters = self.state.get("counters")
+        if counters is None:
+            return None
+        step = int(counters.numpy()[_LAST_STEP])
+        return None if step < 0 else step
+
+    def next_step(self):
+        counters = self.state.get("counters")
+        if counters is None:
+            return None
+        return int(counters[_STEP].numpy())
+
+
+class Recording:
+    """`ReplicaProbe` methods of the inputs family."""
+
+    def observe_inputs(self, batch, step=None):
+        """Records the batch size and the shape and dtype of every input leaf, per replica.
+
+        Call it in replica context (inside `strategy.run`) with the replica's local batch, or in
+        cross-replica context with the distributed batch (leaves are `PerReplica` values).
+        Nested dicts, lists and tuples are named by their path ("x/image", "0"); pass a dict to
+        choose names. A failure inside the probe warns once and never stops training.
+
+        Args:
+          batch: the (nested) structure of input tensors.
+          step: the step to record at (int or int tensor). When omitted, the probe counts calls:
+            the first call records step 0 (or what `set_step` set), the next step 1, and so on.
+
+        Example:
+          ```python
+          def step_fn(x, y):
+              probe.observe_inputs({"x": x, "y": y})  # replica context
+              ...
+          ```
+        """
+        if not self.build():
+            return
+        recorder = self.recorder("inputs")
+        try:
+            names_and_leaves = flatten_with_names(batch)
+            names = [name for name, _ in names_and_leaves]
+            leaves = [leaf for _, leaf in names_and_leaves]
+            if not leaves:
+                self.warn_once("no_inputs", "tb_replica_plugin: observe_inputs got no tensors.")
+                return
+            self.merge_leaves(functools.partial(recorder.merge, names=names, step=step), leaves)
+        except Exception as error:  # noqa: BLE001 - must never break training
+            recorder.warn(error)
+
+    def last_step(self):
+        """The step of the latest `observe_inputs` call (host side), or None before any."""
+        if self._core is None:
+            return None
+        return self.recorder("inputs").last_step()
+
+    def next_step(self):
+        """The step the next `observe_inputs` call without `step=` would record at (host side).
+
+        Returns:
+          An int, or None before the probe is built or after it is closed.
+        """
+        if self._core is None:
+            return None
+        return self.recorder("inputs").next_step()

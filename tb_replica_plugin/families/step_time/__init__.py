@@ -1,0 +1,1 @@
+"""The step_time family."""

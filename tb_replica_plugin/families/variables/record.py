@@ -1,0 +1,200 @@
+"""Variables family, write side: where each copy of every variable lives, and how far it drifts.
+
+At the steps it is called for (logged steps), every copy of every variable is fingerprinted on its
+own device (`fingerprint.VariablesStats`: a bitwise hash, min/max/sum/sum of squares and a
+61-bucket sketch), so no copy leaves its device; the placement document is written at the first
+check and whenever it changes.
+"""
+
+import functools
+import hashlib
+
+import tensorflow as tf
+
+from tb_replica_plugin.core import distribute
+from tb_replica_plugin.core.recorder import Recorder as RecorderBase
+from tb_replica_plugin.families.variables import fingerprint, schema
+
+# The family's state vector: its step counter, placement written, placement fingerprint.
+_STEP, _HAS_PLACEMENT, _PLACEMENT_FP = range(3)
+
+
+class Recorder(RecorderBase):
+    """State and writes of the variables family."""
+
+    name = "variables"
+
+    def create_state(self):
+        self.variable("counters", [int(self._start_step), 0, 0], tf.int64)
+        self._plans = {}
+
+    def set_step(self, step):
+        super().set_step(step)
+        counters = self.state.get("counters")
+        if counters is not None:
+            counters.assign(
+                tf.tensor_scatter_nd_update(counters, [[_STEP]], [tf.cast(step, tf.int64)])
+            )
+
+    def close(self):
+        super().close()
+        self._plans = {}
+
+    def warn(self, error):
+        self.probe.warn_failed("variables", error)
+
+    def _plan(self, variables, exact):
+        """Entries, placement JSON and the traced check for one variable list (cached)."""
+        key = (tuple(id(v) for v in variables), exact)
+        plan = self._plans.get(key)
+        if plan is None:
+            probe = self.probe
+            entries = fingerprint.describe_variables(variables, probe.static["devices"])
+            static = dict(probe.static, central=distribute.central_storage(probe.strategy))
+            placement = fingerprint.placement_json(entries, static)
+            digest = hashlib.blake2b(placement.encode("utf-8"), digest_size=7).digest()
+            record = functools.partial(
+                self._record, entries, placement, int.from_bytes(digest, "little"), exact
+            )
+            # Keeps the variables alive with the plan, so their ids cannot be reused.
+            plan = (variables, record, tf.function(record, autograph=False))
+            self._plans[key] = plan
+        return plan
+
+    def merge(self, strategy, *, variables, step, exact):
+        """Cross-replica part of `observe_variables`: step, gating, then the check."""
+        probe = self.probe
+        try:
+            del strategy  # the copies are read from the variables themselves
+            counters = self.state["counters"]
+            _, record, traced = self._plan(variables, exact)
+            if step is None:
+                step_value = counters.read_value()[_STEP]
+                counters.assign_add(tf.constant([1, 0, 0], tf.int64))
+            else:
+                step_value = tf.cast(step, tf.int64)
+            if tf.executing_eagerly():
+                if probe.update_freq is None or int(step_value) % probe.update_freq == 0:
+                    with probe._lock:  # noqa: SLF001 - host side: the flush thread shares the writer
+                        if not probe.disabled_reason:
+                            traced(step_value)
+            elif probe.update_freq is None:
+                record(step_value)
+            else:
+                tf.cond(
+                    probe.logged(step_value),
+                    lambda: record(step_value),
+                    lambda: tf.constant(False),
+                )
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self.warn(error)
+
+    def _record(self, entries, placement, placement_fp, exact, step):
+        """Fingerprints every copy and writes the variables tags at `step` (returns True)."""
+        probe = self.probe
+        counters = self.state["counters"]
+        stats = fingerprint.VariablesStats(entries, probe.num_replicas, exact)
+        current = counters.read_value()
+        changed = tf.logical_or(
+            tf.equal(current[_HAS_PLACEMENT], 0),
+            tf.not_equal(current[_PLACEMENT_FP], placement_fp),
+        )
+        recording = probe.recording()
+        probe.write(
+            tf.logical_and(changed, recording),
+            schema.TAG_VARIABLE_PLACEMENT,
+            lambda: tf.constant(placement),
+            step,
+            schema.KIND_VARIABLE_PLACEMENT,
+        )
+        probe.write(
+            recording, schema.TAG_VARIABLE_HASH, lambda: stats.hash, step, schema.KIND_VARIABLE_HASH
+        )
+        probe.write(
+            recording,
+            schema.TAG_VARIABLE_FINGERPRINT,
+            lambda: stats.fingerprint,
+            step,
+            schema.KIND_VARIABLE_FINGERPRINT,
+        )
+        if stats.exact is not None:
+            probe.write(
+                recording,
+                schema.TAG_VARIABLE_EXACT,
+                lambda: stats.exact,
+                step,
+                schema.KIND_VARIABLE_EXACT,
+            )
+        counters.assign(
+            tf.tensor_scatter_nd_update(
+                counters,
+                [[_HAS_PLACEMENT], [_PLACEMENT_FP]],
+                tf.constant([1, placement_fp], tf.int64),
+            )
+        )
+        return tf.constant(True)
+
+
+class Recording:
+    """`ReplicaProbe` methods of the variables family."""
+
+    def observe_variables(self, variables, step=None, exact=False):
+        """Records where each copy of every variable lives and how far it drifts from replica 0.
+
+        For every variable (trainable or not; Keras or TensorFlow, mirrored or not), each copy is
+        fingerprinted on its own device: a bitwise hash, min/max/sum/sum of squares and a
+        61-bucket random projection (see `families/variables/fingerprint.py`), so no copy leaves
+        its device and the traffic per variable does not depend on its size. With `exact=True`
+        each copy is also sent to replica 0's device for the exact element-wise difference. The
+        variables' placement is written at the first call and whenever it changes.
+
+        Call it at the steps you want to log, in cross-replica context (after `strategy.run`,
+        eagerly or in a `tf.function`) or in replica context (inside `strategy.run`, through a
+        `merge_call`). When the probe has an integer `update_freq`, only steps that are a
+        multiple of it are recorded (inside a `tf.function` the check runs under a `tf.cond`, so
+        other steps cost a counter increment). Eager calls run one traced function over all the
+        variables. Pass the same list at every call (one list per probe). A failure warns once
+        and never stops training.
+
+        Args:
+          variables: an iterable of variables, e.g. `model.variables + optimizer.variables`.
+          step: the step to record at (int or int tensor). When omitted, the probe counts its
+            calls to this method, starting at 0 or at what `set_step` set, so that calling it
+            once per step after the update records the same step numbers as `observe_inputs`:
+            the values at step s are those after step s's update.
+          exact: also compute the exact max-abs and L2 difference of every copy from replica 0
+            (copies whole variables across devices).
+
+        Example:
+          ```python
+          probe = tb_replica_plugin.ReplicaProbe("logs/replicas", strategy, update_freq=10)
+          for batch in dist_dataset:
+              strategy.run(step_fn, args=batch)
+              probe.observe_variables(model.variables + optimizer.variables)
+          probe.close()
+          ```
+        """
+        if not self.build():
+            return
+        recorder = self.recorder("variables")
+        try:
+            variables = list(variables)
+            if not variables:
+                self.warn_once(
+                    "no_variables", "tb_replica_plugin: observe_variables got no variables."
+                )
+                return
+            merge = functools.partial(
+                recorder.merge, variables=variables, step=step, exact=bool(exact)
+            )
+            replica_context = tf.distribute.get_replica_context()
+            if replica_context is not None:
+                replica_context.merge_call(merge)
+            else:
+                merge(self.strategy)
+        except Exception as error:  # noqa: BLE001 - must never break training
+            recorder.warn(error)
+
+    def warn_variables_failed(self, error):
+        """Warns once that the variables family failed (training goes on)."""
+        self.recorder("variables").warn(error)
