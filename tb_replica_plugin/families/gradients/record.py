@@ -143,18 +143,20 @@ def nonfinite_counts(values, loss_value, has_loss):
       loss_value: its float32 loss (from `replica_stats`).
       has_loss: whether a loss was given (else the loss rows are 0).
     """
-
-    def count(predicate):
-        if not values:
-            return tf.constant(0, tf.int32)
-        return tf.add_n([tf.math.count_nonzero(predicate(v), dtype=tf.int32) for v in values])
-
+    zero = tf.constant(0, tf.int32)
+    if values:
+        # One vector of every gradient element: two counts, whatever the number of variables.
+        flat = tf.concat([tf.reshape(v, [-1]) for v in values], axis=0)
+        nan = tf.math.count_nonzero(tf.math.is_nan(flat), dtype=tf.int32)
+        inf = tf.math.count_nonzero(tf.math.is_inf(flat), dtype=tf.int32)
+    else:
+        nan = inf = zero
     if has_loss:
         loss_nan = tf.cast(tf.math.is_nan(loss_value), tf.int32)
         loss_inf = tf.cast(tf.math.is_inf(loss_value), tf.int32)
     else:
-        loss_nan = loss_inf = tf.constant(0, tf.int32)
-    return tf.stack([count(tf.math.is_nan), count(tf.math.is_inf), loss_nan, loss_inf])
+        loss_nan = loss_inf = zero
+    return tf.stack([nan, inf, loss_nan, loss_inf])
 
 
 def raw_rows(per_replica_sq, per_replica_loss):

@@ -53,6 +53,7 @@ compared there (traffic: the whole variable per replica), giving the true max-ab
 Everything here runs in cross-replica context (or eagerly) on the per-device component variables.
 """
 
+import functools
 import json
 
 import numpy as np
@@ -66,7 +67,10 @@ STAT_COLUMNS = ("min", "max", "sum", "sum_sq")
 # 1: mix64 hash everywhere, 64-bucket CountSketch hashing every element index.
 # 2: farmhash64 on CPU / mix64 elsewhere (per copy in the placement document), 61-bucket
 #    row-signed sketch, min/max in the copy's type.
-FINGERPRINT_VERSION = 2
+# 3: the same hash and sketch definition; stats and sketch of all the copies on one device
+#    computed at once (segment sums, accumulated in element order), so the last bits of the sums
+#    differ from version 2's tree reductions.
+FINGERPRINT_VERSION = 3
 HASH_FARMHASH = "farmhash64"
 HASH_MIX = "mix64"
 # splitmix64: the golden-ratio increment and the two multipliers of its finalizer.
@@ -299,56 +303,162 @@ def _is_numeric(dtype):
     return dtype.is_floating or dtype.is_integer or dtype.is_bool
 
 
-def _sketch_signs(projection, device, static_size, rows):
-    """The row signs for `rows` rows on `device`, cached in `projection` for static sizes."""
-    key = ("signs", device, static_size)  # static sizes only: dynamic ones vary
-    if projection is not None and static_size is not None and key in projection:
-        return projection[key]
-    signs = row_signs(rows)
-    if projection is not None and static_size is not None:
-        projection[key] = signs
-    return signs
+def _mix64_numpy(z):
+    """`mix64` on a numpy uint64 array (wrapping arithmetic)."""
+    (m1, m2), (s1, s2, s3) = MIX_MULTIPLIERS, MIX_SHIFTS
+    z = z.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(s1))) * np.uint64(m1)
+        z = (z ^ (z >> np.uint64(s2))) * np.uint64(m2)
+    return z ^ (z >> np.uint64(s3))
+
+
+def _row_negative(rows):
+    """bool [rows, SKETCH_WIDTH]: where the sketch sign `s(r, c)` is -1 (see `row_signs`)."""
+    index = np.arange(rows, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        terms = (index + np.uint64(1)) * np.uint64(GOLDEN)
+    hashed = _mix64_numpy(terms ^ np.uint64(SKETCH_SEED))
+    shifts = np.arange(SKETCH_WIDTH, dtype=np.uint64)
+    return ((hashed[:, None] >> shifts[None, :]) & np.uint64(1)).astype(bool)
+
+
+class SummaryLayout:
+    """Where each element of the copies on one device goes in the fused summary (static tables).
+
+    The copies' flattened elements are concatenated; element i of variable v (of n elements)
+    belongs to segment v and adds to sketch slot `v * SKETCH_SIZE + c` with c = i when n <=
+    SKETCH_SIZE (copied exactly) else c = i mod SKETCH_WIDTH, negated where `s(i // W, c)` is -1.
+    The tables are built once per variable list on the host (numpy) and captured by the traced
+    check as tensors on the device (5 bytes per element: an int32 slot and a bool sign).
+
+    Args:
+      sizes: the static element count of each copy, in concatenation order.
+      device: the device holding the copies (the tables are placed there).
+    """
+
+    def __init__(self, sizes, device):
+        segment, slot, negative, empty = _layout_tables(tuple(int(n) for n in sizes))
+        self.num = len(sizes)
+        with tf.init_scope(), tf.device(device):
+            self.segment = tf.constant(segment, tf.int32)
+            self.slot = tf.constant(slot, tf.int32)
+            self.negative = tf.constant(negative, tf.bool)
+            self.empty = tf.constant(empty, tf.bool)
+
+
+@functools.lru_cache(maxsize=8)
+def _layout_tables(sizes):
+    """numpy `(segment, slot, negative, empty)` of `SummaryLayout` (shared by the devices)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    total = int(sizes.sum())
+    segment = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    local = np.arange(total, dtype=np.int64) - np.repeat(starts, sizes)
+    small = np.repeat(sizes <= SKETCH_SIZE, sizes)
+    column = np.where(small, local, local % SKETCH_WIDTH)
+    row = local // SKETCH_WIDTH
+    rows = int(row.max()) + 1 if total else 0
+    negative = _row_negative(rows)[row, np.minimum(column, SKETCH_WIDTH - 1)] & ~small
+    slot = (segment.astype(np.int64) * SKETCH_SIZE + column).astype(np.int32)
+    return segment, slot, negative, sizes == 0
+
+
+def fused_summary(flat, layout):
+    """Stats and sketch of every copy in `flat` at once; call under `tf.device` of the copies.
+
+    Args:
+      flat: float64 [N]: the copies' elements, concatenated in `layout` order.
+      layout: the `SummaryLayout` of those copies.
+
+    Returns:
+      float64 `[V, 4 + SKETCH_SIZE]`: per copy min, max, sum, sum of squares, then the sketch.
+    """
+    num = layout.num
+    zero = tf.zeros([num], tf.float64)
+    low = tf.where(layout.empty, zero, tf.math.unsorted_segment_min(flat, layout.segment, num))
+    high = tf.where(layout.empty, zero, tf.math.unsorted_segment_max(flat, layout.segment, num))
+    total = tf.math.unsorted_segment_sum(flat, layout.segment, num)
+    squares = tf.math.unsorted_segment_sum(tf.square(flat), layout.segment, num)
+    signed = tf.where(layout.negative, -flat, flat)
+    sketch = tf.math.unsorted_segment_sum(signed, layout.slot, num * SKETCH_SIZE)
+    stats = tf.stack([low, high, total, squares], axis=1)
+    return tf.concat([stats, tf.reshape(sketch, [num, SKETCH_SIZE])], axis=1)
+
+
+def _static_size(value):
+    size = value.shape.num_elements()
+    return None if size is None else int(size)
+
+
+def _as_float64(flats):
+    """One float64 vector of `flats` (1 x n tensors), concatenated per dtype then cast."""
+    parts = []
+    group = []
+    for flat in [*flats, None]:
+        if group and (flat is None or flat.dtype != group[0].dtype):
+            joined = tf.reshape(tf.concat(group, axis=1) if len(group) > 1 else group[0], [-1])
+            if joined.dtype.is_bool:
+                joined = tf.cast(joined, tf.uint8)
+            parts.append(tf.cast(joined, tf.float64))
+            group = []
+        if flat is not None:
+            group.append(flat)
+    if not parts:
+        return tf.zeros([0], tf.float64)
+    return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
 
 
 def copy_summary(value, dtype, projection=None):
     """Stats and sketch of one copy (no hash); call under `tf.device(copy.device)`.
 
+    Computed as `VariablesStats` computes every copy (a fused summary of one), so it gives the
+    same bits.
+
     Args:
       value: the copy's value (a tensor).
       dtype: its `tf.DType`.
-      projection: optional cache of sketch signs per device and static size (see
-        `copy_fingerprint`).
+      projection: unused (kept for callers of fingerprint version 2).
 
     Returns:
       float64 `[4 + SKETCH_SIZE]`: min, max, sum, sum of squares, then the sketch (all NaN for
       non-numeric types).
     """
+    del projection
     if not _is_numeric(dtype):
         return tf.fill([len(STAT_COLUMNS) + SKETCH_SIZE], tf.constant(np.nan, tf.float64))
+    value = tf.convert_to_tensor(value)
+    size = _static_size(value)
+    if size is None:
+        return _dynamic_summary(value, dtype)
+    layout = SummaryLayout([size], value.device or None)
+    return fused_summary(_as_float64([tf.reshape(value, [1, -1])]), layout)[0]
+
+
+def _dynamic_summary(value, dtype):
+    """`copy_summary` of a copy whose size is only known at run time (one at a time)."""
     native = tf.reshape(value, [-1])
     if dtype.is_bool:
         native = tf.cast(native, tf.uint8)
     flat = tf.cast(native, tf.float64)
-    static_size = flat.shape[0]
     size = tf.size(flat, out_type=tf.int64)
+    empty = tf.equal(size, 0)
     zero = tf.constant(0.0, tf.float64)
-    # min and max in the copy's own type (exact, half the bytes of float64 for float32).
-    low = tf.cast(tf.reduce_min(native), tf.float64)
-    high = tf.cast(tf.reduce_max(native), tf.float64)
-    if static_size is None or static_size == 0:
-        empty = tf.equal(size, 0)
-        low, high = tf.where(empty, zero, low), tf.where(empty, zero, high)
+    low = tf.where(empty, zero, tf.reduce_min(flat))
+    high = tf.where(empty, zero, tf.reduce_max(flat))
     stats = tf.stack([low, high, tf.reduce_sum(flat), tf.reduce_sum(tf.square(flat))])
-    if static_size is not None and static_size <= SKETCH_SIZE:
-        # Small variables are their own sketch: exact, no hashing.
-        sketch = tf.pad(flat, [[0, SKETCH_SIZE - static_size]])
-    else:
+
+    def exact():
+        return tf.pad(flat, [[0, SKETCH_SIZE - tf.minimum(size, SKETCH_SIZE)]])[:SKETCH_SIZE]
+
+    def projected():
         rows = (size + SKETCH_WIDTH - 1) // SKETCH_WIDTH
-        signs = _sketch_signs(projection, value.device, static_size, rows)
         grid = tf.reshape(tf.pad(flat, [[0, rows * SKETCH_WIDTH - size]]), [-1, SKETCH_WIDTH])
-        sketch = tf.reduce_sum(grid * signs, axis=0)
-        sketch = tf.pad(sketch, [[0, SKETCH_SIZE - SKETCH_WIDTH]])
-    return tf.concat([stats, sketch], axis=0)
+        sketch = tf.reduce_sum(grid * row_signs(rows), axis=0)
+        return tf.pad(sketch, [[0, SKETCH_SIZE - SKETCH_WIDTH]])
+
+    sketch = tf.cond(size <= SKETCH_SIZE, exact, projected)
+    return tf.concat([stats, tf.reshape(sketch, [SKETCH_SIZE])], axis=0)
 
 
 def copy_fingerprint(value, dtype, projection=None, algorithm=HASH_MIX):
@@ -357,14 +467,13 @@ def copy_fingerprint(value, dtype, projection=None, algorithm=HASH_MIX):
     Args:
       value: the copy's value (a tensor).
       dtype: its `tf.DType`.
-      projection: optional cache shared by the copies fingerprinted on one device in one graph
-        (sketch signs per row count, hash index terms per word count).
+      projection: optional cache of hash index terms per device and word count.
       algorithm: the hash algorithm, `hash_algorithm(device, dtype)` of the copy's device.
 
     Returns:
       `(hash int64 scalar, stats_and_sketch float64 [4 + SKETCH_SIZE])`.
     """
-    return copy_hash(value, dtype, algorithm, projection), copy_summary(value, dtype, projection)
+    return copy_hash(value, dtype, algorithm, projection), copy_summary(value, dtype)
 
 
 def exact_difference(value, reference, dtype):
@@ -379,16 +488,39 @@ def exact_difference(value, reference, dtype):
 
 
 def _read(copy):
-    return tf.convert_to_tensor(copy.read_value() if hasattr(copy, "read_value") else copy)
+    """The value of a component variable: one `ReadVariableOp` (no Python-side wrappers)."""
+    handle = getattr(copy, "handle", None)
+    if handle is None:
+        return tf.convert_to_tensor(copy)
+    return tf.raw_ops.ReadVariableOp(resource=handle, dtype=copy.dtype)
+
+
+class _Column:
+    """The copies on one replica device: their hashes, and what the fused summary needs."""
+
+    def __init__(self):
+        self.hashes = {}  # variable index -> int64 scalar
+        self.farm_rows = []  # (variable index, [1, 8] uint8 fingerprint)
+        self.fused = []  # (variable index, [1, n] flat copy) in summary order
+        self.single = {}  # variable index -> summary of a copy outside the fused summary
+        self.device = None
 
 
 class VariablesStats:
     """The variables family for one logged step, in cross-replica context.
 
+    Per replica device, every copy is hashed (`copy_hash`: one `tf.fingerprint` per copy on a
+    CPU) and all the copies' stats and sketches are computed at once (`fused_summary`: a few
+    segment sums over the concatenated elements), so the traced check has a handful of ops per
+    copy whatever the model. Bit-identical copies have identical summaries: under one `tf.cond`
+    on "every copy's hash equals replica 0's" only replica 0's copies are summarized and their
+    rows are written for every replica; otherwise every replica's copies are summarized.
+
     Args:
       entries: `VariableEntry` list (the V axis).
       num_replicas: R, the number of local replica devices (the R axis).
       exact: also compute the exact element-wise difference from replica 0.
+      layouts: optional dict caching the `SummaryLayout` of each device and size list.
 
     Attributes:
       hash: int64 [V, R] (0 where replica r's device holds no copy).
@@ -396,123 +528,145 @@ class VariablesStats:
       exact: float64 [V, R, 2] `(max_abs, l2)` of copy r minus copy 0, or None.
     """
 
-    def __init__(self, entries, num_replicas, exact=False):
+    def __init__(self, entries, num_replicas, exact=False, layouts=None):
         width = len(STAT_COLUMNS) + SKETCH_SIZE
-        missing_fp = tf.fill([width], tf.constant(np.nan, tf.float64))
-        missing_hash = tf.constant(0, tf.int64)
-        missing_exact = tf.constant([np.nan, np.nan], tf.float64)
-        hashes, items, exacts = [], [], []
+        layouts = {} if layouts is None else layouts
+        columns = [_Column() for _ in range(num_replicas)]
+        values = []  # per variable {column: value}
+        exacts = []
         projection = {}
-        for entry in entries:
-            row_hash = [missing_hash] * num_replicas
-            values = {}
+        # One constant of each for every copy's ops (fewer nodes to trace and optimize).
+        row_shape = tf.constant([1, -1], tf.int32)
+        farmhash_method = tf.constant("farmhash64")
+        for index, entry in enumerate(entries):
+            present = {}
             for copy, column, algorithm in zip(
                 entry.copies, entry.columns, entry.hashes, strict=True
             ):
-                if column < 0 or column in values:
+                if column < 0 or column in present:
                     continue
+                target = columns[column]
                 with tf.device(copy.device):
+                    target.device = target.device or copy.device
                     value = _read(copy)
-                    values[column] = (copy, value, algorithm)
-                    row_hash[column] = copy_hash(value, entry.dtype, algorithm, projection)
-            items.append((entry, values, row_hash))
-            hashes.append(tf.stack(row_hash))
+                    present[column] = value
+                    numeric = _is_numeric(entry.dtype) and _static_size(value) is not None
+                    flat = tf.reshape(value, row_shape) if numeric else None
+                    if algorithm == HASH_FARMHASH and numeric:
+                        # tf.fingerprint hashes the raw bytes of each slice: the whole copy.
+                        target.farm_rows.append(
+                            (index, tf.raw_ops.Fingerprint(data=flat, method=farmhash_method))
+                        )
+                    else:
+                        target.hashes[index] = copy_hash(value, entry.dtype, algorithm, projection)
+                    if numeric:
+                        target.fused.append((index, flat))
+                    else:
+                        target.single[index] = copy_summary(value, entry.dtype)
+            values.append(present)
             if exact:
-                row = [missing_exact] * num_replicas
-                if 0 in values:
-                    reference_copy, reference, _ = values[0]
-                    with tf.device(reference_copy.device):
-                        for column, (_, value, _) in values.items():
+                row = [tf.constant([np.nan, np.nan], tf.float64)] * num_replicas
+                if 0 in present:
+                    with tf.device(entries[index].copies[entries[index].columns.index(0)].device):
+                        for column, value in present.items():
                             # Copies the whole of copy r to replica 0's device.
-                            row[column] = exact_difference(value, reference, entry.dtype)
+                            row[column] = exact_difference(value, present[0], entry.dtype)
                 exacts.append(tf.stack(row))
-        summaries = _summaries(items, projection)
-        fingerprints = [
-            tf.stack([summaries.get((index, r), missing_fp) for r in range(num_replicas)])
-            for index in range(len(items))
-        ]
-        self.hash = _stack_or_empty(hashes, [0, num_replicas], tf.int64)
-        self.fingerprint = _stack_or_empty(fingerprints, [0, num_replicas, width], tf.float64)
-        self.exact = _stack_or_empty(exacts, [0, num_replicas, 2], tf.float64) if exact else None
+        num = len(entries)
+        hashes = []
+        for column in columns:
+            if column.farm_rows:
+                with tf.device(column.device):
+                    stacked = tf.concat([row for _, row in column.farm_rows], axis=0)
+                    digests = tf.unstack(tf.reshape(tf.bitcast(stacked, tf.int64), [-1]))
+                for (index, _), digest in zip(column.farm_rows, digests, strict=True):
+                    column.hashes[index] = digest
+            zero = tf.constant(0, tf.int64)
+            hashes.append(
+                tf.stack([column.hashes.get(i, zero) for i in range(num)]) if num else None
+            )
+        self.hash = tf.stack(hashes, axis=1) if num else tf.zeros([0, num_replicas], tf.int64)
 
+        missing = tf.fill([1, width], tf.constant(np.nan, tf.float64))
 
-def _shortcut(entry, values):
-    """True when the copies of one variable can share replica 0's summary when their hashes
-    agree: numeric, replica 0 present, at least two copies, all hashed by one algorithm."""
-    return (
-        0 in values
-        and len(values) > 1
-        and _is_numeric(entry.dtype)
-        and all(v[2] == values[0][2] for v in values.values())
-    )
+        def summarize(column):
+            """[rows of the column's fused copies + singles, then a NaN row], and row of each
+            variable index."""
+            rows, where = [], {}
+            if column.fused:
+                sizes = tuple(_static_size(flat) for _, flat in column.fused)
+                key = (column.device, sizes, tuple(flat.dtype for _, flat in column.fused))
+                if key not in layouts:
+                    layouts[key] = SummaryLayout(sizes, column.device)
+                with tf.device(column.device):
+                    flat = _as_float64([flat for _, flat in column.fused])
+                    rows.append(fused_summary(flat, layouts[key]))
+                where.update({index: i for i, (index, _) in enumerate(column.fused)})
+            for index, summary in column.single.items():
+                where[index] = len(where)
+                rows.append(summary[None, :])
+            rows.append(missing)
+            return tf.concat(rows, axis=0), where
 
+        def gather(table, where, rows_of):
+            positions = [rows_of(i) if i in where else -1 for i in range(num)]
+            fallback = len(where)
+            return tf.gather(table, [fallback if p < 0 else p for p in positions])
 
-def _summaries(items, projection):
-    """Stats and sketch of each present copy, `{(variable index, column): float64 [4 + K]}`.
+        if not num:
+            self.fingerprint = tf.zeros([0, num_replicas, width], tf.float64)
+        else:
+            table0, where0 = summarize(columns[0])
+            matrices = [gather(table0, where0, where0.get)]
+            shareable = [
+                i
+                for i, entry in enumerate(entries)
+                if 0 in values[i]
+                and len(values[i]) > 1
+                and _is_numeric(entry.dtype)
+                and len(set(entry.hashes)) == 1
+            ]
+            if num_replicas > 1:
+                same = tf.constant(True)
+                if shareable:
+                    # Every present copy of a shareable variable hashes like replica 0's.
+                    mask = np.zeros([num, num_replicas], dtype=bool)
+                    for i in shareable:
+                        mask[i, list(values[i])] = True
+                    equal = tf.equal(self.hash, self.hash[:, :1])
+                    same = tf.reduce_all(tf.logical_or(equal, tf.constant(~mask)))
+                shared = set(shareable)
 
-    Args:
-      items: `[(entry, values, hashes)]`, `values` `{column: (copy, value, algorithm)}`,
-        `hashes` the int64 hash tensors by column.
-      projection: the sketch-sign and hash cache of the graph.
+                def agree(r):
+                    column = columns[r]
+                    own = _Column()
+                    own.device = column.device
+                    own.fused = [(i, f) for i, f in column.fused if i not in shared]
+                    own.single = {i: s for i, s in column.single.items() if i not in shared}
+                    table, where = summarize(own)
+                    full = tf.concat([table0, table], axis=0)
+                    offset = table0.shape[0]
+                    positions = []
+                    for i in range(num):
+                        if i in shared and r in values[i]:
+                            positions.append(where0[i])
+                        elif i in where:
+                            positions.append(offset + where[i])
+                        else:
+                            positions.append(offset + len(where))  # NaN row
+                    return tf.gather(full, positions)
 
-    Copies that can share (see `_shortcut`) are summarized under `tf.cond`s on their hashes:
-    replica 0's copy is always summarized, on its device; if every copy's hash equals replica
-    0's (bit-identical copies, the normal case) its summary is used for every column (identical
-    bits give identical stats and sketch, so what is written does not change); otherwise each
-    other copy is summarized on its own device. One `tf.cond` covers the whole check when every
-    variable agrees, one per variable otherwise. Only the int64 hashes cross devices to decide.
-    """
-    summaries = {}
-    shared = []  # (index, columns, summary of replica 0, same, values)
-    for index, (entry, values, hashes) in enumerate(items):
-        if not _shortcut(entry, values):
-            for column, (copy, value, _) in values.items():
-                with tf.device(copy.device):
-                    summaries[index, column] = copy_summary(value, entry.dtype, projection)
-            continue
-        copy0, value0, _ = values[0]
-        with tf.device(copy0.device):
-            summary0 = copy_summary(value0, entry.dtype, projection)
-        columns = sorted(c for c in values if c != 0)
-        same = tf.reduce_all(tf.stack([tf.equal(hashes[c], hashes[0]) for c in columns]))
-        summaries[index, 0] = summary0
-        shared.append((index, entry, columns, summary0, same, values))
-    if not shared:
-        return summaries
+                def differ(r):
+                    table, where = summarize(columns[r])
+                    return gather(table, where, where.get)
 
-    def copies_of(entry, columns, summary0, values):
-        def agree():
-            return tf.tile(summary0[None, :], [len(columns), 1])
-
-        def differ():
-            # A copy of the cache: signs made inside a branch must stay in it.
-            cache = dict(projection)
-            rows = []
-            for column in columns:
-                copy, value, _ = values[column]
-                with tf.device(copy.device):
-                    rows.append(copy_summary(value, entry.dtype, cache))
-            return tf.stack(rows)
-
-        return agree, differ
-
-    branches = [
-        copies_of(entry, columns, s0, values) for _, entry, columns, s0, _, values in shared
-    ]
-    all_same = tf.reduce_all(tf.stack([item[4] for item in shared]))
-    others = tf.cond(
-        all_same,
-        lambda: [agree() for agree, _ in branches],
-        lambda: [
-            tf.cond(item[4], agree, differ)
-            for item, (agree, differ) in zip(shared, branches, strict=True)
-        ],
-    )
-    for (index, _, columns, _, _, _), rows in zip(shared, others, strict=True):
-        for column, row in zip(columns, tf.unstack(rows), strict=True):
-            summaries[index, column] = row
-    return summaries
-
-
-def _stack_or_empty(rows, empty_shape, dtype):
-    return tf.stack(rows) if rows else tf.zeros(empty_shape, dtype)
+                others = tf.cond(
+                    same,
+                    lambda: [agree(r) for r in range(1, num_replicas)],
+                    lambda: [differ(r) for r in range(1, num_replicas)],
+                )
+                matrices.extend(others)
+            self.fingerprint = tf.stack(matrices, axis=1)
+        self.exact = None
+        if exact:
+            self.exact = tf.stack(exacts) if exacts else tf.zeros([0, num_replicas, 2], tf.float64)

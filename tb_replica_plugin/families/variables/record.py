@@ -6,10 +6,12 @@ own device (`fingerprint.VariablesStats`: a bitwise hash, min/max/sum/sum of squ
 check and whenever it changes.
 """
 
+import contextlib
 import functools
 import hashlib
 
 import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2
 
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
@@ -17,6 +19,32 @@ from tb_replica_plugin.families.variables import fingerprint, schema
 
 # The family's state vector: its step counter, placement written, placement fingerprint.
 _STEP, _HAS_PLACEMENT, _PLACEMENT_FP = range(3)
+
+
+@contextlib.contextmanager
+def _without_graph_optimizer():
+    """Calls of `tf.function`s in this thread skip Grappler while inside.
+
+    The eager drift check is one traced function of a few ops per variable copy; Grappler's
+    passes took about 2 s of CPU when it was first run on a model of 580 variables and buy it
+    nothing at run time. The option is the calling thread's own (`function_call_options` is
+    thread-local), so the training step is not affected.
+    """
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    previous = ctx.function_call_options
+    config = previous.config_proto_serialized
+    options = context.FunctionCallOptions(executor_type=previous.executor_type)
+    proto = config_pb2.ConfigProto()
+    proto.ParseFromString(config)
+    proto.graph_options.rewrite_options.disable_meta_optimizer = True
+    options.config_proto_serialized = proto
+    ctx.function_call_options = options
+    try:
+        yield
+    finally:
+        ctx.function_call_options = previous
 
 
 class Recorder(RecorderBase):
@@ -27,6 +55,7 @@ class Recorder(RecorderBase):
     def create_state(self):
         self.variable("counters", [int(self._start_step), 0, 0], tf.int64)
         self._plans = {}
+        self._layouts = {}
 
     def set_step(self, step):
         super().set_step(step)
@@ -39,6 +68,7 @@ class Recorder(RecorderBase):
     def close(self):
         super().close()
         self._plans = {}
+        self._layouts = {}
 
     def warn(self, error):
         self.probe.warn_failed("variables", error)
@@ -77,7 +107,8 @@ class Recorder(RecorderBase):
                 if probe.update_freq is None or int(step_value) % probe.update_freq == 0:
                     with probe._lock:  # noqa: SLF001 - host side: the flush thread shares the writer
                         if not probe.disabled_reason:
-                            traced(step_value)
+                            with _without_graph_optimizer():
+                                traced(step_value)
             elif probe.update_freq is None:
                 record(step_value)
             else:
@@ -93,7 +124,7 @@ class Recorder(RecorderBase):
         """Fingerprints every copy and writes the variables tags at `step` (returns True)."""
         probe = self.probe
         counters = self.state["counters"]
-        stats = fingerprint.VariablesStats(entries, probe.num_replicas, exact)
+        stats = fingerprint.VariablesStats(entries, probe.num_replicas, exact, self._layouts)
         current = counters.read_value()
         changed = tf.logical_or(
             tf.equal(current[_HAS_PLACEMENT], 0),
