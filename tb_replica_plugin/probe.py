@@ -74,3 +74,21 @@ class ReplicaProbe(*recording_mixins(), ProbeCore):
       per stat family (see each); set_step, flush, write_window, close: the step axis and the
       event file.
     """
+
+
+def _not_converted(cls):
+    """Marks every method of `cls` (and its bases) not to be converted by AutoGraph.
+
+    The probe is called from inside users' `tf.function`s; AutoGraph would otherwise rewrite its
+    Python (host-side decisions, try/except, warnings) into graph control flow at every trace.
+    """
+    import tensorflow as tf
+
+    for klass in cls.__mro__[:-1]:
+        for name, member in vars(klass).items():
+            if callable(member) and not name.startswith("__") and not isinstance(member, type):
+                setattr(cls, name, tf.autograph.experimental.do_not_convert(member))
+    return cls
+
+
+_not_converted(ReplicaProbe)

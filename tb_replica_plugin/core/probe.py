@@ -311,12 +311,21 @@ class ProbeCore:
           ValueError: if `value` has another number of replicas than the probe was built for.
         """
         values = [tf.convert_to_tensor(t) for t in strategy.experimental_local_results(value)]
-        if len(values) != len(self._static["devices"]):
+        self.check_replicas(len(values))
+        return values
+
+    def check_replicas(self, count, what="values"):
+        """Raises ValueError unless `count` is the number of replicas the probe was built for."""
+        if count != len(self._static["devices"]):
             raise ValueError(
-                f"got values for {len(values)} replicas, the probe was built for "
+                f"got {what} of {count} replicas, the probe was built for "
                 f"{len(self._static['devices'])}; create the probe with this strategy"
             )
-        return values
+
+    @property
+    def host_lock(self):
+        """The lock of host-side writer use (the main thread and the flush thread share it)."""
+        return self._lock
 
     def write(self, condition, tag, value_fn, step, kind):
         """Queues one summary in the writer when `condition` holds (in-graph or eagerly).

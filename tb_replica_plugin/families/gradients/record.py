@@ -305,11 +305,7 @@ class Recorder(RecorderBase):
     ):
         probe = self.probe
         static = probe.static
-        if len(sq) != len(static["devices"]):
-            raise ValueError(
-                f"got gradients of {len(sq)} replicas, the probe was built for "
-                f"{len(static['devices'])}; create the probe with this strategy"
-            )
+        probe.check_replicas(len(sq), "gradients")
         state = self.state
         counters = state["counters"].read_value()
         if step is None:

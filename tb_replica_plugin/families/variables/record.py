@@ -105,7 +105,7 @@ class Recorder(RecorderBase):
                 step_value = tf.cast(step, tf.int64)
             if tf.executing_eagerly():
                 if probe.update_freq is None or int(step_value) % probe.update_freq == 0:
-                    with probe._lock:  # noqa: SLF001 - host side: the flush thread shares the writer
+                    with probe.host_lock:  # host side: the flush thread shares the writer
                         if not probe.disabled_reason:
                             with _without_graph_optimizer():
                                 traced(step_value)
