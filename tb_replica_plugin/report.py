@@ -10,6 +10,7 @@ import os
 import numpy as np
 
 from tb_replica_plugin import analysis, plugin, reader
+from tb_replica_plugin.families.inputs import read as inputs_read
 
 REPORT_SCHEMA_VERSION = 1
 REPORT_TOP = 5  # most divergent variables with per-step series in the report
@@ -197,7 +198,7 @@ class Report:
             if series.shape_events:
                 lines.append("  batch size per replica (step: sizes), at every change:")
             for event in series.shape_events[:20]:
-                sizes = reader.event_batch_sizes(event)
+                sizes = inputs_read.event_batch_sizes(event)
                 lines.append(f"    step {event['step']}: {sizes}")
                 for entry in event["inputs"]:
                     shapes = "  ".join(

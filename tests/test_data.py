@@ -15,8 +15,9 @@ from conftest import VENV_BIN, TensorBoardServer, http_get, mirrored, small_mode
 
 import tb_replica_plugin
 from demo import scenarios
-from tb_replica_plugin import ReplicaProbe, analysis, reader
+from tb_replica_plugin import ReplicaProbe, analysis
 from tb_replica_plugin.collectors import data as data_collector
+from tb_replica_plugin.families.examples import read as examples_read
 
 
 def only_run(logdir):
@@ -253,7 +254,7 @@ def test_find_data_partial_overlap_message():
     steps = np.array([0, 1])
     shared = np.array([[[4, 2, 0], [2, 4, 0], [0, 0, 4]]] * 2)
     steps_shared = np.array([[[1, 1, 0], [1, 1, 0], [0, 0, 1]]] * 2)
-    series = reader.DataSeries(
+    series = examples_read.DataSeries(
         run="r",
         replicas=[0, 1, 2],
         steps=steps,

@@ -15,7 +15,8 @@ import tensorflow as tf
 from conftest import mirrored
 
 import tb_replica_plugin
-from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, reader
+from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis
+from tb_replica_plugin.families.gradients import read as gradients_read
 
 LR = 0.1
 BATCH = 8  # global batch: 4 examples per replica
@@ -312,7 +313,7 @@ def test_outlier_and_spreading_nan_findings():
     counts = np.zeros((2, 4, 4), np.int64)
     counts[0, 0, 3] = 2  # step 12: replica 3 has 2 NaN
     counts[1, 0, :] = 5  # step 13: every replica (spread by the all-reduce)
-    series = reader.GradientsSeries(
+    series = gradients_read.GradientsSeries(
         run="r",
         replicas=[0, 1, 2, 3],
         variables=["a", "b"],

@@ -15,7 +15,8 @@ import tensorflow as tf
 from conftest import REPO, mirrored
 
 import tb_replica_plugin
-from tb_replica_plugin import ReplicaProbe, analysis, reader
+from tb_replica_plugin import ReplicaProbe, analysis
+from tb_replica_plugin.families.rng import read as rng_read
 
 
 def actual_groups(masks):
@@ -163,7 +164,7 @@ def test_stream_groups_and_rng_findings_on_series():
     ]
     fingerprint = np.array([[[5, 6, 5, 7]], [[1, 2, 3, 4]]])  # [S=2, G=1, R=4]
     state = np.zeros((2, 1, 4, 3), np.int64)
-    series = reader.RngSeries(
+    series = rng_read.RngSeries(
         "r", [0, 1, 2, 3], [""] * 4, generators, np.array([0, 9]), fingerprint, state, []
     )
     (finding,) = analysis.find_rng(series)

@@ -12,8 +12,9 @@ import tensorflow as tf
 from conftest import TensorBoardServer, http_get, mirrored
 
 import tb_replica_plugin
-from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, reader
+from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis
 from tb_replica_plugin.collectors import variables as collector
+from tb_replica_plugin.families.variables import read as variables_read
 
 # The sketch estimate of ||copy_r - copy_0|| has a relative standard deviation of about
 # 1 / sqrt(2W) = 9.1 % with W = 61 buckets (README "Weight drift"); about 4 standard deviations:
@@ -420,7 +421,9 @@ def synthetic(rel_values, trainable=True, sync="on_write", hashes=None, version=
         other = base + np.array([5.0 * rel, 0.0])
         fingerprints.append((step, np.stack([fingerprint(base), fingerprint(other)])[None]))
         hash_points.append((step, np.array([[7, 7 if rel == 0 else 8]], dtype=np.int64)))
-    return reader.build_variables_series("run", [(0, placement)], hash_points, fingerprints, [])
+    return variables_read.build_variables_series(
+        "run", [(0, placement)], hash_points, fingerprints, []
+    )
 
 
 def test_hashes_of_different_algorithms_are_never_compared():
@@ -446,11 +449,11 @@ def test_workers_with_different_fingerprint_versions_are_not_merged():
     notes = []
     workers = [{"name": "worker_0"}, {"name": "worker_1"}]
     same = [Member(synthetic([0.0, 1e-3])), Member(synthetic([0.0, 1e-3]))]
-    merged = reader.merge_variables("job", same, workers, notes)
+    merged = variables_read.merge_variables("job", same, workers, notes)
     assert merged.num_replicas == 4 and merged.hash_comparable.all() and notes == []
     assert merged.variables[0]["hash"] == ["mix64"] * 4
     mixed = [Member(synthetic([0.0, 1e-3])), Member(synthetic([0.0, 1e-3], version=1))]
-    assert reader.merge_variables("job", mixed, workers, notes) is None
+    assert variables_read.merge_variables("job", mixed, workers, notes) is None
     assert "different versions" in notes[-1]
 
 
