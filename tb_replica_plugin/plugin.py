@@ -12,6 +12,10 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from tb_replica_plugin import analysis, metadata, reader
+from tb_replica_plugin.families.examples import rules as examples_rules
+from tb_replica_plugin.families.gradients import rules as gradients_rules
+from tb_replica_plugin.families.rng import rules as rng_rules
+from tb_replica_plugin.families.step_time import rules as step_time_rules
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 DEFAULT_MAX_POINTS = 2000
@@ -105,8 +109,8 @@ def rng_body(series, max_points=None):
             {
                 **generator,
                 "match": equal.mean(axis=0).round(6).tolist() if last >= 0 else [],
-                "stream_groups": [analysis.stream_groups(fingerprint[s]) for s in picked],
-                "state_groups": [analysis.stream_groups(state[s]) for s in picked],
+                "stream_groups": [rng_rules.stream_groups(fingerprint[s]) for s in picked],
+                "state_groups": [rng_rules.stream_groups(state[s]) for s in picked],
                 "last_fingerprint": [_hex(v) for v in fingerprint[last]] if last >= 0 else [],
                 "last_state": [[_hex(w) for w in row] for row in state[last]] if last >= 0 else [],
             }
@@ -131,7 +135,7 @@ def data_body(series, max_points=None):
       max_points: most logged steps sent (evenly spaced; `duplicate_share` keeps each bucket's
         maximum); None sends every one. Totals and matrices always cover every logged step.
     """
-    share, steps_shared = analysis.data_pair_shares(series)
+    share, steps_shared = examples_rules.data_pair_shares(series)
     window_distinct = np.diagonal(series.window_shared, axis1=1, axis2=2)
     with np.errstate(divide="ignore", invalid="ignore"):
         dup_share = np.where(
@@ -209,7 +213,7 @@ def step_time_body(run_data, max_points):
         steps = steps[starts]
         busy, lateness, period = (_bucket_means(v, starts) for v in (busy, lateness, period))
 
-    median_busy, median_lateness = analysis.step_time_medians(series)
+    median_busy, median_lateness = step_time_rules.step_time_medians(series)
     return {
         "run": run_data.run,
         "workers": workers,
@@ -379,7 +383,7 @@ def gradients_body(series, max_points, step=None):
       The JSON-ready dict.
     """
     steps, norms, loss = series.steps, series.global_norm, series.loss
-    ratio = analysis.ratio_to_median(norms)
+    ratio = gradients_rules.ratio_to_median(norms)
     count = int(steps.size)
     if count > max_points:
         bucket = -(-count // max_points)
@@ -391,7 +395,7 @@ def gradients_body(series, max_points, step=None):
         if step is not None:
             layer_index = max(0, int(np.searchsorted(series.steps, step, side="right")) - 1)
         else:
-            full_ratio = analysis.ratio_to_median(series.global_norm)
+            full_ratio = gradients_rules.ratio_to_median(series.global_norm)
             finite = np.where(np.isfinite(full_ratio), full_ratio, 0.0)
             peak = finite.max(axis=1) if finite.size else finite
             layer_index = int(np.argmax(peak)) if peak.size and peak.max() > 1.0 else count - 1
@@ -401,7 +405,7 @@ def gradients_body(series, max_points, step=None):
         matrix = series.variable_norms[layer_index]
         layer_step = int(series.steps[layer_index])
         layer_norms = matrix.tolist()
-        layer_ratio = analysis.ratio_to_median(matrix).tolist()
+        layer_ratio = gradients_rules.ratio_to_median(matrix).tolist()
     return {
         "run": series.run,
         "replicas": series.replicas,

@@ -10,7 +10,11 @@ import os
 import numpy as np
 
 from tb_replica_plugin import analysis, plugin, reader
+from tb_replica_plugin.families.examples import rules as examples_rules
+from tb_replica_plugin.families.gradients import rules as gradients_rules
 from tb_replica_plugin.families.inputs import read as inputs_read
+from tb_replica_plugin.families.rng import rules as rng_rules
+from tb_replica_plugin.families.step_time import rules as step_time_rules
 
 REPORT_SCHEMA_VERSION = 1
 REPORT_TOP = 5  # most divergent variables with per-step series in the report
@@ -43,7 +47,7 @@ def gradients_json(series):
         "scaling": series.scaling,
         "steps": series.steps.tolist(),
         "global_norm": json_floats(series.global_norm),
-        "ratio_to_median": json_floats(analysis.ratio_to_median(series.global_norm)),
+        "ratio_to_median": json_floats(gradients_rules.ratio_to_median(series.global_norm)),
         "loss": json_floats(series.loss),
         "variable_norms": json_floats(series.variable_norms),
         "nonfinite": [
@@ -80,7 +84,7 @@ def gradients_text(series, max_events=20):
     )
     lines.append(f"  gradients ({what}), {steps}, {len(series.variables)} variable(s):")
     if series.steps.size:
-        ratio = analysis.ratio_to_median(series.global_norm)
+        ratio = gradients_rules.ratio_to_median(series.global_norm)
         with np.errstate(all="ignore"):
             for index, replica in enumerate(series.replicas):
                 norms = series.global_norm[:, index]
@@ -239,9 +243,9 @@ def _rng_text(series):
     for index, generator in enumerate(series.generators):
         fingerprint = series.fingerprint[:, index]
         identical = sum(
-            len(set(analysis.stream_groups(row))) < series.num_replicas for row in fingerprint
+            len(set(rng_rules.stream_groups(row))) < series.num_replicas for row in fingerprint
         )
-        groups = analysis.stream_groups(fingerprint[-1])
+        groups = rng_rules.stream_groups(fingerprint[-1])
         owner = f", layer {generator['layer_class']}" if generator.get("layer_class") else ""
         if not generator.get("mirrored"):
             lines.append(
@@ -261,7 +265,7 @@ def _data_text(series):
     """The data block of the text report: examples shared by replica pairs over the run."""
     if series is None or series.steps.size == 0:
         return []
-    share, steps_shared = analysis.data_pair_shares(series)
+    share, steps_shared = examples_rules.data_pair_shares(series)
     total = int(series.window_steps.sum())
     pairs = [
         f"{series.replicas[r]}–{series.replicas[q]}: {share[r, q]:.0%} at "
@@ -290,8 +294,8 @@ def _step_time_json(run_data):
         "busy": [[_finite(v) for v in row] for row in series.busy.tolist()],
         "lateness": [[_finite(v) for v in row] for row in series.lateness.tolist()],
         "period": [[_finite(v) for v in row] for row in series.period.tolist()],
-        "median_busy": _rounded(analysis.step_time_medians(series)[0]),
-        "median_lateness": _rounded(analysis.step_time_medians(series)[1]),
+        "median_busy": _rounded(step_time_rules.step_time_medians(series)[0]),
+        "median_lateness": _rounded(step_time_rules.step_time_medians(series)[1]),
     }
 
 
@@ -304,7 +308,7 @@ def _step_time_lines(run_data):
     if series is None or not series.steps.size:
         return []
     lines = ["  step time per worker (median over logged steps after the first):"]
-    busy, late = analysis.step_time_medians(series)
+    busy, late = step_time_rules.step_time_medians(series)
     for index, worker in enumerate(run_data.workers):
         replicas = ", ".join(str(r) for r in worker["replicas"])
         if busy[index] is None:

@@ -8,6 +8,7 @@ from tensorboard.compat.proto import summary_pb2
 
 from tb_replica_plugin import analysis, metadata, plugin
 from tb_replica_plugin.families.inputs import read as inputs_read
+from tb_replica_plugin.families.inputs import rules as inputs_rules
 from tb_replica_plugin.families.inputs import schema as inputs_schema
 
 
@@ -79,28 +80,28 @@ def test_downsampling_keeps_a_single_odd_step_in_bucket_extremes():
 def test_findings_messages_and_thresholds():
     events = [event(0, [[8, 3], [7, 3]]), event(3, [[1, 3], [0, 3]])]
     series = inputs_read.build_inputs_series("r", events, [(3, [[1, 0], [1, 0], [8, 7]])])
-    findings = analysis.find_inputs(series)
+    findings = inputs_rules.find_inputs(series)
     assert [(f.kind, f.severity, f.first_step, f.last_step, f.count) for f in findings] == [
         ("first_batch_uneven", "error", 0, 0, 1),
         ("uneven_batch", "warning", 0, 2, 3),
         ("empty_shard", "warning", 3, 3, 1),
     ]
     assert findings[1].value == pytest.approx(8 / 7)
-    loose = analysis.find_inputs(series, analysis.Thresholds(max_imbalance_ratio=1.2))
+    loose = inputs_rules.find_inputs(series, analysis.Thresholds(max_imbalance_ratio=1.2))
     assert [f.kind for f in loose] == ["first_batch_uneven", "empty_shard"]
 
 
 def test_last_partial_batch_is_info_not_warning():
     events = [event(0, [[4, 3], [4, 3]]), event(2, [[3, 3], [2, 3]])]
     series = inputs_read.build_inputs_series("r", events, [])
-    (finding,) = analysis.find_inputs(series)
+    (finding,) = inputs_rules.find_inputs(series)
     assert (finding.kind, finding.severity) == ("uneven_batch", "info")
     assert "last partial batch" in finding.message and "instead of 8" in finding.message
 
 
 def test_clean_run_has_no_findings():
     series = inputs_read.build_inputs_series("r", [event(0, [[4, 3], [4, 3]])], [])
-    assert analysis.find_inputs(series) == []
+    assert inputs_rules.find_inputs(series) == []
 
 
 def test_metadata_roundtrip_and_newer_schema_refused():

@@ -18,6 +18,7 @@ from demo import scenarios
 from tb_replica_plugin import ReplicaProbe, analysis
 from tb_replica_plugin.collectors import data as data_collector
 from tb_replica_plugin.families.examples import read as examples_read
+from tb_replica_plugin.families.examples import rules as examples_rules
 
 
 def only_run(logdir):
@@ -75,7 +76,7 @@ def test_shared_examples_match_a_hand_count_eagerly(tmp_path):
         0,
     )
     assert finding.value == round(4 / 12, 6)
-    loose = analysis.find_data(series, analysis.Thresholds(max_duplicate_share=0.5))
+    loose = examples_rules.find_data(series, analysis.Thresholds(max_duplicate_share=0.5))
     assert loose == []
 
 
@@ -269,7 +270,7 @@ def test_find_data_partial_overlap_message():
         sketch=np.zeros((2, 3, 16), np.int64),
         notes=[],
     )
-    (finding,) = analysis.find_data(series)
+    (finding,) = examples_rules.find_data(series)
     assert (finding.replicas, finding.count, finding.value) == ([0, 1], 2, 0.5)
     assert "0–1: 50%" in finding.message
 
