@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from tensorboard.compat.proto import summary_pb2
 
-from tb_replica_plugin import analysis, metadata, plugin
+from tb_replica_plugin import analysis, metadata
+from tb_replica_plugin.families.inputs import present as inputs_present
 from tb_replica_plugin.families.inputs import read as inputs_read
 from tb_replica_plugin.families.inputs import rules as inputs_rules
 from tb_replica_plugin.families.inputs import schema as inputs_schema
@@ -69,7 +70,7 @@ def test_downsampling_keeps_a_single_odd_step_in_bucket_extremes():
     series = inputs_read.InputsSeries(
         "r", [0, 1], ["a", "b"], "fit", steps, sizes, [], steps[:0], np.zeros((0, 3, 2)), []
     )
-    body = plugin.downsample_inputs(series, 100)
+    body = inputs_present.downsample_inputs(series, 100)
     assert body["downsampled"] is True and len(body["steps"]) == 100
     assert body["steps"][77] == 7_700
     assert body["batch_size_min"][77] == [8, 0]
