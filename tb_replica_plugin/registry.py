@@ -118,7 +118,8 @@ def families():
         later in the registry.
     """
     key = tuple(FAMILY_MODULES)
-    if key not in _CACHE:
+    cached = _CACHE.get(key)
+    if cached is None:
         loaded = []
         for package in key:
             descriptor = getattr(importlib.import_module(package), "FAMILY", None)
@@ -126,9 +127,11 @@ def families():
                 raise ValueError(f"{package} defines no FAMILY = registry.Family(...)")
             loaded.append(descriptor)
         check_order(loaded)
+        cached = tuple(loaded)
+        # Request threads may race here: each returns its own (equal) tuple, never a lookup.
         _CACHE.clear()
-        _CACHE[key] = tuple(loaded)
-    return _CACHE[key]
+        _CACHE[key] = cached
+    return cached
 
 
 def check_order(descriptors):
