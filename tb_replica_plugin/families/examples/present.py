@@ -14,7 +14,7 @@ ARGS = {"max_points": args.parse_max_points}
 
 
 def data_body(series, max_points=None):
-    """The `/data` response body (documented in `http_api.md`) for a `reader.DataSeries`.
+    """The `/data` response body (documented in `http_api.md`) for a `read.DataSeries`.
 
     Args:
       series: the series.

@@ -49,7 +49,7 @@ def find_data(series, thresholds=Thresholds()):
     connected sets; one `duplicate_examples` finding per set.
 
     Args:
-      series: a `reader.DataSeries`.
+      series: a `read.DataSeries`.
       thresholds: the `Thresholds` to apply.
 
     Returns:

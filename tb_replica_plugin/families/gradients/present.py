@@ -14,7 +14,7 @@ ARGS = {"max_points": args.parse_max_points, "step": args.parse_step}
 
 
 def gradients_body(series, max_points, step=None):
-    """The `/gradients` response body for a `reader.GradientsSeries` (see `http_api.md`).
+    """The `/gradients` response body for a `read.GradientsSeries` (see `http_api.md`).
 
     Args:
       series: the run's `GradientsSeries`.

@@ -238,7 +238,7 @@ def find_gradients(series, thresholds=Thresholds()):
     """Findings of the gradients family for one run.
 
     Args:
-      series: a `reader.GradientsSeries`.
+      series: a `read.GradientsSeries`.
       thresholds: the `Thresholds` to apply (`max_grad_norm_ratio`).
 
     Returns:

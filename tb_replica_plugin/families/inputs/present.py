@@ -16,7 +16,7 @@ def downsample_inputs(series, max_points):
     """The `/inputs` response body for a series, cut to at most `max_points` step buckets.
 
     Args:
-      series: a `reader.InputsSeries`.
+      series: a `read.InputsSeries`.
       max_points: most buckets on the step axis.
 
     Returns:

@@ -240,7 +240,7 @@ def find_inputs(series, thresholds=Thresholds()):
     """Findings of the inputs family for one run.
 
     Args:
-      series: a `reader.InputsSeries`.
+      series: a `read.InputsSeries`.
       thresholds: the `Thresholds` to apply.
 
     Returns:

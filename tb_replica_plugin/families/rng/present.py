@@ -12,7 +12,7 @@ ARGS = {"max_points": args.parse_max_points}
 
 
 def rng_body(series, max_points=None):
-    """The `/rng` response body (documented in `http_api.md`) for a `reader.RngSeries`.
+    """The `/rng` response body (documented in `http_api.md`) for a `read.RngSeries`.
 
     Fingerprints and states are 64-bit: they are sent as hex strings (JavaScript numbers hold
     53 bits), and per step as stream groups (replicas with equal streams share a group id).

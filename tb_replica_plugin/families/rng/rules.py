@@ -163,7 +163,7 @@ def find_rng(series, thresholds=Thresholds()):
     """Findings of the rng family for one run.
 
     Args:
-      series: a `reader.RngSeries`.
+      series: a `read.RngSeries`.
       thresholds: the `Thresholds` to apply.
 
     Returns:

@@ -34,7 +34,7 @@ def _worker_text(worker):
 
 
 def timed_steps(step_time):
-    """Which steps of a `reader.StepTimeSeries` the straggler rule uses (bool [S]).
+    """Which steps of a `read.StepTimeSeries` the straggler rule uses (bool [S]).
 
     Steps where every worker has a busy time, except the first one when later ones exist: a
     warm-up (workers finish tracing and their first step at different times).
@@ -65,7 +65,7 @@ def find_stragglers(step_time, workers, thresholds=Thresholds()):
     """Stragglers of a multi-worker job.
 
     Args:
-      step_time: a `reader.StepTimeSeries` (or None).
+      step_time: a `read.StepTimeSeries` (or None).
       workers: the job's per-worker grouping (`RunData.workers`), in the same worker order.
       thresholds: the `Thresholds` to apply.
 

@@ -19,7 +19,7 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None):
     """The `/variables` response body (and the report's `variables` block) for one run.
 
     Args:
-      series: a `reader.VariablesSeries`, or None (the run recorded no variables).
+      series: a `read.VariablesSeries`, or None (the run recorded no variables).
       thresholds: `analysis.Thresholds` (its `variable_drift_rel_l2` is returned as tolerance).
       top: how many of the most divergent variables get per-step, per-replica series.
       max_points: most buckets on the step axis (None: every logged step); a bucket keeps the

@@ -129,7 +129,7 @@ def find_variables(series, thresholds=Thresholds()):
     """Findings of the variables family (weight drift and placement) for one run.
 
     Args:
-      series: a `reader.VariablesSeries` (or None: no findings).
+      series: a `read.VariablesSeries` (or None: no findings).
       thresholds: the `Thresholds` to apply.
 
     Returns:
