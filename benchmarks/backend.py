@@ -46,11 +46,12 @@ def write_synthetic_logdir(logdir, replicas, steps, run="synthetic", scalars=Tru
     from tensorboard.util import tensor_util
 
     from tb_replica_plugin import metadata
+    from tb_replica_plugin.families.inputs import schema as inputs_schema
 
     run_dir = os.path.join(logdir, run)
     writer = EventFileWriter(run_dir, max_queue_size=1000, flush_secs=3600)
-    dense_meta = metadata.create_summary_metadata(metadata.KIND_BATCH_SIZE)
-    shapes_meta = metadata.create_summary_metadata(metadata.KIND_SHAPES)
+    dense_meta = metadata.create_summary_metadata(inputs_schema.KIND_BATCH_SIZE)
+    shapes_meta = metadata.create_summary_metadata(inputs_schema.KIND_SHAPES)
     devices = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(replicas)]
     per_replica = np.full(replicas, 32, np.int32)
     for step in range(steps):
@@ -73,14 +74,14 @@ def write_synthetic_logdir(logdir, replicas, steps, run="synthetic", scalars=Tru
             }
             values.append(
                 summary_pb2.Summary.Value(
-                    tag=metadata.TAG_SHAPES,
+                    tag=inputs_schema.TAG_SHAPES,
                     metadata=shapes_meta,
                     tensor=tensor_util.make_tensor_proto(json.dumps(document).encode()),
                 )
             )
         values.append(
             summary_pb2.Summary.Value(
-                tag=metadata.TAG_BATCH_SIZE,
+                tag=inputs_schema.TAG_BATCH_SIZE,
                 metadata=dense_meta,
                 tensor=tensor_util.make_tensor_proto(np.stack([sizes, sizes, sizes])),
             )

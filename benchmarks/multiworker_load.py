@@ -24,6 +24,8 @@ def write_job(logdir, workers, replicas, steps):
     import tensorflow as tf
 
     from tb_replica_plugin import metadata
+    from tb_replica_plugin.families.inputs import schema as inputs_schema
+    from tb_replica_plugin.families.step_time import schema as step_time_schema
 
     sizes = []
     for worker in range(workers):
@@ -50,24 +52,24 @@ def write_job(logdir, workers, replicas, steps):
         start = 1_800_000_000.0
         with writer.as_default():
             tf.summary.write(
-                metadata.TAG_SHAPES,
+                inputs_schema.TAG_SHAPES,
                 tf.constant(json.dumps(document)),
                 step=0,
-                metadata=metadata.create_summary_metadata(metadata.KIND_SHAPES),
+                metadata=metadata.create_summary_metadata(inputs_schema.KIND_SHAPES),
             )
             for step in range(steps):
                 tf.summary.write(
-                    metadata.TAG_BATCH_SIZE,
+                    inputs_schema.TAG_BATCH_SIZE,
                     batch,
                     step=step,
-                    metadata=metadata.create_summary_metadata(metadata.KIND_BATCH_SIZE),
+                    metadata=metadata.create_summary_metadata(inputs_schema.KIND_BATCH_SIZE),
                 )
                 now = start + step * 0.1 + (0.02 if worker == 1 else 0.0)
                 tf.summary.write(
-                    metadata.TAG_STEP_TIME,
+                    step_time_schema.TAG_STEP_TIME,
                     tf.constant([now, 0.1, 0.1], tf.float64),
                     step=step,
-                    metadata=metadata.create_summary_metadata(metadata.KIND_STEP_TIME),
+                    metadata=metadata.create_summary_metadata(step_time_schema.KIND_STEP_TIME),
                 )
         writer.close()
         sizes.append(sum(os.path.getsize(os.path.join(run_dir, f)) for f in os.listdir(run_dir)))

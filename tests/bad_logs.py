@@ -138,6 +138,7 @@ def build_bad_logs(logdir, strategy):
     import tensorflow as tf
 
     from tb_replica_plugin import metadata
+    from tb_replica_plugin.families.inputs import schema as inputs_schema
 
     def hostile_inputs(context):
         width = 4 + context.replica_id_in_sync_group  # replica 1 differs: a shape mismatch
@@ -163,29 +164,29 @@ def build_bad_logs(logdir, strategy):
     path = _event_file(os.path.join(logdir, "truncated", "replicas"))
     os.truncate(path, os.path.getsize(path) - 7)
 
-    dense = _metadata(metadata.KIND_BATCH_SIZE, metadata.SCHEMA_VERSION)
-    shapes = _metadata(metadata.KIND_SHAPES, metadata.SCHEMA_VERSION)
+    dense = _metadata(inputs_schema.KIND_BATCH_SIZE, metadata.SCHEMA_VERSION)
+    shapes = _metadata(inputs_schema.KIND_SHAPES, metadata.SCHEMA_VERSION)
     _write_events(
         os.path.join(logdir, "newer_schema", "replicas"),
-        [(metadata.TAG_SHAPES, _shapes_document([4, 4]), 0, _metadata("shapes", 99))]
-        + [(metadata.TAG_BATCH_SIZE, tf.fill([3, 2], 4), s, dense) for s in range(3)],
+        [(inputs_schema.TAG_SHAPES, _shapes_document([4, 4]), 0, _metadata("shapes", 99))]
+        + [(inputs_schema.TAG_BATCH_SIZE, tf.fill([3, 2], 4), s, dense) for s in range(3)],
     )
     _write_events(
         os.path.join(logdir, "bad_payload", "replicas"),
         [
-            (metadata.TAG_SHAPES, _shapes_document([4, 4]), 0, shapes),
-            (metadata.TAG_SHAPES, "{not json", 1, shapes),
-            (metadata.TAG_SHAPES, '{"inputs": [{"name": "x"}]}', 2, shapes),
-            (metadata.TAG_BATCH_SIZE, tf.fill([3, 2], 4), 0, dense),
-            (metadata.TAG_BATCH_SIZE, tf.fill([2, 2], 4), 1, dense),
-            (metadata.TAG_BATCH_SIZE, tf.fill([3, 2], 4), 2, dense),
+            (inputs_schema.TAG_SHAPES, _shapes_document([4, 4]), 0, shapes),
+            (inputs_schema.TAG_SHAPES, "{not json", 1, shapes),
+            (inputs_schema.TAG_SHAPES, '{"inputs": [{"name": "x"}]}', 2, shapes),
+            (inputs_schema.TAG_BATCH_SIZE, tf.fill([3, 2], 4), 0, dense),
+            (inputs_schema.TAG_BATCH_SIZE, tf.fill([2, 2], 4), 1, dense),
+            (inputs_schema.TAG_BATCH_SIZE, tf.fill([3, 2], 4), 2, dense),
         ],
     )
     _write_events(
         os.path.join(logdir, "replica_change", "replicas"),
-        [(metadata.TAG_SHAPES, _shapes_document([4, 4]), 0, shapes)]
-        + [(metadata.TAG_SHAPES, _shapes_document([3, 3, 2]), 3, shapes)]
-        + [(metadata.TAG_BATCH_SIZE, tf.constant([[3, 3, 2]] * 3), 4, dense)],
+        [(inputs_schema.TAG_SHAPES, _shapes_document([4, 4]), 0, shapes)]
+        + [(inputs_schema.TAG_SHAPES, _shapes_document([3, 3, 2]), 3, shapes)]
+        + [(inputs_schema.TAG_BATCH_SIZE, tf.constant([[3, 3, 2]] * 3), 4, dense)],
     )
 
 

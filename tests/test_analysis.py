@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 from tensorboard.compat.proto import summary_pb2
 
-from tb_replica_plugin import analysis, metadata, plugin, reader
+from tb_replica_plugin import analysis, metadata
+from tb_replica_plugin.families.inputs import present as inputs_present
+from tb_replica_plugin.families.inputs import read as inputs_read
+from tb_replica_plugin.families.inputs import rules as inputs_rules
+from tb_replica_plugin.families.inputs import schema as inputs_schema
 
 
 def event(step, shapes, dtypes=None, name="x"):
@@ -17,13 +21,13 @@ def event(step, shapes, dtypes=None, name="x"):
         "source": "fit",
         "inputs": [{"name": name, "dtypes": dtypes, "shapes": shapes}],
     }
-    return reader.parse_shape_event(step, json.dumps(document))
+    return inputs_read.parse_shape_event(step, json.dumps(document))
 
 
 def test_change_events_rebuild_every_step_exactly():
     events = [event(0, [[4, 3], [4, 3]]), event(2, [[1, 3], [0, 3]]), event(3, [[4, 3], [4, 3]])]
     dense = [(0, [[4, 4], [4, 4], [4, 4]]), (5, [[4, 4], [1, 0], [4, 4]])]
-    series = reader.build_inputs_series("r", events, dense)
+    series = inputs_read.build_inputs_series("r", events, dense)
     assert series.steps.tolist() == [0, 1, 2, 3, 4, 5]
     assert series.batch_size.tolist() == [[4, 4], [4, 4], [1, 0], [4, 4], [4, 4], [4, 4]]
     assert series.notes == []
@@ -32,7 +36,7 @@ def test_change_events_rebuild_every_step_exactly():
 def test_missing_change_events_are_noted_and_dense_values_win():
     events = [event(0, [[4, 3], [4, 3]])]  # the [1, 0] event at step 2 was sampled away
     dense = [(2, [[1, 0], [1, 0], [4, 4]])]
-    series = reader.build_inputs_series("r", events, dense)
+    series = inputs_read.build_inputs_series("r", events, dense)
     assert series.batch_size.tolist() == [[4, 4], [4, 4], [1, 0]]
     assert "samples_per_plugin replicas=0" in series.notes[0]
 
@@ -40,7 +44,7 @@ def test_missing_change_events_are_noted_and_dense_values_win():
 def test_replica_count_change_is_noted():
     events = [event(0, [[4, 3], [4, 3]])]
     dense = [(0, [[4, 4], [4, 4], [4, 4]]), (1, [[2, 2, 2], [2, 2, 2], [2, 2, 2]])]
-    series = reader.build_inputs_series("r", events, dense)
+    series = inputs_read.build_inputs_series("r", events, dense)
     assert series.num_replicas == 3
     assert "replica count changes" in series.notes[0]
 
@@ -56,17 +60,17 @@ def test_replica_count_change_is_noted():
     ],
 )
 def test_mismatch_dims(dtypes, shapes, dims):
-    assert reader._mismatch_dims(dtypes, shapes) == dims
+    assert inputs_read._mismatch_dims(dtypes, shapes) == dims
 
 
 def test_downsampling_keeps_a_single_odd_step_in_bucket_extremes():
     steps = np.arange(10_000)
     sizes = np.full((10_000, 2), 8)
     sizes[7_777] = [8, 0]
-    series = reader.InputsSeries(
+    series = inputs_read.InputsSeries(
         "r", [0, 1], ["a", "b"], "fit", steps, sizes, [], steps[:0], np.zeros((0, 3, 2)), []
     )
-    body = plugin.downsample_inputs(series, 100)
+    body = inputs_present.downsample_inputs(series, 100)
     assert body["downsampled"] is True and len(body["steps"]) == 100
     assert body["steps"][77] == 7_700
     assert body["batch_size_min"][77] == [8, 0]
@@ -76,33 +80,33 @@ def test_downsampling_keeps_a_single_odd_step_in_bucket_extremes():
 
 def test_findings_messages_and_thresholds():
     events = [event(0, [[8, 3], [7, 3]]), event(3, [[1, 3], [0, 3]])]
-    series = reader.build_inputs_series("r", events, [(3, [[1, 0], [1, 0], [8, 7]])])
-    findings = analysis.find_inputs(series)
+    series = inputs_read.build_inputs_series("r", events, [(3, [[1, 0], [1, 0], [8, 7]])])
+    findings = inputs_rules.find_inputs(series)
     assert [(f.kind, f.severity, f.first_step, f.last_step, f.count) for f in findings] == [
         ("first_batch_uneven", "error", 0, 0, 1),
         ("uneven_batch", "warning", 0, 2, 3),
         ("empty_shard", "warning", 3, 3, 1),
     ]
     assert findings[1].value == pytest.approx(8 / 7)
-    loose = analysis.find_inputs(series, analysis.Thresholds(max_imbalance_ratio=1.2))
+    loose = inputs_rules.find_inputs(series, analysis.Thresholds(max_imbalance_ratio=1.2))
     assert [f.kind for f in loose] == ["first_batch_uneven", "empty_shard"]
 
 
 def test_last_partial_batch_is_info_not_warning():
     events = [event(0, [[4, 3], [4, 3]]), event(2, [[3, 3], [2, 3]])]
-    series = reader.build_inputs_series("r", events, [])
-    (finding,) = analysis.find_inputs(series)
+    series = inputs_read.build_inputs_series("r", events, [])
+    (finding,) = inputs_rules.find_inputs(series)
     assert (finding.kind, finding.severity) == ("uneven_batch", "info")
     assert "last partial batch" in finding.message and "instead of 8" in finding.message
 
 
 def test_clean_run_has_no_findings():
-    series = reader.build_inputs_series("r", [event(0, [[4, 3], [4, 3]])], [])
-    assert analysis.find_inputs(series) == []
+    series = inputs_read.build_inputs_series("r", [event(0, [[4, 3], [4, 3]])], [])
+    assert inputs_rules.find_inputs(series) == []
 
 
 def test_metadata_roundtrip_and_newer_schema_refused():
-    md = metadata.create_summary_metadata(metadata.KIND_SHAPES)
+    md = metadata.create_summary_metadata(inputs_schema.KIND_SHAPES)
     assert md.plugin_data.plugin_name == "replicas"
     assert md.data_class == summary_pb2.DATA_CLASS_TENSOR
     assert metadata.parse_plugin_content(md.plugin_data.content)["kind"] == "shapes"

@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, mirrored
 
 import tb_replica_plugin
-from tb_replica_plugin import analysis
+from tb_replica_plugin.families.gradients import rules as gradients_rules
 
 FLAVOURS = ("keras3", "tf_keras")
 # What every flavour must record: steps, per-replica batch sizes, input names.
@@ -235,7 +235,7 @@ def test_gradients_recorded_per_replica_in_both_flavours(request, flavour):
     # float16 overflow under a loss-scale optimizer is expected (info) while the loss stays
     # finite; it is an error only when it reached the weights (the loss turned NaN/Inf) — which
     # Keras 3.15 allows when the overflow is not on replica 0 (its check reads replica 0 only).
-    for finding in analysis.find_gradients(mixed_series):
+    for finding in gradients_rules.find_gradients(mixed_series):
         if finding.kind != "nonfinite_gradients":
             continue
         if finding.severity == "error":

@@ -15,8 +15,10 @@ from conftest import VENV_BIN, TensorBoardServer, http_get, mirrored, small_mode
 
 import tb_replica_plugin
 from demo import scenarios
-from tb_replica_plugin import ReplicaProbe, analysis, reader
+from tb_replica_plugin import ReplicaProbe, analysis
+from tb_replica_plugin.families.examples import read as examples_read
 from tb_replica_plugin.families.examples import record as data_collector
+from tb_replica_plugin.families.examples import rules as examples_rules
 
 
 def only_run(logdir):
@@ -74,7 +76,7 @@ def test_shared_examples_match_a_hand_count_eagerly(tmp_path):
         0,
     )
     assert finding.value == round(4 / 12, 6)
-    loose = analysis.find_data(series, analysis.Thresholds(max_duplicate_share=0.5))
+    loose = examples_rules.find_data(series, analysis.Thresholds(max_duplicate_share=0.5))
     assert loose == []
 
 
@@ -253,7 +255,7 @@ def test_find_data_partial_overlap_message():
     steps = np.array([0, 1])
     shared = np.array([[[4, 2, 0], [2, 4, 0], [0, 0, 4]]] * 2)
     steps_shared = np.array([[[1, 1, 0], [1, 1, 0], [0, 0, 1]]] * 2)
-    series = reader.DataSeries(
+    series = examples_read.DataSeries(
         run="r",
         replicas=[0, 1, 2],
         steps=steps,
@@ -268,7 +270,7 @@ def test_find_data_partial_overlap_message():
         sketch=np.zeros((2, 3, 16), np.int64),
         notes=[],
     )
-    (finding,) = analysis.find_data(series)
+    (finding,) = examples_rules.find_data(series)
     assert (finding.replicas, finding.count, finding.value) == ([0, 1], 2, 0.5)
     assert "0–1: 50%" in finding.message
 

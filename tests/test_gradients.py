@@ -15,7 +15,9 @@ import tensorflow as tf
 from conftest import mirrored
 
 import tb_replica_plugin
-from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, reader
+from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis
+from tb_replica_plugin.families.gradients import read as gradients_read
+from tb_replica_plugin.families.gradients import rules as gradients_rules
 
 LR = 0.1
 BATCH = 8  # global batch: 4 examples per replica
@@ -298,9 +300,9 @@ def test_gradient_failure_warns_once_and_training_goes_on(tmp_path):
 
 
 def test_ratio_to_median_leaves_the_replica_out():
-    ratio = analysis.ratio_to_median(np.array([[1.0, 3.0], [2.0, 2.0], [0.0, 0.0]]))
+    ratio = gradients_rules.ratio_to_median(np.array([[1.0, 3.0], [2.0, 2.0], [0.0, 0.0]]))
     assert ratio.tolist() == [[1 / 3, 3.0], [1.0, 1.0], [1.0, 1.0]]
-    four = analysis.ratio_to_median(np.array([[1.0, 1.2, 100.0, 0.9]]))
+    four = gradients_rules.ratio_to_median(np.array([[1.0, 1.2, 100.0, 0.9]]))
     assert four[0, 2] == pytest.approx(100.0)
     assert np.all(four[0, [0, 1, 3]] < 2)
 
@@ -312,7 +314,7 @@ def test_outlier_and_spreading_nan_findings():
     counts = np.zeros((2, 4, 4), np.int64)
     counts[0, 0, 3] = 2  # step 12: replica 3 has 2 NaN
     counts[1, 0, :] = 5  # step 13: every replica (spread by the all-reduce)
-    series = reader.GradientsSeries(
+    series = gradients_read.GradientsSeries(
         run="r",
         replicas=[0, 1, 2, 3],
         variables=["a", "b"],
@@ -326,7 +328,7 @@ def test_outlier_and_spreading_nan_findings():
         nonfinite_steps=np.array([12, 13]),
         nonfinite=counts,
     )
-    findings = analysis.find_gradients(series)
+    findings = gradients_rules.find_gradients(series)
     assert [(f.kind, f.replicas, f.first_step, f.last_step, f.count) for f in findings] == [
         ("nonfinite_gradients", [3], 12, 13, 2),
         ("nonfinite_gradients", [0, 1, 2], 13, 13, 1),
@@ -335,10 +337,12 @@ def test_outlier_and_spreading_nan_findings():
     assert "after replica(s) 3 at step 12" in findings[1].message
     assert findings[2].value == pytest.approx(120.0 / 1.0)
     assert findings[2].name in ("a", "b")
-    relaxed = analysis.find_gradients(series, analysis.Thresholds(max_grad_norm_ratio=200))
+    relaxed = gradients_rules.find_gradients(series, analysis.Thresholds(max_grad_norm_ratio=200))
     assert [f.kind for f in relaxed] == ["nonfinite_gradients", "nonfinite_gradients"]
     # Over the ratio at 2 of 3 logged steps: not enough when 90 % are asked for.
-    persistent = analysis.find_gradients(series, analysis.Thresholds(min_grad_outlier_fraction=0.9))
+    persistent = gradients_rules.find_gradients(
+        series, analysis.Thresholds(min_grad_outlier_fraction=0.9)
+    )
     assert "gradient_norm_outlier" not in [f.kind for f in persistent]
 
 

@@ -16,6 +16,16 @@ from conftest import REPO, TensorBoardServer, http_get
 
 from demo import multiworker
 from tb_replica_plugin import analysis, reader
+from tb_replica_plugin.families.examples import read as examples_read
+from tb_replica_plugin.families.examples import rules as examples_rules
+from tb_replica_plugin.families.gradients import read as gradients_read
+from tb_replica_plugin.families.gradients import rules as gradients_rules
+from tb_replica_plugin.families.inputs import read as inputs_read
+from tb_replica_plugin.families.rng import rules as rng_rules
+from tb_replica_plugin.families.step_time import read as step_time_read
+from tb_replica_plugin.families.step_time import rules as step_time_rules
+from tb_replica_plugin.families.step_time import schema as step_time_schema
+from tb_replica_plugin.families.variables import rules as variables_rules
 from tb_replica_plugin.report import load
 
 PLUGIN = "/data/plugin/replicas"
@@ -110,7 +120,7 @@ def test_perturbed_worker_drifts_from_the_others(report):
     for run, own in job.worker_runs.items():
         assert own.variables.replicas == [int(run[-1])]
         assert own.variables.identical.all()
-        assert not analysis.find_variables(own.variables)
+        assert not variables_rules.find_variables(own.variables)
 
 
 def test_uneven_shard_across_workers(report):
@@ -155,7 +165,7 @@ def test_slowed_worker_is_the_straggler(report):
         if run != "mw_straggler/replicas":
             assert not [f for f in findings if f.kind == "straggler"], run
     loose = analysis.Thresholds(straggler_factor=3.0)
-    assert not analysis.find_stragglers(timing, job.workers, loose)
+    assert not step_time_rules.find_stragglers(timing, job.workers, loose)
 
 
 def test_unsharded_job_duplicates_across_workers(report):
@@ -178,7 +188,7 @@ def test_unsharded_job_duplicates_across_workers(report):
     assert "input_context.input_pipeline_id" in found[0].message
     # Each worker alone sees nothing: one replica per worker, no duplicate inside a worker.
     for own in job.worker_runs.values():
-        assert own.data.num_replicas == 1 and not analysis.find_data(own.data)
+        assert own.data.num_replicas == 1 and not examples_rules.find_data(own.data)
 
 
 def test_clean_jobs_share_no_example_across_workers(report):
@@ -209,7 +219,7 @@ def test_job_gradients_are_the_workers_norms_on_one_axis(report):
             )
         # Different shards: the two replicas' norms differ, and no outlier is reported.
         assert (grads.global_norm[:, 0] != grads.global_norm[:, 1]).all()
-        assert not analysis.find_gradients(grads)
+        assert not gradients_rules.find_gradients(grads)
     # Same examples on both workers, identical weights: identical local gradients.
     unsharded = report.runs["mw_unsharded/replicas"].gradients
     np.testing.assert_array_equal(unsharded.global_norm[:, 0], unsharded.global_norm[:, 1])
@@ -231,7 +241,7 @@ def test_tf_keras_job_random_streams(report):
     # into the key): no identical streams, no desync.
     np.testing.assert_array_equal(rng.state[:, :, 0], rng.state[:, :, 1])
     assert (rng.fingerprint[:, 0, 0] != rng.fingerprint[:, 0, 1]).all()
-    assert not analysis.find_rng(rng)
+    assert not rng_rules.find_rng(rng)
 
 
 @pytest.fixture(scope="module")
@@ -322,7 +332,7 @@ def test_report_json_and_text(report):
 
 
 def _member(run, worker, replicas, sizes, steps, times=None):
-    series = reader.build_inputs_series(
+    series = inputs_read.build_inputs_series(
         run,
         [
             {
@@ -352,7 +362,9 @@ def _member(run, worker, replicas, sizes, steps, times=None):
     )
     samples = {}
     if times is not None:
-        samples[reader.TAG_TIME] = [(s, np.array(t)) for s, t in zip(steps, times, strict=True)]
+        samples[step_time_schema.TAG_STEP_TIME] = [
+            (s, np.array(t)) for s, t in zip(steps, times, strict=True)
+        ]
     return reader.RunData(run=run, inputs=series, samples=samples, notes=[])
 
 
@@ -387,7 +399,7 @@ def _data_member(replica, fingerprints, window=1):
         counts.append(unique.size)
     steps = len(rows)
     counts = np.array(counts, np.int64)[:, None]
-    return reader.DataSeries(
+    return examples_read.DataSeries(
         run=f"j/worker_{replica}",
         replicas=[replica],
         steps=np.arange(steps, dtype=np.int64) * window + window - 1,
@@ -416,21 +428,24 @@ def test_cross_worker_data_exact_and_estimated():
         for i, (w, f) in enumerate(zip(workers, [first, second], strict=True))
     ]
     notes = []
-    merged = reader.merge_data("j", members, workers, notes)
+    merged = examples_read.merge_data("j", members, workers, notes)
     assert merged.replicas == [0, 1]
     assert merged.shared[0].tolist() == [[8, 3], [3, 8]]
     assert merged.duplicated[0].tolist() == [3, 3]
     estimate = merged.shared[1, 0, 1]
     assert merged.shared[1, 1, 0] == estimate and 40 <= estimate <= 160  # true value: 100
     assert any("at 1 of 2 logged step(s)" in note and "estimated" in note for note in notes)
-    assert reader.sketch_overlap(np.array([1, 2, 3, 0]), 3, np.array([2, 3, 5, 0]), 3) == (2, True)
+    assert examples_read.sketch_overlap(np.array([1, 2, 3, 0]), 3, np.array([2, 3, 5, 0]), 3) == (
+        2,
+        True,
+    )
     # Logged every 5th step: the cross-worker window counts are extrapolated (and noted).
     members = [
         reader.RunData(run=w["run"], inputs=None, samples={}, notes=[], data=_data_member(i, f, 5))
         for i, (w, f) in enumerate(zip(workers, [[pool[:8]], [pool[:8]]], strict=True))
     ]
     notes = []
-    merged = reader.merge_data("j", members, workers, notes)
+    merged = examples_read.merge_data("j", members, workers, notes)
     assert merged.steps.tolist() == [4]
     assert merged.window_shared[0].tolist() == [[40, 40], [40, 40]]
     assert merged.steps_shared[0].tolist() == [[5, 5], [5, 5]]
@@ -438,7 +453,7 @@ def test_cross_worker_data_exact_and_estimated():
     # A worker without data: the job has none, and says why.
     members[1].data = None
     notes = []
-    assert reader.merge_data("j", members, workers, notes) is None
+    assert examples_read.merge_data("j", members, workers, notes) is None
     assert any("worker_1 recorded no example fingerprints" in note for note in notes)
 
 
@@ -446,7 +461,7 @@ def test_cross_worker_gradients_keep_every_nonfinite_event():
     workers = [{"name": f"worker_{i}", "replicas": [i], "run": f"j/worker_{i}"} for i in (0, 1)]
 
     def member(replica, steps, events):
-        series = reader.GradientsSeries(
+        series = gradients_read.GradientsSeries(
             run=f"j/worker_{replica}",
             replicas=[replica],
             variables=["k"],
@@ -466,7 +481,7 @@ def test_cross_worker_gradients_keep_every_nonfinite_event():
         return reader.RunData(run=run, inputs=None, samples={}, notes=[], gradients=series)
 
     notes = []
-    merged = reader.merge_gradients(
+    merged = gradients_read.merge_gradients(
         "j", [member(0, [0, 2, 4], {3: 5}), member(1, [0, 2], {1: 2, 3: 1})], workers, notes
     )
     assert merged.steps.tolist() == [0, 2]
@@ -475,7 +490,7 @@ def test_cross_worker_gradients_keep_every_nonfinite_event():
     assert merged.nonfinite_steps.tolist() == [1, 3]
     assert merged.nonfinite[:, 0].tolist() == [[0, 2], [5, 1]]
     assert any("every worker logged" in note for note in notes)
-    found = analysis.find_gradients(merged)
+    found = gradients_rules.find_gradients(merged)
     assert [(f.kind, f.replicas, f.first_step) for f in found] == [
         ("nonfinite_gradients", [1], 1),
         ("nonfinite_gradients", [0], 3),
@@ -485,7 +500,7 @@ def test_cross_worker_gradients_keep_every_nonfinite_event():
 def test_straggler_thresholds():
     steps = np.arange(5)
     busy = np.array([[np.nan] * 3] + [[0.10, 0.11, 0.30]] * 4)
-    timing = reader.StepTimeSeries(
+    timing = step_time_read.StepTimeSeries(
         run="j",
         workers=["worker_0", "worker_1", "worker_2"],
         steps=steps,
@@ -496,14 +511,16 @@ def test_straggler_thresholds():
         busy=busy,
     )
     workers = [{"name": f"worker_{i}", "replicas": [i]} for i in range(3)]
-    found = analysis.find_stragglers(timing, workers)
+    found = step_time_rules.find_stragglers(timing, workers)
     assert [(f.name, f.value, f.first_step, f.count) for f in found] == [
         ("worker_2", round(0.30 / 0.11, 3), 2, 3)
     ]
-    assert not analysis.find_stragglers(timing, workers, analysis.Thresholds(straggler_factor=3))
+    assert not step_time_rules.find_stragglers(
+        timing, workers, analysis.Thresholds(straggler_factor=3)
+    )
     # Millisecond steps: a 2x slower worker within timer noise is not reported.
-    tiny = reader.StepTimeSeries(**{**timing.__dict__, "busy": busy / 100})
-    assert not analysis.find_stragglers(tiny, workers)
+    tiny = step_time_read.StepTimeSeries(**{**timing.__dict__, "busy": busy / 100})
+    assert not step_time_rules.find_stragglers(tiny, workers)
 
 
 def test_launcher_stops_workers_on_timeout(tmp_path):

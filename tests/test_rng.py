@@ -15,12 +15,14 @@ import tensorflow as tf
 from conftest import REPO, mirrored
 
 import tb_replica_plugin
-from tb_replica_plugin import ReplicaProbe, analysis, reader
+from tb_replica_plugin import ReplicaProbe, analysis
+from tb_replica_plugin.families.rng import read as rng_read
+from tb_replica_plugin.families.rng import rules as rng_rules
 
 
 def actual_groups(masks):
-    """Replica groups of equal masks (same convention as `analysis.stream_groups`)."""
-    return analysis.stream_groups(np.stack([m.reshape(-1) for m in masks]))
+    """Replica groups of equal masks (same convention as `rng_rules.stream_groups`)."""
+    return rng_rules.stream_groups(np.stack([m.reshape(-1) for m in masks]))
 
 
 def check_masks_agree(logdir, masks, num):
@@ -36,7 +38,7 @@ def check_masks_agree(logdir, masks, num):
     for index, layer in ((0, "dropout"), (1, "gen_dropout")):
         for t in range(steps):
             applied = [masks[(layer, r)][t] for r in range(num)]
-            assert analysis.stream_groups(rng.fingerprint[t, index]) == actual_groups(applied), (
+            assert rng_rules.stream_groups(rng.fingerprint[t, index]) == actual_groups(applied), (
                 layer,
                 t,
             )
@@ -163,10 +165,10 @@ def test_stream_groups_and_rng_findings_on_series():
     ]
     fingerprint = np.array([[[5, 6, 5, 7]], [[1, 2, 3, 4]]])  # [S=2, G=1, R=4]
     state = np.zeros((2, 1, 4, 3), np.int64)
-    series = reader.RngSeries(
+    series = rng_read.RngSeries(
         "r", [0, 1, 2, 3], [""] * 4, generators, np.array([0, 9]), fingerprint, state, []
     )
-    (finding,) = analysis.find_rng(series)
+    (finding,) = rng_rules.find_rng(series)
     assert (finding.kind, finding.replicas, finding.first_step, finding.count) == (
         "identical_rng_streams",
         [0, 2],
@@ -176,10 +178,10 @@ def test_stream_groups_and_rng_findings_on_series():
     assert "Replicas 0 and 2 draw identical random numbers from generator `aug`" in (
         finding.message
     )
-    assert analysis.find_rng(series, analysis.Thresholds(min_identical_rng_steps=2)) == []
+    assert rng_rules.find_rng(series, analysis.Thresholds(min_identical_rng_steps=2)) == []
     generators[0]["mirrored"] = False  # one shared state: draws serialised, not compared
-    assert analysis.find_rng(series) == []
-    assert analysis.stream_groups([5, 6, 5, 7]) == [0, 1, 0, 3]
+    assert rng_rules.find_rng(series) == []
+    assert rng_rules.stream_groups([5, 6, 5, 7]) == [0, 1, 0, 3]
 
 
 def test_generator_created_outside_the_scope_is_shared_and_not_judged(tmp_path):

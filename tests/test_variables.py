@@ -12,8 +12,10 @@ import tensorflow as tf
 from conftest import TensorBoardServer, http_get, mirrored
 
 import tb_replica_plugin
-from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, reader
+from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis
 from tb_replica_plugin.families.variables import fingerprint as collector
+from tb_replica_plugin.families.variables import read as variables_read
+from tb_replica_plugin.families.variables import rules as variables_rules
 
 # The sketch estimate of ||copy_r - copy_0|| has a relative standard deviation of about
 # 1 / sqrt(2W) = 9.1 % with W = 61 buckets (README "Weight drift"); about 4 standard deviations:
@@ -420,7 +422,9 @@ def synthetic(rel_values, trainable=True, sync="on_write", hashes=None, version=
         other = base + np.array([5.0 * rel, 0.0])
         fingerprints.append((step, np.stack([fingerprint(base), fingerprint(other)])[None]))
         hash_points.append((step, np.array([[7, 7 if rel == 0 else 8]], dtype=np.int64)))
-    return reader.build_variables_series("run", [(0, placement)], hash_points, fingerprints, [])
+    return variables_read.build_variables_series(
+        "run", [(0, placement)], hash_points, fingerprints, []
+    )
 
 
 def test_hashes_of_different_algorithms_are_never_compared():
@@ -431,8 +435,10 @@ def test_hashes_of_different_algorithms_are_never_compared():
     # The sketch decides: identical values give 0 and no finding (bit identity unknown).
     np.testing.assert_allclose(mixed.rel_l2[:, 0, 1], [0.0, 0.0, 1e-3])
     assert any("different algorithm" in note for note in mixed.notes)
-    assert [f.kind for f in analysis.find_variables(mixed)] == ["variable_drift"]
-    assert analysis.find_variables(synthetic([0.0, 0.0], hashes=["farmhash64", "mix64"])) == []
+    assert [f.kind for f in variables_rules.find_variables(mixed)] == ["variable_drift"]
+    assert (
+        variables_rules.find_variables(synthetic([0.0, 0.0], hashes=["farmhash64", "mix64"])) == []
+    )
     # Logs of version 1 (no "hash" per copy) used mix64 everywhere: comparable.
     old = synthetic([0.0, 1e-8], version=1)
     assert old.hash_comparable.all() and old.identical[:, 0, 1].tolist() == [True, False]
@@ -446,22 +452,22 @@ def test_workers_with_different_fingerprint_versions_are_not_merged():
     notes = []
     workers = [{"name": "worker_0"}, {"name": "worker_1"}]
     same = [Member(synthetic([0.0, 1e-3])), Member(synthetic([0.0, 1e-3]))]
-    merged = reader.merge_variables("job", same, workers, notes)
+    merged = variables_read.merge_variables("job", same, workers, notes)
     assert merged.num_replicas == 4 and merged.hash_comparable.all() and notes == []
     assert merged.variables[0]["hash"] == ["mix64"] * 4
     mixed = [Member(synthetic([0.0, 1e-3])), Member(synthetic([0.0, 1e-3], version=1))]
-    assert reader.merge_variables("job", mixed, workers, notes) is None
+    assert variables_read.merge_variables("job", mixed, workers, notes) is None
     assert "different versions" in notes[-1]
 
 
 def test_findings_tolerance_bits_and_sync_on_read():
     exact_zero = synthetic([0.0, 0.0])
-    assert analysis.find_variables(exact_zero) == []
+    assert variables_rules.find_variables(exact_zero) == []
     tiny = synthetic([0.0, 1e-8, 2e-8])
-    (info,) = analysis.find_variables(tiny)
+    (info,) = variables_rules.find_variables(tiny)
     assert (info.kind, info.severity, info.first_step) == ("variable_bits_differ", "info", 1)
     drift = synthetic([0.0, 1e-3, 5e-3])
-    (error,) = analysis.find_variables(drift)
+    (error,) = variables_rules.find_variables(drift)
     assert (error.kind, error.severity, error.first_step, error.count) == (
         "variable_drift",
         "error",
@@ -470,11 +476,13 @@ def test_findings_tolerance_bits_and_sync_on_read():
     )
     np.testing.assert_allclose(error.value, 5e-3)
     assert "from step 1" in error.message
-    (warning,) = analysis.find_variables(synthetic([0.0, 1e-3], trainable=False))
+    (warning,) = variables_rules.find_variables(synthetic([0.0, 1e-3], trainable=False))
     assert warning.severity == "warning" and "BatchNormalization" in warning.message
-    assert analysis.find_variables(synthetic([0.0, 1e-3], sync="on_read")) == []
+    assert variables_rules.find_variables(synthetic([0.0, 1e-3], sync="on_read")) == []
     loose = analysis.Thresholds(variable_drift_rel_l2=1e-2)
-    assert [f.kind for f in analysis.find_variables(drift, loose)] == ["variable_bits_differ"]
+    assert [f.kind for f in variables_rules.find_variables(drift, loose)] == [
+        "variable_bits_differ"
+    ]
 
 
 # ---------------------------------------------------------------- 4 replicas (demo logs)

@@ -2,43 +2,12 @@
 import uplotCss from 'uplot/dist/uPlot.min.css';
 import appCss from './style.css';
 import { h } from './dom.js';
-import { fetchRuns, fetchInputs, fetchFindings, fetchRng, fetchData, fetchStepTime, fetchVariables, fetchGradients } from './data.js';
+import { fetchRuns, fetchGradients } from './data.js';
 import { createZoom } from './zoom.js';
-import { createFindings } from './views/findings.js';
-import { createBatchChart } from './views/batch_chart.js';
-import { createImbalanceChart } from './views/imbalance_chart.js';
-import { createHeatmap } from './views/heatmap.js';
-import { createShapesTable } from './views/shapes_table.js';
-import { createRngView } from './views/rng_view.js';
-import { createDataView } from './views/data_view.js';
-import { createGradients } from './views/gradients.js';
-import { createStepTime } from './views/step_time.js';
-import { createDriftChart, createDeviationChart } from './views/drift_charts.js';
-import { createPlacementTable } from './views/placement_table.js';
-
-/** Steps asked of ./inputs: exact up to this many, bucketed (with min/max) beyond. */
-const MAX_POINTS = 10000;
-/** Most divergent variables drawn over steps. */
-const TOP_VARIABLES = 8;
-const BATCH_KINDS = new Set(['uneven_batch', 'empty_shard', 'first_batch_uneven']);
+import { MAX_POINTS, SECTIONS, deviceNamer, routeLoaders } from './sections.js';
 
 const setState = (s) => (document.body.dataset.state = s);
 let onResize = null;
-
-/** "CPU:0" from "/job:localhost/replica:0/task:0/device:CPU:0", with the task when tasks differ. */
-function deviceNamer(devices) {
-  const parse = (d) => ({
-    dev: /device:([^/]+)$/.exec(d || '')?.[1] ?? (d || ''),
-    task: /\/job:([^/]+)\/replica:\d+\/task:(\d+)/.exec(d || '')?.slice(1).join(':'),
-  });
-  const parsed = devices.map(parse);
-  const tasks = new Set(parsed.map((p) => p.task));
-  return (r) => {
-    const p = parsed[r];
-    if (!p) return '';
-    return tasks.size > 1 && p.task ? `${p.task}/${p.dev}` : p.dev;
-  };
-}
 
 function section(view, title, description) {
   const body = h('div', { class: 'section-body' });
@@ -96,17 +65,11 @@ export async function render() {
     main.replaceChildren(h('p', { class: 'muted loading' }, 'Loading…'));
     setState('loading');
     try {
-      const hasGradients = run.families.includes('gradients');
-      const [inputs, findings, rng, data, stepTime, variables, grads] = await Promise.all([
-        fetchInputs(runName, MAX_POINTS, { signal: abort.signal }),
-        fetchFindings(runName, { signal: abort.signal }),
-        fetchRng(runName, MAX_POINTS, { signal: abort.signal }),
-        fetchData(runName, MAX_POINTS, { signal: abort.signal }),
-        // Multi-worker jobs only: per-worker step time.
-        run.workers.length ? fetchStepTime(runName, MAX_POINTS, { signal: abort.signal }) : null,
-        fetchVariables(runName, MAX_POINTS, TOP_VARIABLES, { signal: abort.signal }),
-        hasGradients ? fetchGradients(runName, MAX_POINTS, null, { signal: abort.signal }) : null,
-      ]);
+      // Every route the run's sections draw, loaded once each and in parallel.
+      const loaders = routeLoaders();
+      const routes = [...loaders.keys()];
+      const bodies = await Promise.all(routes.map((route) => loaders.get(route)(run, { signal: abort.signal })));
+      const data = Object.fromEntries(routes.map((route, i) => [route, bodies[i]]));
       if (abort.signal.aborted) return;
       performance.mark('replicas:data');
       const t0 = performance.now();
@@ -122,7 +85,7 @@ export async function render() {
           showError(main, e);
         }
       };
-      current.rebuildGradients = buildRun(main, run, inputs, findings, views, { rng, data, stepTime, variables, grads, reloadGradients });
+      current.rebuildGradients = buildRun(main, run, data, views, reloadGradients);
       await new Promise((r) => setTimeout(r, 0)); // let uPlot finish its first draw
       if (abort.signal.aborted) return;
       document.body.dataset.renderMs = String(Math.round(performance.now() - t0));
@@ -146,7 +109,9 @@ function workerNamer(workers) {
   return (id) => of.get(id) ?? null;
 }
 
-function buildRun(main, run, inputs, findings, views, { rng, data, stepTime, variables, grads, reloadGradients } = {}) {
+/** Draws one run: every section of SECTIONS this run has, in order; returns the gradients rebuild. */
+function buildRun(main, run, data, views, reloadGradients) {
+  const { inputs, findings, variables } = data;
   const steps = inputs.steps;
   const workerOf = workerNamer(inputs.workers.length ? inputs.workers : run.workers);
   const lastStep = run.last_step ?? steps[steps.length - 1] ?? 0;
@@ -158,68 +123,34 @@ function buildRun(main, run, inputs, findings, views, { rng, data, stepTime, var
   const zoom = createZoom(full);
   const deviceName = deviceNamer(inputs.devices.length ? inputs.devices : run.devices);
 
-  const findingsSec = section('findings', 'Findings');
-  const batch = section(
-    'batch',
-    'Batch size per replica',
-    inputs.downsampled
-      ? `Downsampled to ${steps.length} buckets: each line shows the smallest batch of its bucket. Drag to zoom, double-click to reset; click a legend entry to hide a replica.`
-      : 'Examples each replica got at each step. Drag to zoom, double-click to reset; click a legend entry to hide a replica.',
-  );
-  const resetZoom = h('button', { type: 'button', class: 'reset-zoom', dataset: { action: 'reset-zoom' }, onclick: () => zoom.reset() }, 'Reset zoom');
-  batch.el.querySelector('h2').append(resetZoom);
-  const chart = h('div', { class: 'chart' });
-  const batchFindings = findings.filter((f) => BATCH_KINDS.has(f.kind));
-  const notes = h(
-    'div',
-    { dataset: { view: 'notes' }, class: 'notes' },
-    batchFindings.length
-      ? batchFindings.map((f) => h('p', { class: 'note', dataset: { severity: f.severity, kind: f.kind } }, f.message))
-      : [h('p', { class: 'note ok' }, 'No batch-size problems found in this run.')],
-  );
-  batch.body.append(chart, notes);
-  const showZoom = (min, max) => Object.assign(batch.el.dataset, { zoomMin: min, zoomMax: max });
-  showZoom(...full);
-  zoom.subscribe(showZoom);
-  const imbalance = section(
-    'imbalance',
-    'Imbalance',
-    'Largest over smallest batch across replicas at each step (1 = even). When a replica got nothing the ratio is infinite: drawn at the red dashed line and marked "empty replica".' +
-      (inputs.downsampled
-        ? ' Downsampled: the solid line is the ratio at the first step of each bucket, the light dashed line an upper bound over the whole bucket.'
-        : ''),
-  );
-  const heat = section('heatmap', 'Batch size heatmap', 'One row per replica. Hover for values, drag to zoom, double-click to reset.');
-  const shapes = section('shapes', 'Input shapes', 'Each input\'s shape and dtype per replica, at the first step and at every step where they change. Highlighted: inputs the replicas disagree on (dtype, rank or a non-leading dimension).');
-  const rngSec = section('rng', 'Random streams', 'Per generator: how often two replicas draw identical numbers (same next-draw fingerprint), and each replica\'s state at the last logged step. A state equal on every replica does not mean equal streams: tf.random.Generator folds the replica id into its key.');
-  const dataSec = section('data', 'Examples per replica', 'Per pair of replicas: the share of examples both got at the same step (per-example fingerprints). Non-zero off the diagonal means replicas train on the same data: an unsharded input pipeline.');
-  const drift = section(
-    'drift',
-    'Weight drift',
-    'How far each variable\'s copies are from replica 0\'s: relative L2 distance ||copy_r − copy_0|| / ||copy_0|| at each logged step, for the most divergent variables (worst replica). Estimated from small per-copy fingerprints unless the exact check ran; 0 means bit-identical.',
-  );
-  const deviation = section('deviation', 'Deviation from replica 0, per replica', 'One variable, one line per replica.');
-  const placement = section(
-    'placement',
-    'Variable placement',
-    'Every variable, and which replica devices hold a copy of it. Highlighted: variables not mirrored on every replica, and variables whose copies drift beyond the tolerance.',
-  );
-  const timing = stepTime
-    ? section(
-        'step_time',
-        'Step time per worker',
-        'Busy time per step of each worker of this multi-worker job: its step period minus the time it waited for the last worker to arrive (taken when its step inputs were ready). The workers wait for a straggler at every all-reduce.',
-      )
-    : null;
-  const gradients = grads
-    ? section('gradients', 'Gradients per replica', `Local gradients of every replica before the optimizer's all-reduce, at ${grads.steps.length} logged step${grads.steps.length === 1 ? '' : 's'}${grads.downsampled ? ' (downsampled: bucket maxima)' : ''}; NaN/Inf are checked at every step. Drag to zoom, double-click to reset.`)
-    : null;
-  main.replaceChildren(...[findingsSec.el, timing?.el, batch.el, imbalance.el, heat.el, gradients?.el, shapes.el].filter(Boolean));
-  if (rng) main.append(rngSec.el);
-  if (data) main.append(dataSec.el);
-  if (variables?.variables.length) main.append(drift.el, deviation.el, placement.el);
+  let width = null;
+  const ctx = {
+    run,
+    data,
+    findings,
+    steps,
+    zoom,
+    full,
+    lastStep,
+    deviceName,
+    workerOf,
+    views,
+    reloadGradients,
+    rebuildGradients: null,
+    // Measured once, when the first chart asks: after the static content and the findings.
+    get width() {
+      return (width ??= widthOf(main));
+    },
+    widthNow: () => widthOf(main),
+  };
+  const shown = SECTIONS.filter((s) => (s.show ? s.show(ctx) : data[s.route] != null)).map((s) => ({
+    s,
+    ...section(s.name, s.title, s.description?.(ctx)),
+  }));
+  for (const { s, body, el } of shown) s.frame?.(body, ctx, el);
+  main.replaceChildren(...shown.map(({ el }) => el));
 
-  const onSelect = (f) => {
+  ctx.onSelect = (f) => {
     const view = f.view && main.querySelector(`section[data-view="${CSS.escape(f.view)}"]`) ? f.view : /shape|dtype|rank/.test(f.kind) ? 'shapes' : 'batch';
     let target = main.querySelector(`section[data-view="${CSS.escape(view)}"]`);
     if (view === 'shapes' && f.first_step != null) {
@@ -236,60 +167,13 @@ function buildRun(main, run, inputs, findings, views, { rng, data, stepTime, var
     target.classList.add('flash');
   };
 
-  views.push(createFindings(findingsSec.body, { findings, onSelect, workerOf }));
-  const width = widthOf(main);
-  if (!steps.length || !inputs.replicas.length) {
-    for (const s of [chart, imbalance.body, heat.body]) s.append(h('p', { class: 'muted' }, 'No steps recorded for this run yet.'));
-  } else {
-    const ctx = { inputs, zoom, width, lastStep, deviceName, workerOf };
-    views.push(
-      timed('batch', () => createBatchChart(chart, ctx)),
-      timed('imbalance', () => createImbalanceChart(imbalance.body, ctx)),
-      timed('heatmap', () => createHeatmap(heat.body, ctx)),
-    );
-  }
-  views.push(timed('shapes', () => createShapesTable(shapes.body, { inputs, deviceName })));
-  if (rng) views.push(timed('rng', () => createRngView(rngSec.body, { rng, deviceName, workerOf })));
-  if (data) views.push(timed('data', () => createDataView(dataSec.body, { data, deviceName, workerOf })));
-  if (timing) {
-    const stragglers = new Set(findings.filter((f) => f.kind === 'straggler').map((f) => f.name));
-    views.push(timed('step_time', () => createStepTime(timing.body, { data: stepTime, zoom, width, stragglers })));
-  }
-  if (variables?.variables.length) {
-    const variableDevice = deviceNamer(variables.devices.length ? variables.devices : run.devices);
-    const driftCtx = { variables, zoom, width, deviceName: variableDevice };
-    views.push(
-      timed('drift', () => createDriftChart(drift.body, driftCtx)),
-      timed('deviation', () => createDeviationChart(deviation.body, driftCtx)),
-      timed('placement', () => createPlacementTable(placement.body, driftCtx)),
-    );
-  }
-  let rebuildGradients = null;
-  if (gradients) {
-    const outlier = findings.find((f) => f.kind === 'gradient_norm_outlier');
-    const threshold = outlier && Number.isFinite(outlier.threshold) ? outlier.threshold : 10;
-    let view = null;
-    rebuildGradients = (next) => {
-      const at = views.indexOf(view);
-      view?.destroy?.();
-      gradients.body.replaceChildren();
-      view = createGradients(gradients.body, { grads: next, zoom, width: widthOf(main), threshold, onStep: reloadGradients, workerOf });
-      if (at >= 0) views[at] = view;
-      else views.push(view);
-    };
-    timed('gradients', () => rebuildGradients(grads));
+  for (const { s, body, el } of shown) {
+    const view = s.view(body, ctx, el);
+    if (view) views.push(view);
   }
   const newNotes = [...new Set([...inputs.notes, ...(variables?.notes ?? [])])].filter((n) => !run.notes.includes(n));
   if (newNotes.length) main.prepend(h('div', { class: 'run-notes' }, newNotes.map((n) => h('p', { class: 'note' }, n))));
-  return rebuildGradients;
-}
-
-/** Runs make() and records its duration as a performance measure "replicas:NAME". */
-function timed(name, make) {
-  const start = performance.now();
-  const view = make();
-  performance.measure(`replicas:${name}`, { start, end: performance.now() });
-  return view;
+  return ctx.rebuildGradients;
 }
 
 function runSummary(run) {

@@ -1,1 +1,1 @@
-"""Stat families: one package each (see tb_replica_plugin.registry)."""
+"""The stat families, one package each (see `tb_replica_plugin.registry`)."""

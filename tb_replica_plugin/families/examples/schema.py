@@ -1,8 +1,17 @@
-"""Tags of the examples family (placeholder until the read side moves here)."""
+"""Tags and tensor layouts of the examples family (which examples each replica was fed).
 
-from tb_replica_plugin.metadata import (  # noqa: F401
-    KIND_DATA_EXAMPLES,
-    KIND_DATA_OVERLAP,
-    TAG_DATA_EXAMPLES,
-    TAG_DATA_OVERLAP,
-)
+Imported by the writer and the reader; no imports.
+"""
+
+# Written every `update_freq` steps. `data/examples`: int64 [R, 4 + K]: per replica the batch
+# size, distinct examples, examples also on another replica (this step, then summed over the
+# window) and a bottom-K sketch of the per-example fingerprints. `data/overlap`: int64 [3, R, R]:
+# examples shared by two replicas (this step, summed over the window) and the window's steps with
+# any shared example.
+TAG_DATA_EXAMPLES = "data/examples"
+TAG_DATA_OVERLAP = "data/overlap"
+
+KIND_DATA_EXAMPLES = "data_examples"
+KIND_DATA_OVERLAP = "data_overlap"
+
+TAGS = {TAG_DATA_EXAMPLES: KIND_DATA_EXAMPLES, TAG_DATA_OVERLAP: KIND_DATA_OVERLAP}

@@ -1,10 +1,25 @@
-"""Tags of the gradients family (placeholder until the read side moves here)."""
+"""Tags and tensor layouts of the gradients family (README "Data written").
 
-from tb_replica_plugin.metadata import (  # noqa: F401
-    KIND_GRAD_NONFINITE,
-    KIND_GRAD_NORMS,
-    KIND_GRAD_VARIABLES,
-    TAG_GRAD_NONFINITE,
-    TAG_GRAD_NORMS,
-    TAG_GRAD_VARIABLES,
-)
+Imported by the writer and the reader; no imports.
+"""
+
+# Dense, every `update_freq` steps: float32 tensor [2 + V, R]: row 0 each replica's local gradient
+# global norm, row 1 its local loss, rows 2.. the norm of each variable's gradient (variables
+# named by the last TAG_GRAD_VARIABLES event).
+TAG_GRAD_NORMS = "gradients/norms"
+# Sparse, written only at steps where some replica's gradients or loss hold NaN or Inf: int32
+# tensor [4, R]: rows (NaN values in gradients, Inf values in gradients, loss is NaN, loss is Inf).
+TAG_GRAD_NONFINITE = "gradients/nonfinite"
+# Sparse, written at the first observed step and whenever the observed variables change: a scalar
+# string tensor holding JSON {"variables", "shapes", "loss", "scaling", "replicas", "source"}.
+TAG_GRAD_VARIABLES = "gradients/variables"
+
+KIND_GRAD_NORMS = "grad_norms"
+KIND_GRAD_NONFINITE = "grad_nonfinite"
+KIND_GRAD_VARIABLES = "grad_variables"
+
+TAGS = {
+    TAG_GRAD_NORMS: KIND_GRAD_NORMS,
+    TAG_GRAD_NONFINITE: KIND_GRAD_NONFINITE,
+    TAG_GRAD_VARIABLES: KIND_GRAD_VARIABLES,
+}

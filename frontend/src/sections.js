@@ -1,0 +1,224 @@
+// The tab's sections, in page order: the one list to extend when a stat family is added.
+//
+// Each section: `name` (its <section data-view>), `route` (the plugin route whose body it draws;
+// index.js loads each route once, with the `load` of the first section naming it), `title`,
+// `description(ctx)`, `show(ctx)` (whether this run has it; default: its route answered) and
+// `frame(body, ctx, el)` (optional: static content, added before any view is drawn) and
+// `view(body, ctx, el)` (draws it and returns its view object: `{resize?, destroy?}`).
+// `ctx` holds the run, every loaded route body (`ctx.data[route]`), the shared zoom and namers.
+import { h } from './dom.js';
+import { fetchInputs, fetchFindings, fetchRng, fetchData, fetchStepTime, fetchVariables, fetchGradients } from './data.js';
+import { createFindings } from './views/findings.js';
+import { createBatchChart } from './views/batch_chart.js';
+import { createImbalanceChart } from './views/imbalance_chart.js';
+import { createHeatmap } from './views/heatmap.js';
+import { createShapesTable } from './views/shapes_table.js';
+import { createRngView } from './views/rng_view.js';
+import { createDataView } from './views/data_view.js';
+import { createGradients } from './views/gradients.js';
+import { createStepTime } from './views/step_time.js';
+import { createDriftChart, createDeviationChart } from './views/drift_charts.js';
+import { createPlacementTable } from './views/placement_table.js';
+
+/** Steps asked of every route: exact up to this many, bucketed (with min/max) beyond. */
+export const MAX_POINTS = 10000;
+/** Most divergent variables drawn over steps. */
+const TOP_VARIABLES = 8;
+const BATCH_KINDS = new Set(['uneven_batch', 'empty_shard', 'first_batch_uneven']);
+
+/** "CPU:0" from "/job:localhost/replica:0/task:0/device:CPU:0", with the task when tasks differ. */
+export function deviceNamer(devices) {
+  const parse = (d) => ({
+    dev: /device:([^/]+)$/.exec(d || '')?.[1] ?? (d || ''),
+    task: /\/job:([^/]+)\/replica:\d+\/task:(\d+)/.exec(d || '')?.slice(1).join(':'),
+  });
+  const parsed = devices.map(parse);
+  const tasks = new Set(parsed.map((p) => p.task));
+  return (r) => {
+    const p = parsed[r];
+    if (!p) return '';
+    return tasks.size > 1 && p.task ? `${p.task}/${p.dev}` : p.dev;
+  };
+}
+
+/** Runs make() and records its duration as a performance measure "replicas:NAME". */
+export function timed(name, make) {
+  const start = performance.now();
+  const view = make();
+  performance.measure(`replicas:${name}`, { start, end: performance.now() });
+  return view;
+}
+
+const hasSteps = (ctx) => ctx.steps.length && ctx.data.inputs.replicas.length;
+const noSteps = (body) => body.append(h('p', { class: 'muted' }, 'No steps recorded for this run yet.'));
+const hasVariables = (ctx) => Boolean(ctx.data.variables?.variables.length);
+const drift = (ctx) => ({
+  variables: ctx.data.variables,
+  zoom: ctx.zoom,
+  width: ctx.width,
+  deviceName: deviceNamer(ctx.data.variables.devices.length ? ctx.data.variables.devices : ctx.run.devices),
+});
+const inputsCtx = (ctx) => ({ inputs: ctx.data.inputs, zoom: ctx.zoom, width: ctx.width, lastStep: ctx.lastStep, deviceName: ctx.deviceName, workerOf: ctx.workerOf });
+
+export const SECTIONS = [
+  {
+    name: 'findings',
+    route: 'findings',
+    load: (run, opts) => fetchFindings(run.run, opts),
+    title: 'Findings',
+    show: () => true,
+    view: (body, ctx) => createFindings(body, { findings: ctx.findings, onSelect: ctx.onSelect, workerOf: ctx.workerOf }),
+  },
+  {
+    name: 'step_time',
+    route: 'step_time',
+    // Multi-worker jobs only: per-worker step time.
+    load: (run, opts) => (run.workers.length ? fetchStepTime(run.run, MAX_POINTS, opts) : null),
+    title: 'Step time per worker',
+    description: () =>
+      'Busy time per step of each worker of this multi-worker job: its step period minus the time it waited for the last worker to arrive (taken when its step inputs were ready). The workers wait for a straggler at every all-reduce.',
+    view: (body, ctx) => {
+      const stragglers = new Set(ctx.findings.filter((f) => f.kind === 'straggler').map((f) => f.name));
+      return timed('step_time', () => createStepTime(body, { data: ctx.data.step_time, zoom: ctx.zoom, width: ctx.width, stragglers }));
+    },
+  },
+  {
+    name: 'batch',
+    route: 'inputs',
+    load: (run, opts) => fetchInputs(run.run, MAX_POINTS, opts),
+    title: 'Batch size per replica',
+    description: (ctx) =>
+      ctx.data.inputs.downsampled
+        ? `Downsampled to ${ctx.steps.length} buckets: each line shows the smallest batch of its bucket. Drag to zoom, double-click to reset; click a legend entry to hide a replica.`
+        : 'Examples each replica got at each step. Drag to zoom, double-click to reset; click a legend entry to hide a replica.',
+    show: () => true,
+    // The static part (reset button, chart slot, batch-size notes) is in place before any chart
+    // is drawn and before the chart width is measured.
+    frame: (body, ctx, el) => {
+      const resetZoom = h('button', { type: 'button', class: 'reset-zoom', dataset: { action: 'reset-zoom' }, onclick: () => ctx.zoom.reset() }, 'Reset zoom');
+      el.querySelector('h2').append(resetZoom);
+      const chart = h('div', { class: 'chart' });
+      const batchFindings = ctx.findings.filter((f) => BATCH_KINDS.has(f.kind));
+      const notes = h(
+        'div',
+        { dataset: { view: 'notes' }, class: 'notes' },
+        batchFindings.length
+          ? batchFindings.map((f) => h('p', { class: 'note', dataset: { severity: f.severity, kind: f.kind } }, f.message))
+          : [h('p', { class: 'note ok' }, 'No batch-size problems found in this run.')],
+      );
+      body.append(chart, notes);
+      const showZoom = (min, max) => Object.assign(el.dataset, { zoomMin: min, zoomMax: max });
+      showZoom(...ctx.full);
+      ctx.zoom.subscribe(showZoom);
+      ctx.batchChart = chart;
+    },
+    view: (body, ctx) => (hasSteps(ctx) ? timed('batch', () => createBatchChart(ctx.batchChart, inputsCtx(ctx))) : noSteps(ctx.batchChart)),
+  },
+  {
+    name: 'imbalance',
+    route: 'inputs',
+    title: 'Imbalance',
+    description: (ctx) =>
+      'Largest over smallest batch across replicas at each step (1 = even). When a replica got nothing the ratio is infinite: drawn at the red dashed line and marked "empty replica".' +
+      (ctx.data.inputs.downsampled
+        ? ' Downsampled: the solid line is the ratio at the first step of each bucket, the light dashed line an upper bound over the whole bucket.'
+        : ''),
+    show: () => true,
+    view: (body, ctx) => (hasSteps(ctx) ? timed('imbalance', () => createImbalanceChart(body, inputsCtx(ctx))) : noSteps(body)),
+  },
+  {
+    name: 'heatmap',
+    route: 'inputs',
+    title: 'Batch size heatmap',
+    description: () => 'One row per replica. Hover for values, drag to zoom, double-click to reset.',
+    show: () => true,
+    view: (body, ctx) => (hasSteps(ctx) ? timed('heatmap', () => createHeatmap(body, inputsCtx(ctx))) : noSteps(body)),
+  },
+  {
+    name: 'gradients',
+    route: 'gradients',
+    load: (run, opts) => (run.families.includes('gradients') ? fetchGradients(run.run, MAX_POINTS, null, opts) : null),
+    title: 'Gradients per replica',
+    description: (ctx) => {
+      const grads = ctx.data.gradients;
+      return `Local gradients of every replica before the optimizer's all-reduce, at ${grads.steps.length} logged step${grads.steps.length === 1 ? '' : 's'}${grads.downsampled ? ' (downsampled: bucket maxima)' : ''}; NaN/Inf are checked at every step. Drag to zoom, double-click to reset.`;
+    },
+    view: (body, ctx) => {
+      const outlier = ctx.findings.find((f) => f.kind === 'gradient_norm_outlier');
+      const threshold = outlier && Number.isFinite(outlier.threshold) ? outlier.threshold : 10;
+      let view = null;
+      // Redrawn at another step (a click on the norms chart reloads ./gradients at that step).
+      ctx.rebuildGradients = (next) => {
+        const at = ctx.views.indexOf(view);
+        view?.destroy?.();
+        body.replaceChildren();
+        view = createGradients(body, { grads: next, zoom: ctx.zoom, width: ctx.widthNow(), threshold, onStep: ctx.reloadGradients, workerOf: ctx.workerOf });
+        if (at >= 0) ctx.views[at] = view;
+        else ctx.views.push(view);
+      };
+      timed('gradients', () => ctx.rebuildGradients(ctx.data.gradients));
+      return null; // rebuildGradients keeps its view in ctx.views
+    },
+  },
+  {
+    name: 'shapes',
+    route: 'inputs',
+    title: 'Input shapes',
+    description: () =>
+      "Each input's shape and dtype per replica, at the first step and at every step where they change. Highlighted: inputs the replicas disagree on (dtype, rank or a non-leading dimension).",
+    show: () => true,
+    view: (body, ctx) => timed('shapes', () => createShapesTable(body, { inputs: ctx.data.inputs, deviceName: ctx.deviceName })),
+  },
+  {
+    name: 'rng',
+    route: 'rng',
+    load: (run, opts) => fetchRng(run.run, MAX_POINTS, opts),
+    title: 'Random streams',
+    description: () =>
+      "Per generator: how often two replicas draw identical numbers (same next-draw fingerprint), and each replica's state at the last logged step. A state equal on every replica does not mean equal streams: tf.random.Generator folds the replica id into its key.",
+    view: (body, ctx) => timed('rng', () => createRngView(body, { rng: ctx.data.rng, deviceName: ctx.deviceName, workerOf: ctx.workerOf })),
+  },
+  {
+    name: 'data',
+    route: 'data',
+    load: (run, opts) => fetchData(run.run, MAX_POINTS, opts),
+    title: 'Examples per replica',
+    description: () =>
+      'Per pair of replicas: the share of examples both got at the same step (per-example fingerprints). Non-zero off the diagonal means replicas train on the same data: an unsharded input pipeline.',
+    view: (body, ctx) => timed('data', () => createDataView(body, { data: ctx.data.data, deviceName: ctx.deviceName, workerOf: ctx.workerOf })),
+  },
+  {
+    name: 'drift',
+    route: 'variables',
+    load: (run, opts) => fetchVariables(run.run, MAX_POINTS, TOP_VARIABLES, opts),
+    title: 'Weight drift',
+    description: () =>
+      "How far each variable's copies are from replica 0's: relative L2 distance ||copy_r − copy_0|| / ||copy_0|| at each logged step, for the most divergent variables (worst replica). Estimated from small per-copy fingerprints unless the exact check ran; 0 means bit-identical.",
+    show: hasVariables,
+    view: (body, ctx) => timed('drift', () => createDriftChart(body, drift(ctx))),
+  },
+  {
+    name: 'deviation',
+    route: 'variables',
+    title: 'Deviation from replica 0, per replica',
+    description: () => 'One variable, one line per replica.',
+    show: hasVariables,
+    view: (body, ctx) => timed('deviation', () => createDeviationChart(body, drift(ctx))),
+  },
+  {
+    name: 'placement',
+    route: 'variables',
+    title: 'Variable placement',
+    description: () =>
+      'Every variable, and which replica devices hold a copy of it. Highlighted: variables not mirrored on every replica, and variables whose copies drift beyond the tolerance.',
+    show: hasVariables,
+    view: (body, ctx) => timed('placement', () => createPlacementTable(body, drift(ctx))),
+  },
+];
+
+/** Each route's loader: the `load` of the first section naming it, in section order. */
+export function routeLoaders() {
+  const loaders = new Map();
+  for (const s of SECTIONS) if (s.load && !loaders.has(s.route)) loaders.set(s.route, s.load);
+  return loaders;
+}

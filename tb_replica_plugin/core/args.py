@@ -1,0 +1,50 @@
+"""Request arguments of the plugin routes, and the errors the routes answer with.
+
+Each family's `present.ARGS` maps argument names to these parsers; the plugin turns
+`BadRequestError` into 400 and `NotFoundError` into 404 in one place. No TensorFlow.
+"""
+
+from tb_replica_plugin.core.downsample import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE
+
+
+class BadRequestError(ValueError):
+    """A request argument is missing or malformed (answered with 400)."""
+
+
+class NotFoundError(LookupError):
+    """What a route was asked for does not exist (answered with 404 and this message)."""
+
+
+def parse_int(name, raw, default, bounds=None):
+    """An integer query argument: `default` when absent.
+
+    Raises:
+      BadRequestError: if it is not an integer, or outside `bounds` (inclusive) when given.
+    """
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequestError(f"{name} must be an integer, got {raw!r}") from None
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        raise BadRequestError(f"{name} must be between {bounds[0]} and {bounds[1]}, got {value}")
+    return value
+
+
+def parse_step(raw):
+    """Parses the optional `step` argument (an integer; empty means absent).
+
+    Raises:
+      BadRequestError: if it is not an integer.
+    """
+    return None if raw == "" else parse_int("step", raw, None)
+
+
+def parse_max_points(raw):
+    """Parses the `max_points` argument.
+
+    Raises:
+      BadRequestError: if it is not an integer in `MAX_POINTS_RANGE`.
+    """
+    return parse_int("max_points", raw, DEFAULT_MAX_POINTS, MAX_POINTS_RANGE)

@@ -1,0 +1,63 @@
+"""What a run is, across families: its replicas, devices, source and step span.
+
+Used by `/runs` and by the report header. Each family's present module may give
+`identity(run_data)` (`{"replicas", "devices", "source", "steps"}` or None) and
+`recorded_steps(run_data)` (arrays of steps). No TensorFlow.
+"""
+
+import numpy as np
+
+from tb_replica_plugin import registry
+
+
+def overview(run_data):
+    """The replicas, devices, source and step axis of a run, from its families' identities.
+
+    The first family (registry order) giving an identity gives the step axis; replicas and
+    devices come from the first identity with any replica (inputs, else variables); the source
+    is the first one that is not empty.
+
+    Args:
+      run_data: a `reader.RunData`.
+
+    Returns:
+      `{"replicas": list, "devices": list, "source": str, "steps": int array}`.
+    """
+    identities = []
+    for family in registry.families():
+        identity = getattr(family.present, "identity", None)
+        found = identity(run_data) if identity is not None else None
+        if found is not None:
+            identities.append(found)
+    if not identities:
+        return {"replicas": [], "devices": [], "source": "", "steps": np.zeros(0, np.int64)}
+    first = identities[0]
+    with_replicas = next((i for i in identities if i["replicas"]), first)
+    return {
+        "replicas": with_replicas["replicas"],
+        "devices": with_replicas["devices"],
+        "source": next((i["source"] for i in identities if i["source"]), first["source"]),
+        "steps": first["steps"],
+    }
+
+
+def _all_steps(run_data):
+    """The recorded steps of every family of a run (for its first and last step)."""
+    parts = [np.zeros(0, np.int64)]
+    for family in registry.families():
+        recorded = getattr(family.present, "recorded_steps", None)
+        if recorded is not None:
+            parts += [np.asarray(p, np.int64) for p in recorded(run_data)]
+    return np.concatenate(parts)
+
+
+def first_step(run_data):
+    """The first step any family recorded (None without any)."""
+    steps = _all_steps(run_data)
+    return int(steps.min()) if steps.size else None
+
+
+def last_step(run_data):
+    """The last step any family recorded (None without any)."""
+    steps = _all_steps(run_data)
+    return int(steps.max()) if steps.size else None

@@ -1,0 +1,326 @@
+"""The examples family read side: `DataSeries` from the samples, sketches, multi-worker merge.
+
+Its `RunData` attribute is `data`. It needs the inputs family (replica ids, first step).
+Imports no TensorFlow.
+"""
+
+import collections
+import dataclasses
+
+import numpy as np
+
+from tb_replica_plugin.core import jobs
+from tb_replica_plugin.families.examples import schema
+
+
+@dataclasses.dataclass
+class DataSeries:
+    """The data family of one run, at its logged steps (each closing a window of steps).
+
+    Attributes:
+      run, replicas: as in `InputsSeries` (replica order of every per-replica axis).
+      steps: int64 [S], the logged steps.
+      window_steps: int64 [S], steps in the window each logged step closes (1 when every step
+        is logged).
+      batch_size, distinct: int64 [S, R], examples and distinct examples at the logged step.
+      duplicated: int64 [S, R], distinct examples of that replica also fed to another replica
+        at that step; `window_duplicated` the same summed over the window.
+      shared: int64 [S, R, R], distinct examples fed to both replicas at the logged step
+        (diagonal: distinct examples); `window_shared` summed over the window.
+      steps_shared: int64 [S, R, R], steps of the window where the two replicas shared at least
+        one example (diagonal: `window_steps`).
+      sketch: int64 [S, R, K], bottom-K sketch of each replica's example fingerprints (the first
+        `min(distinct, K)` entries are valid).
+      notes: plain-language problems met while reading.
+      window_start: int64 [S], first step of the window each logged step closes (the step after
+        the previous logged step; for the first, the run's first step when known). None: not
+        known, taken as `steps - window_steps + 1` (exact when every step was sampled).
+      sampled: True when some window holds steps that were not sampled (`examples_every` > 1):
+        `window_steps`, the window sums and `steps_shared` then count sampled steps only. A
+        step that was not sampled is simply absent: it is never a step with 0 examples.
+    """
+
+    run: str
+    replicas: list
+    steps: np.ndarray
+    window_steps: np.ndarray
+    batch_size: np.ndarray
+    distinct: np.ndarray
+    duplicated: np.ndarray
+    window_duplicated: np.ndarray
+    shared: np.ndarray
+    window_shared: np.ndarray
+    steps_shared: np.ndarray
+    sketch: np.ndarray
+    notes: list
+    window_start: np.ndarray | None = None
+    sampled: bool = False
+
+    @property
+    def num_replicas(self):
+        return len(self.replicas)
+
+    def window_starts(self):
+        """int64 [S]: `window_start`, or `steps - window_steps + 1` when it is not known."""
+        if self.window_start is not None:
+            return self.window_start
+        return self.steps - np.maximum(self.window_steps, 1) + 1
+
+
+def data_from_samples(run, samples, notes, replicas=None, first_step=None):
+    """Builds the `DataSeries` of a run from its raw samples, or None when it has none.
+
+    Args:
+      run: the run name.
+      samples: `RunData.samples`.
+      notes: the run's notes list (appended to).
+      replicas: replica ids (from the inputs family); `range(R)` when None.
+      first_step: the run's first step (from the inputs family), or None: the first window
+        then starts `window_steps - 1` steps before its logged step.
+    """
+    examples = dict(samples.get(schema.TAG_DATA_EXAMPLES, []))
+    overlap = dict(samples.get(schema.TAG_DATA_OVERLAP, []))
+    steps = sorted(set(examples) & set(overlap))
+    if not steps:
+        return None
+    counts = collections.Counter(examples[s].shape[0] for s in steps)
+    num = counts.most_common(1)[0][0]
+    kept = [
+        s
+        for s in steps
+        if examples[s].ndim == 2
+        and examples[s].shape[0] == num
+        and examples[s].shape[1] >= 4
+        and overlap[s].shape == (3, num, num)
+    ]
+    if len(kept) < len(steps):
+        notes.append(f"data: {len(steps) - len(kept)} logged step(s) of another layout skipped.")
+    if not kept:
+        return None
+    ex = np.stack([examples[s] for s in kept]).astype(np.int64)
+    ov = np.stack([overlap[s] for s in kept]).astype(np.int64)
+    if replicas is None or len(replicas) != num:
+        replicas = list(range(num))
+    steps = np.array(kept, dtype=np.int64)
+    window_steps = np.diagonal(ov[:, 2], axis1=1, axis2=2)[:, 0].copy()
+    # Windows run from the step after the previous logged step; with sampling (examples_every
+    # > 1) they hold more steps than they sampled.
+    start = steps - np.maximum(window_steps, 1) + 1
+    start[1:] = steps[:-1] + 1
+    if first_step is not None and first_step <= steps[0]:
+        start[0] = first_step
+    sampled = bool((window_steps < steps - start + 1).any())
+    return DataSeries(
+        run=run,
+        replicas=[int(r) for r in replicas],
+        steps=steps,
+        window_steps=window_steps,
+        batch_size=ex[:, :, 0],
+        distinct=ex[:, :, 1],
+        duplicated=ex[:, :, 2],
+        window_duplicated=ex[:, :, 3],
+        shared=ov[:, 0],
+        window_shared=ov[:, 1],
+        steps_shared=ov[:, 2],
+        sketch=ex[:, :, 4:],
+        notes=notes,
+        window_start=start,
+        sampled=sampled,
+    )
+
+
+def from_samples(run, samples, notes, needed):
+    """The `DataSeries` of a run (`data_from_samples`), with the inputs family's replicas.
+
+    Args:
+      run: the run name.
+      samples: `RunData.samples`.
+      notes: the run's notes list (appended to).
+      needed: `{"inputs": InputsSeries}`.
+
+    Returns:
+      A `DataSeries`, or None.
+    """
+    inputs = needed["inputs"]
+    return data_from_samples(
+        run,
+        samples,
+        notes,
+        inputs.replicas or None,
+        int(inputs.steps[0]) if inputs.steps.size else None,
+    )
+
+
+def sketch_overlaps(sketch, distinct):
+    """Examples each pair of replicas shares, from their bottom-K sketches (one step).
+
+    Args:
+      sketch: int64 [R, K] bottom-K sketches (`DataSeries.sketch` rows: the smallest distinct
+        fingerprints, ascending, the first `min(distinct, K)` valid).
+      distinct: int64 [R], the replicas' distinct example counts.
+
+    Returns:
+      `(shared, exact, duplicated)`: int64 [R, R] shared examples per pair (diagonal:
+      `distinct`), bool [R, R] where that count is exact, and int64 [R] the distinct examples of
+      each replica found on another replica (exact when every replica has at most K).
+      For a pair (a, b), let t = the smaller of the two sketches' largest entries (a set of at
+      most K elements is whole: its t is +inf). Every fingerprint of either set up to t is in
+      its sketch, so `both` (sketch entries in both) and `union` (entries of either up to t)
+      are exact counts over the fingerprints up to t; J = both / union estimates the Jaccard
+      index and `shared = round(J (|A| + |B|) / (1 + J))` (clipped to the smaller set). When
+      both sets have at most K elements, t = +inf and this is the exact intersection. Computed
+      for every pair at once with two matrix products over the sketch entries.
+
+    Example:
+      >>> sketch_overlaps(np.array([[1, 2, 3, 0], [2, 3, 5, 0]]), np.array([3, 3]))[0].tolist()
+      [[3, 2], [2, 3]]
+    """
+    sketch = np.asarray(sketch, np.int64)
+    distinct = np.asarray(distinct, np.int64)
+    num, size = sketch.shape
+    valid = np.arange(size)[None, :] < np.minimum(distinct, size)[:, None]
+    values, inverse = np.unique(sketch[valid], return_inverse=True)
+    owner = np.nonzero(valid)[0]
+    presence = np.zeros((values.size, num), np.float32)
+    presence[inverse, owner] = 1.0
+    complete = distinct <= size
+    last = np.where(valid.any(axis=1), sketch[np.arange(num), np.maximum(valid.sum(1) - 1, 0)], 0)
+    below = np.where(complete[None, :], True, values[:, None] <= last[None, :]).astype(np.float32)
+    both = np.rint(presence.T @ presence).astype(np.int64)
+    up_to = np.rint(presence.T @ below).astype(np.int64)  # [r, q]: r's entries up to q's t
+    union = up_to + up_to.T - both
+    with np.errstate(divide="ignore", invalid="ignore"):
+        jaccard = np.where(union > 0, both / np.maximum(union, 1), 0.0)
+        total = (distinct[:, None] + distinct[None, :]).astype(np.float64)
+        shared = np.rint(jaccard * total / (1.0 + jaccard)).astype(np.int64)
+    shared = np.minimum(shared, np.minimum(distinct[:, None], distinct[None, :]))
+    exact = complete[:, None] & complete[None, :]
+    shared = np.where(exact, both, shared)
+    np.fill_diagonal(shared, distinct)
+    on_others = presence.sum(axis=1) > 1
+    duplicated = np.rint(presence.T @ on_others.astype(np.float32)).astype(np.int64)
+    return shared, exact, duplicated
+
+
+def sketch_overlap(sketch_a, distinct_a, sketch_b, distinct_b):
+    """`(count, exact)`: examples two replicas share, from their sketches (`sketch_overlaps`).
+
+    Example:
+      >>> sketch_overlap(np.array([1, 2, 3, 0]), 3, np.array([2, 3, 5, 0]), 3)
+      (2, True)
+    """
+    shared, exact, _ = sketch_overlaps(
+        np.stack([sketch_a, sketch_b]), np.array([distinct_a, distinct_b])
+    )
+    return int(shared[0, 1]), bool(exact[0, 1])
+
+
+def merge_data(job, member_runs, workers, notes):
+    """Examples fed to replicas of different workers at the same step, from the sketches.
+
+    Within a worker every count is exact (each worker's own `shared`, `duplicated` and window
+    fields). Across workers no example crosses: each replica wrote a bottom-K sketch (K = 16)
+    of its example fingerprints at every logged step, and for each pair of global replicas on
+    different workers and each step every worker logged:
+
+    - `shared`: exact when both replicas had at most K distinct examples at that step (the
+      sketches are the whole sets), else the bottom-K Jaccard estimate (`sketch_overlaps`);
+      the steps where it was estimated are noted.
+    - `duplicated` (distinct examples of a replica also on another replica): exact when every
+      replica had at most K distinct examples at that step (computed from the whole sets),
+      else at least the largest of the worker's own count and the cross-worker pairs'.
+    - window fields (`window_shared`, `steps_shared`, `window_duplicated`): the within-worker
+      parts are exact; the cross-worker parts are known only at the logged step and are
+      extrapolated to its window (times `window_steps`; a pair counts every step of the window
+      as shared when it shared at the logged step). With `update_freq=1` every window is that
+      one step and nothing is extrapolated.
+
+    Returns:
+      A `DataSeries` on the global replica axis, or None when no worker (or not every worker:
+      noted) recorded example fingerprints.
+    """
+    series = jobs.members_with(
+        "data", member_runs, workers, notes, "example fingerprints", "call observe_examples"
+    )
+    if series is None:
+        return None
+    steps = jobs.common_steps(series, notes, "data")
+    at = [np.searchsorted(s.steps, steps).astype(np.int64) for s in series]
+
+    def concat(field):
+        return np.concatenate([getattr(s, field)[i] for s, i in zip(series, at, strict=True)], 1)
+
+    windows = np.stack([s.window_steps[i] for s, i in zip(series, at, strict=True)])
+    if windows.size and np.any(windows != windows[:1]):
+        notes.append(
+            "data: the workers' logging windows differ; the job view uses the shortest window "
+            "of each logged step."
+        )
+    window_steps = windows.min(axis=0) if windows.size else np.zeros(0, np.int64)
+    batch_size, distinct = concat("batch_size"), concat("distinct")
+    sketch = concat("sketch")
+    size = sketch.shape[-1]
+    total = distinct.shape[1]
+    owner = np.concatenate([np.full(s.num_replicas, w) for w, s in enumerate(series)])
+    offsets = np.cumsum([0] + [s.num_replicas for s in series])
+    shape = (len(steps), total, total)
+    shared = np.zeros(shape, np.int64)
+    window_shared = np.zeros(shape, np.int64)
+    steps_shared = np.zeros(shape, np.int64)
+    duplicated = concat("duplicated").copy()
+    window_duplicated = concat("window_duplicated").copy()
+    for s, i, start, stop in zip(series, at, offsets[:-1], offsets[1:], strict=True):
+        inside = (slice(None), slice(start, stop), slice(start, stop))
+        shared[inside] = s.shared[i]
+        window_shared[inside] = s.window_shared[i]
+        steps_shared[inside] = s.steps_shared[i]
+    estimated = 0
+    cross = owner[:, None] != owner[None, :]
+    for k in range(len(steps)):
+        pairs, _, found = sketch_overlaps(sketch[k], distinct[k])
+        shared[k][cross] = pairs[cross]
+        if np.all(distinct[k] <= size):
+            duplicated[k] = found  # every set is whole: exact
+        else:
+            estimated += 1
+            across = np.where(cross, shared[k], 0).max(axis=1)
+            duplicated[k] = np.minimum(np.maximum(duplicated[k], across), distinct[k])
+        span = max(int(window_steps[k]), 1)
+        window_shared[k][cross] = shared[k][cross] * span
+        steps_shared[k][cross] = np.where(shared[k][cross] > 0, span, 0)
+        window_duplicated[k] = np.maximum(window_duplicated[k], duplicated[k] * span)
+    if estimated:
+        notes.append(
+            f"data: at {estimated} of {len(steps)} logged step(s) a replica had more than "
+            f"{size} distinct examples; the examples shared across workers are estimated there "
+            f"from bottom-{size} sketches (exact within a worker)."
+        )
+    if np.any(window_steps > 1):
+        notes.append(
+            "data: not every step is logged; the examples shared across workers are known at "
+            "the logged steps and extrapolated to the steps between them (exact within a "
+            "worker)."
+        )
+    return DataSeries(
+        run=job,
+        replicas=[r for s in series for r in s.replicas],
+        steps=np.array(steps, np.int64),
+        window_steps=window_steps.astype(np.int64),
+        batch_size=batch_size,
+        distinct=distinct,
+        duplicated=duplicated,
+        window_duplicated=window_duplicated,
+        shared=shared,
+        window_shared=window_shared,
+        steps_shared=steps_shared,
+        sketch=sketch,
+        notes=notes,
+        # The shortest window of each logged step (as window_steps); sampled when any worker was.
+        window_start=np.max(
+            [s.window_starts()[i] for s, i in zip(series, at, strict=True)], axis=0
+        ).astype(np.int64),
+        sampled=any(s.sampled for s in series),
+    )
+
+
+merge = merge_data

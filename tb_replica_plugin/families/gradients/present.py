@@ -1,0 +1,185 @@
+"""Presentation of the gradients family: `/gradients` and the report's gradients block.
+
+The route body (JSON documented in `http_api.md`), the family's blocks of `tb-replica report`
+(JSON and text). Pure Python and numpy, no TensorFlow.
+"""
+
+import numpy as np
+
+from tb_replica_plugin.core import args
+from tb_replica_plugin.core.downsample import bucket_max, json_floats
+from tb_replica_plugin.families.gradients import rules
+
+ARGS = {"max_points": args.parse_max_points, "step": args.parse_step}
+
+
+def gradients_body(series, max_points, step=None):
+    """The `/gradients` response body for a `read.GradientsSeries` (see `http_api.md`).
+
+    Args:
+      series: the run's `GradientsSeries`.
+      max_points: most buckets on the step axis (norms and ratios: max of the bucket).
+      step: the step of the layer × replica matrix: the last logged step at or before it (the
+        first logged step if none). None: the logged step with the largest ratio to the median
+        (the likeliest outlier), else the last logged step.
+
+    Returns:
+      The JSON-ready dict.
+    """
+    steps, norms, loss = series.steps, series.global_norm, series.loss
+    ratio = rules.ratio_to_median(norms)
+    count = int(steps.size)
+    if count > max_points:
+        bucket = -(-count // max_points)
+        starts = np.arange(0, count, bucket)
+        steps, loss = steps[starts], loss[starts]
+        norms, ratio = bucket_max(norms, starts), bucket_max(ratio, starts)
+    layer_index = None
+    if series.steps.size:
+        if step is not None:
+            layer_index = max(0, int(np.searchsorted(series.steps, step, side="right")) - 1)
+        else:
+            full_ratio = rules.ratio_to_median(series.global_norm)
+            finite = np.where(np.isfinite(full_ratio), full_ratio, 0.0)
+            peak = finite.max(axis=1) if finite.size else finite
+            layer_index = int(np.argmax(peak)) if peak.size and peak.max() > 1.0 else count - 1
+    if layer_index is None:
+        layer_step, layer_norms, layer_ratio = None, [], []
+    else:
+        matrix = series.variable_norms[layer_index]
+        layer_step = int(series.steps[layer_index])
+        layer_norms = matrix.tolist()
+        layer_ratio = rules.ratio_to_median(matrix).tolist()
+    return {
+        "run": series.run,
+        "replicas": series.replicas,
+        "variables": series.variables,
+        "shapes": series.shapes,
+        "has_loss": series.has_loss,
+        "scaling": series.scaling,
+        "steps": steps.tolist(),
+        "global_norm": norms.tolist(),
+        "ratio": ratio.tolist(),
+        "loss": loss.tolist(),
+        "downsampled": count > max_points,
+        "layer_step": layer_step,
+        "layer_norms": layer_norms,
+        "layer_ratio": layer_ratio,
+        "nonfinite": [
+            {
+                "step": int(event_step),
+                "grad_nan": counts[0].tolist(),
+                "grad_inf": counts[1].tolist(),
+                "loss_nan": counts[2].tolist(),
+                "loss_inf": counts[3].tolist(),
+            }
+            for event_step, counts in zip(series.nonfinite_steps, series.nonfinite, strict=True)
+        ],
+    }
+
+
+def body(run, run_data, parsed):
+    """The `/gradients` body of a run, with the run's notes.
+
+    Raises:
+      args.NotFoundError: if the run recorded no gradients (404).
+    """
+    if run_data.gradients is None:
+        raise args.NotFoundError(f"no gradient data for run {run!r}")
+    result = gradients_body(run_data.gradients, parsed["max_points"], parsed["step"])
+    result["notes"] = run_data.notes
+    return result
+
+
+def recorded_steps(run_data):
+    """The logged and the NaN/Inf steps (for `/runs` first_step/last_step)."""
+    series = run_data.gradients
+    return [] if series is None else [series.steps, series.nonfinite_steps]
+
+
+def report_json(run_data, thresholds):
+    """`{"gradients": ...}` of a run in the JSON report (None without gradients)."""
+    return {"gradients": gradients_json(run_data.gradients)}
+
+
+def report_text(run_data, thresholds):
+    """The gradients lines of a run in the text report."""
+    return gradients_text(run_data.gradients)
+
+
+def gradients_json(series):
+    """The `gradients` block of a run in `tb-replica report --json` (None without gradients)."""
+    if series is None:
+        return None
+    return {
+        "variables": series.variables,
+        "shapes": series.shapes,
+        "has_loss": series.has_loss,
+        "scaling": series.scaling,
+        "steps": series.steps.tolist(),
+        "global_norm": json_floats(series.global_norm),
+        "ratio_to_median": json_floats(rules.ratio_to_median(series.global_norm)),
+        "loss": json_floats(series.loss),
+        "variable_norms": json_floats(series.variable_norms),
+        "nonfinite": [
+            {
+                "step": int(step),
+                "grad_nan": counts[0].tolist(),
+                "grad_inf": counts[1].tolist(),
+                "loss_nan": counts[2].tolist(),
+                "loss_inf": counts[3].tolist(),
+            }
+            for step, counts in zip(series.nonfinite_steps, series.nonfinite, strict=True)
+        ],
+    }
+
+
+def _fmt(value):
+    # Three significant digits: what the report has always printed (an unused 4-digit variant
+    # was shadowed by a later definition of the same name in report.py).
+    return "—" if value is None else f"{value:.3g}"
+
+
+def gradients_text(series, max_events=20):
+    """The lines of the gradients block of `tb-replica report` (text)."""
+    if series is None:
+        return []
+    lines = []
+    steps = (
+        f"{series.steps.size} logged step(s) {int(series.steps[0])}–{int(series.steps[-1])}"
+        if series.steps.size
+        else "no logged steps"
+    )
+    what = (
+        "gradient of each replica's own loss"
+        if series.scaling == "replica_loss"
+        else ("gradients as given")
+    )
+    lines.append(f"  gradients ({what}), {steps}, {len(series.variables)} variable(s):")
+    if series.steps.size:
+        ratio = rules.ratio_to_median(series.global_norm)
+        with np.errstate(all="ignore"):
+            for index, replica in enumerate(series.replicas):
+                norms = series.global_norm[:, index]
+                finite = ratio[:, index][np.isfinite(ratio[:, index])]
+                peak = finite.max() if finite.size else float("nan")
+                loss = series.loss[-1, index]
+                loss_text = f", last loss {_fmt(loss)}" if series.has_loss else ""
+                lines.append(
+                    f"    replica {replica}: median norm {_fmt(np.nanmedian(norms))}, last "
+                    f"{_fmt(norms[-1])}, max ratio to median {_fmt(peak)}{loss_text}"
+                )
+    if series.nonfinite_steps.size:
+        lines.append("  NaN/Inf (step: replica grad NaN/Inf, loss NaN/Inf):")
+        for step, counts in list(zip(series.nonfinite_steps, series.nonfinite, strict=True))[
+            :max_events
+        ]:
+            parts = [
+                f"replica {replica} {counts[0, i]}/{counts[1, i]}, {counts[2, i]}/{counts[3, i]}"
+                for i, replica in enumerate(series.replicas)
+                if counts[:, i].sum()
+            ]
+            lines.append(f"    step {int(step)}: " + "; ".join(parts))
+        if series.nonfinite_steps.size > max_events:
+            lines.append(f"    … {series.nonfinite_steps.size - max_events} more (see --json)")
+    return lines

@@ -1,0 +1,258 @@
+"""Findings of the gradients family:
+
+- `gradient_norm_outlier` (warning): a replica's local gradient global norm is more than
+  `Thresholds.max_grad_norm_ratio` times the median of the OTHER replicas' norms at at least
+  `Thresholds.min_grad_outlier_fraction` of the logged steps. The
+  reference leaves the replica out so that one outlier cannot pull its own reference (with 2
+  replicas the median of all would be the mean, and no ratio could exceed 2).
+- `nonfinite_gradients` (error; info when a loss-scale optimizer is in use and the loss stayed
+  finite: an expected overflow of the scaled gradients): a replica's gradients or loss held NaN
+  or Inf at some step
+  (logged or not: these come from the sparse every-step events). Replicas whose first NaN/Inf is
+  at the same step are one finding; the message says whether it started on one replica (a bad
+  shard) or on all (the model diverged), and whether it spread afterwards.
+
+Pure Python and numpy.
+"""
+
+import collections
+import warnings
+
+import numpy as np
+
+from tb_replica_plugin.analysis import (
+    Finding,
+    Thresholds,
+    fmt_steps,
+    sort_findings,
+)
+
+FINDING_KINDS = {
+    "gradient_norm_outlier": {
+        "severity": "warning",
+        "thresholds": ("max_grad_norm_ratio", "min_grad_outlier_fraction"),
+        "summary": (
+            "A replica's local gradient norm is many times the median of the other replicas' norms"
+            " at many logged steps."
+        ),
+    },
+    "nonfinite_gradients": {
+        "severity": "error",
+        "thresholds": (),
+        "summary": (
+            "A replica's gradients or loss held NaN or Inf at some step (info for an expected "
+            "loss-scale overflow)."
+        ),
+    },
+}
+
+
+def ratio_to_median(norms):
+    """Each value over the median of the other replicas' values at the same step.
+
+    Args:
+      norms: float array [S, R] (e.g. `GradientsSeries.global_norm`); NaN values are ignored in
+        the medians.
+
+    Returns:
+      float64 [S, R]: `norms[s, r] / median(norms[s, others])`; 1.0 where both are 0, inf where
+      only the median is 0, NaN where the value or every other value is NaN; all 1.0 with one
+      replica.
+
+    Example:
+      >>> ratio_to_median(np.array([[1.0, 1.0, 100.0, 1.0]])).tolist()
+      [[1.0, 1.0, 100.0, 1.0]]
+    """
+    norms = np.asarray(norms, np.float64)
+    if norms.ndim != 2 or norms.shape[1] < 2:
+        return np.ones_like(norms)
+    medians = np.empty_like(norms)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices give NaN, as wanted
+        for replica in range(norms.shape[1]):
+            medians[:, replica] = np.nanmedian(np.delete(norms, replica, axis=1), axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = norms / medians
+    ratio[(norms == 0) & (medians == 0)] = 1.0
+    return ratio
+
+
+def _json_number(value):
+    """A float for JSON: None for NaN or infinite (plain json cannot carry them)."""
+    value = float(value)
+    return round(value, 6) if np.isfinite(value) else None
+
+
+def _outlier_findings(series, thresholds):
+    findings = []
+    if series.steps.size == 0 or series.num_replicas < 2:
+        return findings
+    ratio = ratio_to_median(series.global_norm)
+    # An infinite ratio means the others have no gradient at all (e.g. empty shards, their own
+    # finding): only finite ratios count.
+    over = (ratio > thresholds.max_grad_norm_ratio) & np.isfinite(ratio)
+    considered = max(1, int(np.isfinite(ratio).any(axis=1).sum()))
+    for index in np.flatnonzero(over.any(axis=0)):
+        replica = series.replicas[index]
+        rows = np.flatnonzero(over[:, index])
+        if rows.size < thresholds.min_grad_outlier_fraction * considered:
+            continue
+        steps = series.steps[rows]
+        peak_row = rows[np.argmax(np.where(np.isfinite(ratio[rows, index]), ratio[rows, index], 0))]
+        peak = ratio[peak_row, index]
+        name = None
+        if series.variables and series.variable_norms.shape[1] == len(series.variables):
+            per_var = ratio_to_median(series.variable_norms[peak_row])[:, index]
+            per_var = np.where(np.isnan(per_var), -1.0, per_var)
+            name = series.variables[int(np.argmax(per_var))]
+        shown = "∞" if not np.isfinite(peak) else f"{peak:.3g}"
+        layer = f" (largest on '{name}')" if name else ""
+        findings.append(
+            Finding(
+                kind="gradient_norm_outlier",
+                severity="warning",
+                run=series.run,
+                first_step=int(steps[0]),
+                last_step=int(steps[-1]),
+                count=int(steps.size),
+                replicas=[replica],
+                name=name,
+                value=_json_number(peak),
+                threshold=thresholds.max_grad_norm_ratio,
+                message=(
+                    f"Replica {replica}'s local gradient norm is up to {shown}× the median of "
+                    f"the other replicas{layer} at {fmt_steps(steps.tolist())} (logged steps): "
+                    "its shard differs from the others — e.g. unnormalised or mis-scaled "
+                    "inputs, a corrupt or duplicated shard, or preprocessing that differs on "
+                    "that replica; check what that replica's input pipeline produces."
+                ),
+                view="gradients",
+            )
+        )
+    return findings
+
+
+def _nonfinite_findings(series):
+    findings = []
+    counts = series.nonfinite  # [E, 4, R]
+    if series.nonfinite_steps.size == 0:
+        return findings
+    steps = series.nonfinite_steps
+    bad = counts.sum(axis=1) > 0  # [E, R]
+    first_of = {}
+    for index in np.flatnonzero(bad.any(axis=0)):
+        first_of[index] = int(steps[np.argmax(bad[:, index])])
+    if not first_of:
+        return findings
+    origin = min(first_of.values())
+    groups = collections.defaultdict(list)
+    for index, first in first_of.items():
+        groups[first].append(index)
+    all_replicas = len(first_of) == series.num_replicas
+    for first, indices in sorted(groups.items()):
+        replicas = [series.replicas[i] for i in sorted(indices)]
+        rows = np.flatnonzero(bad[:, indices].any(axis=1))
+        group_steps = steps[rows].tolist()
+        grad_nan = int(counts[rows][:, 0][:, indices].sum())
+        grad_inf = int(counts[rows][:, 1][:, indices].sum())
+        loss_nan = int(counts[rows][:, 2][:, indices].sum())
+        loss_inf = int(counts[rows][:, 3][:, indices].sum())
+        what = []
+        if grad_nan:
+            what.append(f"{grad_nan} NaN")
+        if grad_inf:
+            what.append(f"{grad_inf} Inf")
+        detail = " and ".join(what) + " gradient value(s)" if what else "finite gradients"
+        if loss_nan or loss_inf:
+            detail += f", loss NaN/Inf at {loss_nan + loss_inf} step(s)"
+        plural = "s" if len(replicas) > 1 else ""
+        names = ", ".join(str(r) for r in replicas)
+        head = (
+            f"Replica{plural} {names} had non-finite values ({detail}) at {fmt_steps(group_steps)}"
+        )
+        if series.loss_scaled and not (loss_nan or loss_inf):
+            findings.append(
+                Finding(
+                    kind="nonfinite_gradients",
+                    severity="info",
+                    run=series.run,
+                    first_step=first,
+                    last_step=int(group_steps[-1]),
+                    count=len(group_steps),
+                    replicas=replicas,
+                    name=None,
+                    value=grad_nan + grad_inf,
+                    threshold=0,
+                    message=(
+                        f"{head} with a finite loss, under a loss-scale optimizer: the scaled "
+                        "gradients overflowed, which is expected while the dynamic loss scale "
+                        "adapts (the optimizer skips the step and lowers the scale). Only a "
+                        "NaN loss, or overflow at most steps, needs a look. Keras 3.15 under "
+                        "MirroredStrategy checks only replica 0's gradients, so an overflow on "
+                        "another replica alone is not skipped."
+                    ),
+                    view="gradients",
+                )
+            )
+            continue
+        if first > origin:
+            origin_replicas = ", ".join(str(series.replicas[i]) for i in groups[origin])
+            message = (
+                f"{head}, after replica(s) {origin_replicas} at step {origin}: the all-reduce "
+                "spread the first NaN/Inf into every replica's weights; fix the first one."
+            )
+        elif len(indices) == series.num_replicas and series.num_replicas > 1:
+            message = (
+                f"{head}, on every replica at once from step {first}: the model itself "
+                "diverged rather than one shard (learning rate too high, exploding activations, "
+                "log/division of 0); lower the learning rate, clip gradients or check the loss."
+            )
+        else:
+            others = "" if all_replicas else " while the other replicas stayed finite"
+            message = (
+                f"{head}{others}: look at that replica's batch at step {first} (a NaN/Inf or "
+                "extreme example, a division by zero or log(0) in its preprocessing). Unless "
+                "the step is skipped, the all-reduce writes the NaN into every replica's "
+                "weights (Keras 3.15's LossScaleOptimizer checks only replica 0's gradients)."
+            )
+        findings.append(
+            Finding(
+                kind="nonfinite_gradients",
+                severity="error",
+                run=series.run,
+                first_step=first,
+                last_step=int(group_steps[-1]),
+                count=len(group_steps),
+                replicas=replicas,
+                name=None,
+                value=grad_nan + grad_inf + loss_nan + loss_inf,
+                threshold=0,
+                message=message,
+                view="gradients",
+            )
+        )
+    return findings
+
+
+def find_gradients(series, thresholds=Thresholds()):
+    """Findings of the gradients family for one run.
+
+    Args:
+      series: a `read.GradientsSeries`.
+      thresholds: the `Thresholds` to apply (`max_grad_norm_ratio`).
+
+    Returns:
+      A list of `Finding` (`nonfinite_gradients`, `gradient_norm_outlier`), most severe first.
+
+    Example:
+      >>> [(f.kind, f.replicas, f.first_step) for f in find_gradients(series)]
+      [('nonfinite_gradients', [1], 5)]
+    """
+    return sort_findings(_nonfinite_findings(series) + _outlier_findings(series, thresholds))
+
+
+def find(run_data, thresholds=Thresholds()):
+    """Findings of the gradients family of a `reader.RunData` (none without gradients)."""
+    if getattr(run_data, "gradients", None) is None:
+        return []
+    return find_gradients(run_data.gradients, thresholds)

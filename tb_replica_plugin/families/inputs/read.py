@@ -1,0 +1,355 @@
+"""The inputs family read side: `InputsSeries` from the samples, and its multi-worker merge.
+
+Imports no TensorFlow.
+"""
+
+import dataclasses
+import json
+
+import numpy as np
+
+from tb_replica_plugin import metadata
+from tb_replica_plugin.families.inputs import schema
+
+# Largest step range reconstructed step by step; beyond it only recorded steps are kept.
+MAX_DENSE_STEPS = 5_000_000
+
+
+@dataclasses.dataclass
+class InputsSeries:
+    """The inputs family of one run.
+
+    Attributes:
+      run: the run name.
+      replicas: global replica ids, the order of every per-replica axis.
+      devices: device of each replica.
+      source: "fit", "custom_loop" or "inspect_dataset".
+      steps: int64 array [S]: every step from the first to the last recorded one.
+      batch_size: int64 array [S, R]: batch size per step and replica, exact at every step
+        (rebuilt from the shape-change events, each holding until the next one).
+      shape_events: list of dicts `{"step", "inputs": [{"name", "dtypes", "shapes", "mismatch",
+        "mismatch_dims"}]}`, one per step where shapes or dtypes changed.
+      dense_steps: int64 array [D]: steps of the dense batch-size series.
+      dense: int64 array [D, 3, R]: (value, window min, window max) at those steps.
+      notes: plain-language problems met while reading.
+      worker: for one worker's run of a multi-worker job, its place in the job (`task_type`,
+        `task_index`, `worker`, `num_workers`, `job`); None otherwise.
+      workers: for a multi-worker job, the per-worker grouping of the replica axis: one dict per
+        worker, in replica order, `{"run", "name", "task_type", "task_index", "worker",
+        "replicas", "devices"}`; empty for a single-worker run.
+    """
+
+    run: str
+    replicas: list
+    devices: list
+    source: str
+    steps: np.ndarray
+    batch_size: np.ndarray
+    shape_events: list
+    dense_steps: np.ndarray
+    dense: np.ndarray
+    notes: list
+    worker: dict | None = None
+    workers: list = dataclasses.field(default_factory=list)
+
+    @property
+    def num_replicas(self):
+        return len(self.replicas)
+
+
+def _mismatch_dims(dtypes, shapes):
+    """Which parts of one input disagree across replicas ("dtype", "rank", dim indices)."""
+    dims = []
+    if len(set(dtypes)) > 1:
+        dims.append("dtype")
+    ranks = {len(shape) for shape in shapes}
+    if len(ranks) > 1:
+        dims.append("rank")
+    else:
+        rank = ranks.pop() if ranks else 0
+        dims.extend(d for d in range(1, rank) if len({shape[d] for shape in shapes}) > 1)
+    return dims
+
+
+def parse_shape_event(step, document):
+    """Parses one shapes event (the JSON string written by the probe).
+
+    Args:
+      step: the event's step.
+      document: the JSON text (str or bytes).
+
+    Returns:
+      A dict with `step`, `inputs` (each with `mismatch` and `mismatch_dims` added), `devices`,
+      `replicas` and `source`.
+
+    Raises:
+      ValueError: if the document is not a shapes event.
+    """
+    if isinstance(document, bytes):
+        document = document.decode("utf-8")
+    parsed = json.loads(document)
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("inputs"), list):
+        raise ValueError("not a shapes event")
+    inputs = []
+    for entry in parsed["inputs"]:
+        dtypes = [str(d) for d in entry["dtypes"]]
+        shapes = [[int(d) for d in shape] for shape in entry["shapes"]]
+        dims = _mismatch_dims(dtypes, shapes)
+        inputs.append(
+            {
+                "name": str(entry["name"]),
+                "dtypes": dtypes,
+                "shapes": shapes,
+                "mismatch": bool(dims),
+                "mismatch_dims": dims,
+            }
+        )
+    worker = parsed.get("worker")
+    return {
+        "step": int(step),
+        "inputs": inputs,
+        "devices": [str(d) for d in parsed.get("devices", [])],
+        "replicas": [int(r) for r in parsed.get("replicas", [])],
+        "source": str(parsed.get("source", "")),
+        "worker": _parse_worker(worker) if isinstance(worker, dict) else None,
+    }
+
+
+def _parse_worker(worker):
+    return {
+        "task_type": str(worker.get("task_type", "worker")),
+        "task_index": int(worker.get("task_index", 0)),
+        "worker": int(worker.get("worker", worker.get("task_index", 0))),
+        "num_workers": int(worker.get("num_workers", 0)),
+        "job": str(worker.get("job", "")),
+    }
+
+
+def event_batch_sizes(event):
+    """Per-replica batch size of a shapes event: leading dim of the first input of rank >= 1."""
+    for entry in event["inputs"]:
+        if entry["shapes"] and all(len(shape) >= 1 for shape in entry["shapes"]):
+            return [shape[0] for shape in entry["shapes"]]
+    return [1] * (len(event["inputs"][0]["shapes"]) if event["inputs"] else 0)
+
+
+def build_inputs_series(run, shape_events, dense_points, notes=()):
+    """Builds an `InputsSeries` from decoded samples (pure; no data provider needed).
+
+    Args:
+      run: the run name.
+      shape_events: parsed shapes events (`parse_shape_event`), any order.
+      dense_points: list of `(step, array [3, R])` of the dense batch-size series.
+      notes: notes collected so far.
+
+    Returns:
+      An `InputsSeries`.
+    """
+    notes = list(notes)
+    by_step = {}
+    for event in shape_events:
+        by_step[event["step"]] = event  # a later write at the same step wins
+    events = [by_step[s] for s in sorted(by_step)]
+    sizes_of = [event_batch_sizes(e) for e in events]
+    dense_points = sorted(
+        ((int(s), np.asarray(v, dtype=np.int64)) for s, v in dense_points), key=lambda p: p[0]
+    )
+    malformed = sum(1 for _, v in dense_points if v.ndim != 2 or v.shape[0] != 3)
+    if malformed:
+        notes.append(f"{malformed} batch-size sample(s) of an unexpected layout skipped.")
+    counts = {v.shape[-1] for _, v in dense_points if v.ndim == 2 and v.shape[0] == 3}
+    counts |= {len(sizes) for sizes in sizes_of}
+    if len(counts) > 1:
+        notes.append(
+            f"The replica count changes within this run ({sorted(counts)}); only data with "
+            f"{max(counts)} replicas is shown."
+        )
+    num_replicas = max(counts) if counts else 0
+    kept = [i for i, sizes in enumerate(sizes_of) if len(sizes) == num_replicas]
+    events = [events[i] for i in kept]
+    sizes_of = [sizes_of[i] for i in kept]
+    dense_points = [(s, v) for s, v in dense_points if v.shape == (3, num_replicas)]
+    dense_steps = np.array([s for s, _ in dense_points], dtype=np.int64)
+    dense = (
+        np.stack([v for _, v in dense_points])
+        if dense_points
+        else np.zeros((0, 3, num_replicas), np.int64)
+    )
+    last_event = events[-1] if events else None
+    replicas = (last_event or {}).get("replicas") or list(range(num_replicas))
+    devices = (last_event or {}).get("devices") or [""] * num_replicas
+    source = (last_event or {}).get("source", "")
+
+    if events:
+        event_steps = np.array([e["step"] for e in events], dtype=np.int64)
+        event_sizes = np.array(sizes_of, dtype=np.int64)
+        first = int(event_steps[0])
+        last = int(max(event_steps[-1], dense_steps[-1] if dense_steps.size else first))
+        if last - first + 1 <= MAX_DENSE_STEPS:
+            steps = np.arange(first, last + 1, dtype=np.int64)
+        else:
+            steps = np.union1d(event_steps, dense_steps[dense_steps >= first])
+            notes.append("Steps span too wide a range to rebuild every step; recorded steps only.")
+        index = np.searchsorted(event_steps, steps, side="right") - 1
+        batch_size = event_sizes[index]
+        if dense_steps.size:
+            at = np.searchsorted(steps, dense_steps)
+            ok = (at < steps.size) & (steps[np.minimum(at, steps.size - 1)] == dense_steps)
+            disagree = ok.copy()
+            disagree[ok] = np.any(batch_size[at[ok]] != dense[ok, 0], axis=1)
+            if np.any(disagree):
+                notes.append(
+                    "Some shape-change events are missing (TensorBoard keeps a sample of each "
+                    "series by default): start TensorBoard with --samples_per_plugin "
+                    f"{metadata.PLUGIN_NAME}=0 to see every step exactly."
+                )
+                batch_size = batch_size.copy()
+                batch_size[at[disagree]] = dense[disagree, 0]
+    else:
+        steps = dense_steps
+        batch_size = dense[:, 0, :] if dense.size else np.zeros((0, num_replicas), np.int64)
+        if dense_steps.size:
+            notes.append("No shape events were found; batch sizes are shown at logged steps only.")
+    return InputsSeries(
+        run=run,
+        replicas=[int(r) for r in replicas],
+        devices=[str(d) for d in devices],
+        source=source,
+        steps=steps,
+        batch_size=batch_size,
+        shape_events=events,
+        dense_steps=dense_steps,
+        dense=dense,
+        notes=notes,
+        worker=(last_event or {}).get("worker"),
+    )
+
+
+def from_samples(run, samples, notes, needed=None):
+    """Builds the `InputsSeries` of a run from its raw samples (see `RunData.samples`).
+
+    Args:
+      run: the run name.
+      samples: `{tag: [(step, numpy value)]}` sorted by step.
+      notes: the run's notes list: the series shares it, problems are appended to it.
+      needed: unused (inputs needs no other family).
+
+    Returns:
+      An `InputsSeries` (empty arrays when the run has no inputs tags): never None.
+    """
+    shape_events = []
+    bad = 0
+    for step, value in samples.get(schema.TAG_SHAPES, []):
+        try:
+            shape_events.append(parse_shape_event(step, value.item()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            bad += 1
+    if bad:
+        notes.append(f"{bad} unreadable shapes event(s) skipped.")
+    dense_points = samples.get(schema.TAG_BATCH_SIZE, [])
+    # The series shares the run's notes list: a note added by any family shows once.
+    series = build_inputs_series(run, shape_events, dense_points)
+    notes.extend(series.notes)
+    series.notes = notes
+    return series
+
+
+def merge_inputs(job, members, workers, notes):
+    """The inputs family of a job: every worker's series on one global replica axis.
+
+    Args:
+      job: the job name.
+      members: the workers' `InputsSeries`, in worker order.
+      workers: the per-worker grouping (`InputsSeries.workers`).
+      notes: the job's notes list (appended to).
+
+    Returns:
+      An `InputsSeries` whose replicas are the global replica ids of every worker; per step,
+      each worker's batch sizes and shapes at that step (held from its last change).
+    """
+    with_steps = [m for m in members if m.steps.size]
+    steps = np.unique(np.concatenate([m.steps for m in with_steps])) if with_steps else None
+    if steps is None:
+        steps = np.zeros((0,), np.int64)
+    ranges = {(int(m.steps[0]), int(m.steps[-1])) for m in with_steps}
+    if len(ranges) > 1 or len(with_steps) < len(members):
+        notes.append(
+            "The workers recorded different step ranges; a worker's batch sizes are held from "
+            "its nearest recorded step where it has none."
+        )
+    columns = []
+    for member in members:
+        if not member.steps.size:
+            columns.append(np.zeros((steps.size, member.num_replicas), np.int64))
+            continue
+        index = np.searchsorted(member.steps, steps, side="right") - 1
+        columns.append(member.batch_size[np.clip(index, 0, member.steps.size - 1)])
+    batch_size = np.concatenate(columns, axis=1) if columns else np.zeros((0, 0), np.int64)
+
+    event_steps = sorted({e["step"] for m in members for e in m.shape_events})
+    events = []
+    for step in event_steps:
+        in_force = []
+        for member in members:
+            before = [e for e in member.shape_events if e["step"] <= step]
+            event = before[-1] if before else (member.shape_events or [None])[0]
+            in_force.append(event)
+        names = []
+        for event in in_force:
+            for entry in (event or {}).get("inputs", []):
+                if entry["name"] not in names:
+                    names.append(entry["name"])
+        inputs = []
+        for name in names:
+            dtypes, shapes = [], []
+            for member, event in zip(members, in_force, strict=True):
+                entries = (event or {}).get("inputs", [])
+                entry = next((e for e in entries if e["name"] == name), None)
+                if entry is None:
+                    dtypes += ["missing"] * member.num_replicas
+                    shapes += [[]] * member.num_replicas
+                else:
+                    dtypes += entry["dtypes"]
+                    shapes += entry["shapes"]
+            dims = _mismatch_dims(dtypes, shapes)
+            inputs.append(
+                {
+                    "name": name,
+                    "dtypes": dtypes,
+                    "shapes": shapes,
+                    "mismatch": bool(dims),
+                    "mismatch_dims": dims,
+                }
+            )
+        events.append({"step": step, "inputs": inputs})
+
+    dense_sets = [set(m.dense_steps.tolist()) for m in members]
+    dense_common = sorted(set.intersection(*dense_sets)) if dense_sets else []
+    dense_steps = np.array(dense_common, dtype=np.int64)
+    if dense_common:
+        parts = []
+        for member in members:
+            at = np.searchsorted(member.dense_steps, dense_steps)
+            parts.append(member.dense[at])
+        dense = np.concatenate(parts, axis=2)
+    else:
+        dense = np.zeros((0, 3, sum(m.num_replicas for m in members)), np.int64)
+    sources = {m.source for m in members if m.source}
+    return InputsSeries(
+        run=job,
+        replicas=[r for m in members for r in m.replicas],
+        devices=[d for m in members for d in m.devices],
+        source=sources.pop() if len(sources) == 1 else ",".join(sorted(sources)),
+        steps=steps,
+        batch_size=batch_size,
+        shape_events=events,
+        dense_steps=dense_steps,
+        dense=dense,
+        notes=notes,
+        workers=workers,
+    )
+
+
+def merge(job, member_runs, workers, notes):
+    """The inputs family of a job from its workers' `RunData` (see `merge_inputs`)."""
+    return merge_inputs(job, [m.inputs for m in member_runs], workers, notes)

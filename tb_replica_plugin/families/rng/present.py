@@ -1,0 +1,98 @@
+"""Presentation of the rng family: `/rng` and the report's random-generator block.
+
+The route body (JSON documented in `http_api.md`), the family's blocks of `tb-replica report`
+(JSON and text). Pure Python and numpy, no TensorFlow.
+"""
+
+from tb_replica_plugin.core import args
+from tb_replica_plugin.core.downsample import hex64, pick
+from tb_replica_plugin.families.rng import rules
+
+ARGS = {"max_points": args.parse_max_points}
+
+
+def rng_body(series, max_points=None):
+    """The `/rng` response body (documented in `http_api.md`) for a `read.RngSeries`.
+
+    Fingerprints and states are 64-bit: they are sent as hex strings (JavaScript numbers hold
+    53 bits), and per step as stream groups (replicas with equal streams share a group id).
+
+    Args:
+      series: the series.
+      max_points: most logged steps sent (evenly spaced); None sends every one. The match
+        matrices always cover every logged step.
+    """
+    picked = pick(series.steps.size, max_points)
+    generators = []
+    for index, generator in enumerate(series.generators):
+        fingerprint = series.fingerprint[:, index]
+        state = series.state[:, index, :, : generator["state_size"]]
+        equal = fingerprint[:, :, None] == fingerprint[:, None, :]
+        last = series.steps.size - 1
+        generators.append(
+            {
+                **generator,
+                "match": equal.mean(axis=0).round(6).tolist() if last >= 0 else [],
+                "stream_groups": [rules.stream_groups(fingerprint[s]) for s in picked],
+                "state_groups": [rules.stream_groups(state[s]) for s in picked],
+                "last_fingerprint": [hex64(v) for v in fingerprint[last]] if last >= 0 else [],
+                "last_state": [[hex64(w) for w in row] for row in state[last]] if last >= 0 else [],
+            }
+        )
+    return {
+        "run": series.run,
+        "replicas": series.replicas,
+        "devices": series.devices,
+        "steps": series.steps[picked].tolist(),
+        "logged_steps": int(series.steps.size),
+        "downsampled": bool(picked.size < series.steps.size),
+        "generators": generators,
+        "notes": series.notes,
+    }
+
+
+def body(run, run_data, parsed):
+    """The `/rng` body of a run; a run without rng series answers 200 with no data (the tab
+    asks every run)."""
+    series = run_data.rng
+    if series is None:
+        empty = {"run": run, "replicas": [], "steps": [], "logged_steps": 0, "notes": []}
+        empty["generators"] = []
+        return empty
+    return rng_body(series, parsed["max_points"])
+
+
+def report_json(run_data, thresholds):
+    """`{"rng": ...}` of a run in the JSON report (the `/rng` body, every step; None if none)."""
+    return {"rng": rng_body(run_data.rng) if run_data.rng else None}
+
+
+def report_text(run_data, thresholds):
+    """The random-generator lines of a run in the text report."""
+    return _rng_text(run_data.rng)
+
+
+def _rng_text(series):
+    """The rng block of the text report: per generator, which replicas draw the same numbers."""
+    if series is None or series.steps.size == 0:
+        return []
+    lines = [f"  random generators ({series.steps.size} logged steps):"]
+    for index, generator in enumerate(series.generators):
+        fingerprint = series.fingerprint[:, index]
+        identical = sum(
+            len(set(rules.stream_groups(row))) < series.num_replicas for row in fingerprint
+        )
+        groups = rules.stream_groups(fingerprint[-1])
+        owner = f", layer {generator['layer_class']}" if generator.get("layer_class") else ""
+        if not generator.get("mirrored"):
+            lines.append(
+                f"    {generator['name']} [{generator['kind']}{owner}]: one state shared by "
+                "every replica (not mirrored), draws serialised; not compared"
+            )
+            continue
+        lines.append(
+            f"    {generator['name']} [{generator['kind']}{owner}]: replicas draw the same "
+            f"numbers at {identical}/{series.steps.size} logged steps; last step stream "
+            f"groups {groups}"
+        )
+    return lines

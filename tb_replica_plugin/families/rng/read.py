@@ -1,0 +1,175 @@
+"""The rng family read side: `RngSeries` from the samples, and its multi-worker merge.
+
+Imports no TensorFlow.
+"""
+
+import bisect
+import dataclasses
+import json
+
+import numpy as np
+
+from tb_replica_plugin.core import jobs
+from tb_replica_plugin.families.rng import schema
+
+
+@dataclasses.dataclass
+class RngSeries:
+    """The rng family of one run, at its logged steps.
+
+    Attributes:
+      run: the run name.
+      replicas, devices: as in `InputsSeries`.
+      generators: one dict per generator: `name`, `kind` ("keras.SeedGenerator" or
+        "tf.random.Generator"), `layer`, `layer_class`, `mirrored`, `state_size`.
+      steps: int64 [S], the logged steps.
+      fingerprint: int64 [S, G, R], stream fingerprint of each generator's next draw per replica:
+        equal values mean equal random numbers.
+      state: int64 [S, G, R, W], state words (zero-padded beyond `state_size`).
+      notes: plain-language problems met while reading.
+    """
+
+    run: str
+    replicas: list
+    devices: list
+    generators: list
+    steps: np.ndarray
+    fingerprint: np.ndarray
+    state: np.ndarray
+    notes: list
+
+    @property
+    def num_replicas(self):
+        return len(self.replicas)
+
+
+def from_samples(run, samples, notes, needed=None):
+    """Builds the `RngSeries` of a run from its raw samples, or None when it has none.
+
+    A streams sample is read with the latest generators document written at or before its step,
+    when their layouts (generator count) match; the layout of the last logged step wins.
+
+    Args:
+      run: the run name.
+      samples: `RunData.samples`.
+      notes: the run's notes list (appended to).
+      needed: unused.
+
+    Returns:
+      An `RngSeries`, or None.
+    """
+    streams = samples.get(schema.TAG_RNG_STREAMS, [])
+    if not streams:
+        return None
+    documents = {}
+    for step, value in samples.get(schema.TAG_RNG_GENERATORS, []):
+        try:
+            text = value.item()
+            documents[step] = json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            continue
+    # The document is written at the first logged step of each layout: each streams sample
+    # takes the latest document written at or before its step.
+    document_steps = sorted(documents)
+    paired = []
+    for step, value in streams:
+        at = bisect.bisect_right(document_steps, step) - 1
+        document = documents[document_steps[at]] if at >= 0 else None
+        if document is None or value.ndim != 3:
+            continue
+        if value.shape[0] != len(document.get("generators", [])):
+            continue
+        paired.append((step, value, document))
+    if not paired:
+        notes.append("rng: no readable generator series (missing generator names).")
+        return None
+    last = paired[-1][2]
+    layout = [g.get("name") for g in last["generators"]]
+    kept = [
+        (step, value)
+        for step, value, document in paired
+        if [g.get("name") for g in document["generators"]] == layout
+        and value.shape == paired[-1][1].shape
+    ]
+    if len(kept) < len(streams):
+        notes.append(
+            f"rng: {len(streams) - len(kept)} logged step(s) with another generator layout "
+            "were skipped."
+        )
+    values = np.stack([v for _, v in kept]).astype(np.int64)
+    num = values.shape[2]
+    return RngSeries(
+        run=run,
+        replicas=[int(r) for r in last.get("replicas", range(num))],
+        devices=[str(d) for d in last.get("devices", [""] * num)],
+        generators=[
+            {
+                "name": str(g.get("name")),
+                "kind": str(g.get("kind", "")),
+                "layer": g.get("layer"),
+                "layer_class": g.get("layer_class"),
+                "mirrored": bool(g.get("mirrored", False)),
+                "state_size": int(g.get("state_size", values.shape[3] - 1)),
+            }
+            for g in last["generators"]
+        ],
+        steps=np.array([s for s, _ in kept], dtype=np.int64),
+        fingerprint=values[:, :, :, 0],
+        state=values[:, :, :, 1:],
+        notes=notes,
+    )
+
+
+def merge_rng(job, member_runs, workers, notes):
+    """Every worker's random-stream fingerprints on one global replica axis.
+
+    A generator's stream fingerprint depends only on the numbers its next draw gives, so
+    fingerprints written by different workers compare directly: the merged series puts them
+    side by side (global replica order) at the steps every worker logged, and the identical-
+    streams and desync rules then see pairs of replicas on different workers too. Generators
+    are matched by name and must be the same on every worker (else noted, none merged); a
+    generator is mirrored on the job when it is on every worker.
+
+    Returns:
+      An `RngSeries`, or None when no worker (or not every worker, or with other generators:
+      noted) recorded random streams.
+    """
+    series = jobs.members_with(
+        "rng", member_runs, workers, notes, "random streams", "observe the same generators"
+    )
+    if series is None:
+        return None
+    names = [g["name"] for g in series[0].generators]
+    if any([g["name"] for g in s.generators] != names for s in series):
+        notes.append(
+            "The workers recorded different random generators: the job view shows none "
+            "(observe the same generators on every worker); each worker's own run shows its own."
+        )
+        return None
+    steps = jobs.common_steps(series, notes, "rng")
+    at = [np.searchsorted(s.steps, steps).astype(np.int64) for s in series]
+    width = max(s.state.shape[-1] for s in series)
+    states = [
+        np.pad(s.state[i], [(0, 0)] * 3 + [(0, width - s.state.shape[-1])])
+        for s, i in zip(series, at, strict=True)
+    ]
+    generators = []
+    for index, generator in enumerate(series[0].generators):
+        merged = dict(generator)
+        merged["mirrored"] = all(s.generators[index]["mirrored"] for s in series)
+        generators.append(merged)
+    return RngSeries(
+        run=job,
+        replicas=[r for s in series for r in s.replicas],
+        devices=[d for s in series for d in s.devices],
+        generators=generators,
+        steps=np.array(steps, np.int64),
+        fingerprint=np.concatenate(
+            [s.fingerprint[i] for s, i in zip(series, at, strict=True)], axis=2
+        ),
+        state=np.concatenate(states, axis=2),
+        notes=notes,
+    )
+
+
+merge = merge_rng

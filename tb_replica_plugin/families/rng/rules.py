@@ -1,0 +1,191 @@
+"""Findings of the rng family:
+
+- `identical_rng_streams` (warning): two or more replicas draw the same random numbers from one
+  generator with a mirrored state (equal stream fingerprints) at
+  `Thresholds.min_identical_rng_steps` logged steps or more, e.g. Keras 3 Dropout under
+  MirroredStrategy. Generators with one unmirrored state are skipped: replicas share it and their
+  draws are serialised.
+- `rng_desync` (warning): a generator whose state is one mirrored variable holds a different state
+  on some replicas (the replicas advanced it differently).
+
+Pure Python and numpy.
+"""
+
+import collections
+
+import numpy as np
+
+from tb_replica_plugin.analysis import (
+    Finding,
+    Thresholds,
+    fmt_steps,
+    replica_list_text,
+    sort_findings,
+)
+
+FINDING_KINDS = {
+    "identical_rng_streams": {
+        "severity": "warning",
+        "thresholds": ("min_identical_rng_steps",),
+        "summary": (
+            "Replicas draw the same random numbers from one generator with a mirrored state."
+        ),
+    },
+    "rng_desync": {
+        "severity": "warning",
+        "thresholds": (),
+        "summary": (
+            "A generator whose state is one mirrored variable holds a different state on some "
+            "replicas."
+        ),
+    },
+}
+
+
+def stream_groups(values):
+    """Group id per replica: the index of the first replica holding an equal value.
+
+    Args:
+      values: array [R] (or [R, W]: rows are compared).
+
+    Returns:
+      A list of R ints; replicas with equal values share the id. E.g. `[0, 0, 2, 0]`.
+    """
+    values = np.asarray(values)
+    groups = []
+    for r in range(values.shape[0]):
+        for q in range(r + 1):
+            if np.array_equal(values[q], values[r]):
+                groups.append(q)
+                break
+    return groups
+
+
+def _rng_identical(series, index, generator, thresholds):
+    if not generator.get("mirrored"):
+        # One unmirrored state shared by every replica (a generator created outside
+        # strategy.scope()): TensorFlow serialises the replicas' draws, which take successive
+        # parts of one stream, so equal fingerprints of the state before the step mean nothing.
+        return None
+    steps, replicas = [], set()
+    for s in range(series.steps.size):
+        groups = stream_groups(series.fingerprint[s, index])
+        counts = collections.Counter(groups)
+        same = [series.replicas[r] for r, g in enumerate(groups) if counts[g] > 1]
+        if same:
+            steps.append(int(series.steps[s]))
+            replicas.update(same)
+    if not steps or len(steps) < thresholds.min_identical_rng_steps:
+        return None
+    who = replica_list_text(replicas)
+    total = int(series.steps.size)
+    when = f"at all {total} logged steps" if len(steps) == total else f"at {fmt_steps(steps)}"
+    name = generator["name"]
+    layer_class = generator.get("layer_class") or ""
+    if generator["kind"] == "keras.SeedGenerator" and "Dropout" in layer_class:
+        head = f"Replicas {who} draw identical dropout masks in layer `{generator['layer']}`"
+        cause = (
+            "Keras 3 Dropout draws its mask statelessly from a SeedGenerator whose state is one "
+            "mirrored variable, so every replica applies the same mask to its examples. If the "
+            "noise should be independent per replica, draw the mask from a tf.random.Generator "
+            "created under strategy.scope() (one stream per replica) or fold the replica id "
+            "into the seed (tf.random.experimental.stateless_fold_in)."
+        )
+    elif generator["kind"] == "keras.SeedGenerator":
+        owner = f"layer `{generator['layer']}`" if generator.get("layer") else f"`{name}`"
+        head = f"Replicas {who} draw identical random numbers from the SeedGenerator of {owner}"
+        cause = (
+            "a Keras SeedGenerator draws statelessly from its (mirrored) state, so every "
+            "replica gets the same numbers; fold the replica id into the seed "
+            "(tf.random.experimental.stateless_fold_in) if they should differ."
+        )
+    else:
+        head = f"Replicas {who} draw identical random numbers from generator `{name}`"
+        cause = (
+            "create the tf.random.Generator under strategy.scope() (TensorFlow then folds the "
+            "replica id into its key) instead of giving each replica an identically seeded copy."
+        )
+    return Finding(
+        kind="identical_rng_streams",
+        severity="warning",
+        run=series.run,
+        first_step=steps[0],
+        last_step=steps[-1],
+        count=len(steps),
+        replicas=sorted(replicas),
+        name=name,
+        value=round(len(steps) / total, 6),
+        threshold=thresholds.min_identical_rng_steps,
+        message=f"{head} ({when}): {cause}",
+        view="rng",
+    )
+
+
+def _rng_desync(series, index, generator):
+    if not generator.get("mirrored"):
+        return None
+    steps, odd = [], set()
+    for s in range(series.steps.size):
+        states = series.state[s, index]
+        groups = stream_groups(states)
+        majority = collections.Counter(groups).most_common(1)[0][0]
+        differ = [series.replicas[r] for r, g in enumerate(groups) if g != majority]
+        if differ:
+            steps.append(int(series.steps[s]))
+            odd.update(differ)
+    if not steps:
+        return None
+    plural = "s" if len(odd) > 1 else ""
+    return Finding(
+        kind="rng_desync",
+        severity="warning",
+        run=series.run,
+        first_step=steps[0],
+        last_step=steps[-1],
+        count=len(steps),
+        replicas=sorted(odd),
+        name=generator["name"],
+        value=len(steps),
+        threshold=None,
+        message=(
+            f"Generator `{generator['name']}` desynchronised on replica{plural} "
+            f"{replica_list_text(odd)} from {fmt_steps(steps[:1])} ({len(steps)} logged "
+            "step(s)): its state is one mirrored variable, yet it differs from the other "
+            "replicas', so some replicas drew more numbers (a draw inside a replica-dependent "
+            "tf.cond or a data-dependent loop). Checkpoints save one replica's state, so the "
+            "run cannot be resumed exactly; draw the same amount on every replica."
+        ),
+        view="rng",
+    )
+
+
+def find_rng(series, thresholds=Thresholds()):
+    """Findings of the rng family for one run.
+
+    Args:
+      series: a `read.RngSeries`.
+      thresholds: the `Thresholds` to apply.
+
+    Returns:
+      A list of `Finding`, most severe first.
+
+    Example:
+      >>> [f.message[:44] for f in find_rng(series)]   # Keras Dropout, 4 replicas
+      ['Replicas 0–3 draw identical dropout masks i']
+    """
+    findings = []
+    for index, generator in enumerate(series.generators):
+        for finding in (
+            _rng_identical(series, index, generator, thresholds),
+            _rng_desync(series, index, generator),
+        ):
+            if finding is not None:
+                findings.append(finding)
+    return sort_findings(findings)
+
+
+def find(run_data, thresholds=Thresholds()):
+    """Findings of the rng family of a `reader.RunData` (none without rng series)."""
+    if getattr(run_data, "rng", None) is None:
+        return []
+    return find_rng(run_data.rng, thresholds)

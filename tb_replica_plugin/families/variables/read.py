@@ -1,0 +1,343 @@
+"""The variables family read side: `VariablesSeries` (weight drift, placement) and its merge.
+
+Imports no TensorFlow.
+"""
+
+import dataclasses
+import json
+
+import numpy as np
+
+from tb_replica_plugin.core import jobs
+from tb_replica_plugin.families.variables import schema
+
+
+@dataclasses.dataclass
+class VariablesSeries:
+    """The variables family (weight drift and placement) of one run.
+
+    Axes: S logged steps, V variables (the order of `variables`), R local replicas, K sketch
+    buckets. Divergence is always of replica r's copy from replica 0's copy; it is exactly 0
+    where the bitwise hashes are equal, and NaN where either replica holds no copy.
+
+    Attributes:
+      run: the run name.
+      replicas: replica ids (the R axis); devices: the device of each replica.
+      source: what wrote the run ("fit", "custom_loop").
+      central_storage: the strategy keeps one copy of each variable on a parameter device on
+        purpose (CentralStorageStrategy): variables are not expected to be mirrored.
+      variables: one dict per variable, from the latest placement event: `name`, `shape`,
+        `dtype`, `trainable`, `sync` ("on_write", "on_read", "none"), `devices` (of its copies),
+        `columns` (replica position of each copy, -1 when on no replica device), `mirrored`.
+      placement_events: `[(step, document)]` of every placement event.
+      steps: int64 [S] logged steps (values after the update of that step).
+      hash: int64 [S, V, R] bitwise hash of each copy; present: bool [V, R].
+      stats: float64 [S, V, R, 4] (min, max, sum, sum of squares); sketch: [S, V, R, K].
+      identical: bool [S, V, R]: copy r is bit-identical to copy 0 (hashes equal, by the same
+        algorithm).
+      hash_comparable: bool [V, R]: copies r and 0 exist and were hashed by the same algorithm
+        (placement `"hash"` per copy: "farmhash64" on CPU, "mix64" elsewhere; logs of
+        fingerprint version 1 used "mix64" everywhere). Elsewhere bit identity is unknown and
+        only the sketch compares the copies.
+      l2_estimate, rel_l2_estimate: float64 [S, V, R]: ||copy_r - copy_0|| and that over
+        ||copy_0||, estimated from the sketches (exact for variables of at most K elements).
+      max_abs_lower: float64 [S, V, R]: a lower bound of max |copy_r - copy_0| from the stats
+        (exact for variables of at most K elements).
+      exact: bool [S]: the exact check ran at that step; exact_max_abs, exact_l2, exact_rel_l2:
+        float64 [S, V, R], NaN where it did not run.
+      rel_l2, max_abs: float64 [S, V, R]: the exact value where it ran, else the estimate (rel
+        L2) or the lower bound (max-abs).
+      notes: plain-language problems met while reading.
+    """
+
+    run: str
+    replicas: list
+    devices: list
+    source: str
+    central_storage: bool
+    variables: list
+    placement_events: list
+    steps: np.ndarray
+    hash: np.ndarray
+    present: np.ndarray
+    stats: np.ndarray
+    sketch: np.ndarray
+    identical: np.ndarray
+    hash_comparable: np.ndarray
+    l2_estimate: np.ndarray
+    rel_l2_estimate: np.ndarray
+    max_abs_lower: np.ndarray
+    exact: np.ndarray
+    exact_max_abs: np.ndarray
+    exact_l2: np.ndarray
+    exact_rel_l2: np.ndarray
+    rel_l2: np.ndarray
+    max_abs: np.ndarray
+    notes: list
+
+    @property
+    def num_replicas(self):
+        return len(self.replicas)
+
+    @property
+    def names(self):
+        return [v["name"] for v in self.variables]
+
+
+def _relative(l2, norm0):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = l2 / norm0
+    rel = np.where((norm0 == 0) & (l2 == 0), 0.0, rel)
+    return np.where((norm0 == 0) & (l2 > 0), np.inf, rel)
+
+
+def build_variables_series(run, placement_events, hash_points, fingerprint_points, exact_points):
+    """Builds a `VariablesSeries` from decoded samples (pure; no data provider needed).
+
+    Args:
+      run: the run name.
+      placement_events: `[(step, document dict)]`.
+      hash_points: `[(step, int64 [V, R])]`; fingerprint_points: `[(step, float64 [V, R, 4+K])]`;
+        exact_points: `[(step, float64 [V, R, 2])]`.
+
+    Returns:
+      A `VariablesSeries`, or None when there is no placement event.
+    """
+    notes = []
+    if not placement_events:
+        return None
+    placement_events = sorted(placement_events, key=lambda p: p[0])
+    document = placement_events[-1][1]
+    variables = list(document.get("variables", []))
+    devices = [str(d) for d in document.get("devices", [])]
+    replicas = [int(r) for r in document.get("replicas", range(len(devices)))]
+    num_v, num_r = len(variables), len(devices)
+    hashes = {s: v for s, v in hash_points if v.shape == (num_v, num_r)}
+    fingerprints = {
+        s: v for s, v in fingerprint_points if v.ndim == 3 and v.shape[:2] == (num_v, num_r)
+    }
+    exacts = {s: v for s, v in exact_points if v.shape == (num_v, num_r, 2)}
+    dropped = {s for s, _ in hash_points} - set(hashes)
+    if dropped or len(placement_events) > 1:
+        notes.append(
+            f"The variable list changed during this run ({len(placement_events)} placement "
+            f"events); shown: the {num_v} variables of the last one"
+            + (f", {len(dropped)} logged step(s) of other lists skipped." if dropped else ".")
+        )
+    steps = np.array(sorted(set(hashes) & set(fingerprints)), dtype=np.int64)
+    width = next(iter(fingerprints.values())).shape[2] if fingerprints else 4
+    hash_arr = np.stack([hashes[s] for s in steps]) if steps.size else np.zeros((0, num_v, num_r))
+    hash_arr = hash_arr.astype(np.int64)
+    fp = (
+        np.stack([fingerprints[s] for s in steps]).astype(np.float64)
+        if steps.size
+        else np.zeros((0, num_v, num_r, width))
+    )
+    present = np.zeros((num_v, num_r), dtype=bool)
+    algorithm = np.full((num_v, num_r), "mix64", dtype=object)  # fingerprint version 1: mix64
+    sizes = np.zeros(num_v, dtype=np.float64)
+    for index, variable in enumerate(variables):
+        columns = variable.get("columns", [])
+        algorithms = variable.get("hash") or ["mix64"] * len(columns)
+        for column, name in zip(columns, algorithms, strict=False):
+            if 0 <= column < num_r:
+                present[index, column] = True
+                algorithm[index, column] = str(name)
+        shape = variable.get("shape") or []
+        # Unknown dimensions: the sketch was hashed, never the exact small-variable copy.
+        known = all(d is not None for d in shape)
+        sizes[index] = float(np.prod(shape)) if known and shape else (1.0 if known else np.inf)
+    stats, sketch = fp[..., :4], fp[..., 4:]
+    both = present & present[:, :1]  # [V, R]: copies of r and of 0 exist
+    comparable = both & (algorithm == algorithm[:, :1])
+    identical = (hash_arr == hash_arr[:, :, :1]) & comparable[None]
+    if (both & ~comparable).any():
+        notes.append(
+            "Some copies were hashed with a different algorithm than replica 0's (farmhash64 on "
+            "CPU devices, mix64 on others): their bit identity is unknown, their drift is "
+            "estimated from the sketches only."
+        )
+    nan = np.full(hash_arr.shape, np.nan)
+    with np.errstate(invalid="ignore"):
+        l2 = np.sqrt(np.sum(np.square(sketch - sketch[:, :, :1]), axis=-1))
+        norm0 = np.sqrt(np.maximum(stats[:, :, :1, 3], 0.0))
+        rel = _relative(l2, norm0)
+        delta = np.abs(stats - stats[:, :, :1])
+        lower = np.maximum(delta[..., 0], delta[..., 1])
+        lower = np.maximum(lower, delta[..., 2] / np.maximum(sizes, 1.0)[None, :, None])
+        lower = np.nan_to_num(lower, nan=np.nan, posinf=np.inf)
+        small = (sizes <= sketch.shape[-1])[None, :, None]
+        sketch_max = np.max(np.abs(sketch - sketch[:, :, :1]), axis=-1, initial=0.0)
+        lower = np.where(small, np.maximum(lower, sketch_max), lower)
+    l2 = np.where(identical, 0.0, np.where(both[None], l2, nan))
+    rel = np.where(identical, 0.0, np.where(both[None], rel, nan))
+    lower = np.where(identical, 0.0, np.where(both[None], lower, nan))
+    exact = np.array([s in exacts for s in steps], dtype=bool)
+    exact_max_abs = nan.copy()
+    exact_l2 = nan.copy()
+    for i, step in enumerate(steps):
+        if step in exacts:
+            exact_max_abs[i] = exacts[step][..., 0]
+            exact_l2[i] = exacts[step][..., 1]
+    exact_rel = _relative(exact_l2, norm0) if steps.size else nan.copy()
+    exact_rel = np.where(np.isnan(exact_l2), np.nan, exact_rel)
+    rel_best = np.where(exact[:, None, None], exact_rel, rel)
+    max_abs_best = np.where(exact[:, None, None], exact_max_abs, lower)
+    return VariablesSeries(
+        run=run,
+        replicas=replicas,
+        devices=devices,
+        source=str(document.get("source", "")),
+        central_storage=bool(document.get("central", False)),
+        variables=variables,
+        placement_events=placement_events,
+        steps=steps,
+        hash=hash_arr,
+        present=present,
+        stats=stats,
+        sketch=sketch,
+        identical=identical,
+        hash_comparable=comparable,
+        l2_estimate=l2,
+        rel_l2_estimate=rel,
+        max_abs_lower=lower,
+        exact=exact,
+        exact_max_abs=exact_max_abs,
+        exact_l2=exact_l2,
+        exact_rel_l2=exact_rel,
+        rel_l2=rel_best,
+        max_abs=max_abs_best,
+        notes=notes,
+    )
+
+
+def from_samples(run, samples, notes, needed=None):
+    """Builds the `VariablesSeries` of a run from its raw samples, or None without any.
+
+    Args:
+      run: the run name.
+      samples: `RunData.samples`.
+      notes: the run's notes list (the series shares it; problems are appended).
+      needed: unused.
+
+    Returns:
+      A `VariablesSeries`, or None.
+    """
+    events = []
+    bad = 0
+    for step, value in samples.get(schema.TAG_VARIABLE_PLACEMENT, []):
+        try:
+            raw = value.item()
+            document = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+            if not isinstance(document.get("variables"), list):
+                raise ValueError("not a placement event")
+            events.append((step, document))
+        except (ValueError, AttributeError, TypeError):
+            bad += 1
+    if bad:
+        notes.append(f"{bad} unreadable variable placement event(s) skipped.")
+    series = build_variables_series(
+        run,
+        events,
+        samples.get(schema.TAG_VARIABLE_HASH, []),
+        samples.get(schema.TAG_VARIABLE_FINGERPRINT, []),
+        samples.get(schema.TAG_VARIABLE_EXACT, []),
+    )
+    if series is not None:
+        notes.extend(series.notes)
+        series.notes = notes
+    return series
+
+
+def merge_variables(job, member_runs, workers, notes):
+    """Cross-worker weight drift of a job from the per-copy fingerprints each worker wrote.
+
+    No weights cross workers: each worker fingerprinted its own copies on their devices (bitwise
+    hash, stats, linear sketch, the same projection on every worker); here those fingerprints are
+    put on one global replica axis, so the drift of every copy from global replica 0 (worker 0's
+    first copy) is computed as within one worker. The exact element-wise check (`exact=True`)
+    compares copies within a worker only; it stays in each worker's own run.
+
+    Returns:
+      A `VariablesSeries` over the steps every worker logged, or None when no worker recorded
+      variables (or their variable lists differ: noted).
+    """
+    series = jobs.members_with(
+        "variables",
+        member_runs,
+        workers,
+        notes,
+        "variables",
+        "no cross-worker weight drift; call observe_variables on every worker",
+    )
+    if series is None:
+        return None
+    versions = {
+        int(s.placement_events[-1][1].get("fingerprint", {}).get("version", 1)) for s in series
+    }
+    if len(versions) > 1:
+        notes.append(
+            f"The workers wrote fingerprints of different versions ({sorted(versions)}: "
+            "different versions of tb_replica_plugin): cross-worker weight drift is not computed "
+            "(use the same version on every worker)."
+        )
+        return None
+    if any(s.names != series[0].names for s in series):
+        notes.append(
+            "The workers recorded different variable lists: cross-worker weight drift is not "
+            "computed (pass the same variables on every worker)."
+        )
+        return None
+    steps = sorted(set.intersection(*(set(s.steps.tolist()) for s in series)))
+    offsets = np.cumsum([0] + [s.num_replicas for s in series])[:-1]
+    variables = []
+    for index, first in enumerate(series[0].variables):
+        entries = [s.variables[index] for s in series]
+        merged = dict(first)
+        merged["devices"] = [d for e in entries for d in e.get("devices", [])]
+        merged["hash"] = [
+            h for e in entries for h in (e.get("hash") or ["mix64"] * len(e.get("columns", [])))
+        ]
+        merged["columns"] = [
+            int(c) + int(offset) if c >= 0 else -1
+            for e, offset in zip(entries, offsets, strict=True)
+            for c in e.get("columns", [])
+        ]
+        merged["mirrored"] = all(e.get("mirrored", False) for e in entries)
+        variables.append(merged)
+    document = {
+        "variables": variables,
+        "devices": [d for s in series for d in s.devices],
+        "replicas": [r for s in series for r in s.replicas],
+        "source": series[0].source,
+        "fingerprint": series[0].placement_events[-1][1].get("fingerprint", {}),
+    }
+    at = [np.searchsorted(s.steps, steps) for s in series]
+    hash_points, fingerprint_points = [], []
+    for k, step in enumerate(steps):
+        hash_points.append(
+            (step, np.concatenate([s.hash[i[k]] for s, i in zip(series, at, strict=True)], 1))
+        )
+        fingerprint_points.append(
+            (
+                step,
+                np.concatenate(
+                    [
+                        np.concatenate([s.stats[i[k]], s.sketch[i[k]]], axis=-1)
+                        for s, i in zip(series, at, strict=True)
+                    ],
+                    axis=1,
+                ),
+            )
+        )
+    first_step = steps[0] if steps else 0
+    merged = build_variables_series(
+        job, [(first_step, document)], hash_points, fingerprint_points, []
+    )
+    if merged is not None:
+        notes.extend(merged.notes)
+        merged.notes = notes
+    return merged
+
+
+merge = merge_variables

@@ -1,0 +1,141 @@
+"""The family registry: order and needs, and a new family added with one registry entry.
+
+The toy family (tests/toy_family/) is registered by adding one entry to
+`registry.FAMILY_MODULES` at test time; nothing else in the package changes.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from werkzeug import test as werkzeug_test
+from werkzeug import wrappers
+
+from tb_replica_plugin import analysis, reader, registry
+from tb_replica_plugin import report as report_lib
+
+PLUGIN = "/data/plugin/replicas"
+TOY = "toy_family"
+COUNTS = {0: [3, 1], 1: [2, 0], 2: [5, 4]}
+
+
+def test_every_family_needs_only_families_registered_before_it():
+    seen = set()
+    names = [family.name for family in registry.families()]
+    assert len(names) == len(set(names)) == len(registry.FAMILY_MODULES)
+    for family in registry.families():
+        missing = [need for need in family.needs if need not in seen]
+        assert not missing, f"{family.name} needs {missing}, not registered before it"
+        seen.add(family.name)
+
+
+def test_out_of_order_needs_are_refused():
+    inputs, examples = registry.family("inputs"), registry.family("examples")
+    registry.check_order([inputs, examples])
+    with pytest.raises(ValueError, match="'examples' needs 'inputs'"):
+        registry.check_order([examples, inputs])
+
+
+def test_tags_kinds_and_finding_kinds_are_unique_across_families():
+    tags = [tag for family in registry.families() for tag in family.tags]
+    assert len(tags) == len(set(tags)) == len(registry.tag_kinds())
+    kinds = analysis.finding_kinds()
+    fields = set(analysis.Thresholds.__dataclass_fields__)
+    for kind, meta in kinds.items():
+        assert meta["severity"] in analysis.SEVERITIES, kind
+        assert set(meta["thresholds"]) <= fields, kind
+
+
+@pytest.fixture
+def toy_registered(monkeypatch):
+    monkeypatch.setattr(registry, "FAMILY_MODULES", (*registry.FAMILY_MODULES, TOY))
+    registry.clear_cache()
+    yield
+    registry.clear_cache()
+
+
+def write_toy_run(logdir):
+    """Records COUNTS through the probe's write path: a real 2-replica strategy, the toy family's
+    recorder (created by the probe from the registry) observing each replica's count."""
+    import tensorflow as tf
+    from conftest import mirrored
+
+    from tb_replica_plugin import ReplicaProbe
+
+    strategy = mirrored(2)
+    table = tf.constant([COUNTS[step] for step in sorted(COUNTS)], tf.int32)
+    probe = ReplicaProbe(os.path.join(logdir, "toy_run"), strategy, update_freq=1)
+
+    @tf.function
+    def step(index):
+        def replica_fn():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            probe.recorder("toy").observe(table[index][replica])
+
+        strategy.run(replica_fn)
+
+    for index in range(len(COUNTS)):
+        step(tf.constant(index))
+    probe.close()
+    assert probe.disabled_reason == "the probe was closed"  # closed, never failed
+
+
+def get_json(app, path):
+    response = werkzeug_test.Client(app, wrappers.Response).get(PLUGIN + path)
+    return response.status_code, json.loads(response.get_data(as_text=True))
+
+
+def test_toy_family_read_routed_listed_found_and_reported(toy_registered, tmp_path):
+    from bad_logs import wsgi_app
+
+    logdir = str(tmp_path)
+    write_toy_run(logdir)
+
+    run_data = reader.read_log_dir(logdir)["toy_run"]
+    assert run_data.toy.steps.tolist() == [0, 1, 2]
+    assert run_data.toy.counts.tolist() == [[3, 1], [2, 0], [5, 4]]
+    assert run_data.toy.replicas == [0, 1]  # the inputs family (a need) has no replicas here
+    assert run_data.inputs.steps.size == 0 and run_data.gradients is None
+
+    app, _ = wsgi_app(logdir)
+    status, body = get_json(app, "/toy?run=toy_run")
+    assert status == 200
+    assert body == {
+        "run": "toy_run",
+        "replicas": [0, 1],
+        "steps": [0, 1, 2],
+        "counts": [[3, 1], [2, 0], [5, 4]],
+    }
+    status, body = get_json(app, "/toy?run=toy_run&max_points=1")
+    assert status == 400 and "max_points must be between" in body["error"]
+    status, body = get_json(app, "/toy?run=nope")
+    assert status == 404 and body["error"] == "no replica data for run 'nope'"
+
+    status, body = get_json(app, "/runs")
+    assert status == 200
+    (entry,) = body["runs"]
+    assert entry["run"] == "toy_run" and entry["families"] == ["toy"]
+    assert entry["findings"] == {"error": 0, "warning": 0, "info": 1}
+
+    status, body = get_json(app, "/findings?run=toy_run")
+    (finding,) = body["findings"]
+    assert (finding["kind"], finding["replicas"], finding["first_step"]) == ("toy_zero", [1], 1)
+    assert analysis.finding_kinds()["toy_zero"]["family"] == "toy"
+
+    report = report_lib.load(logdir)
+    assert report.to_json()["runs"][0]["toy"] == [[3, 1], [2, 0], [5, 4]]
+    assert "  toy counts: [[3, 1], [2, 0], [5, 4]]" in report.to_text().splitlines()
+
+
+def test_toy_series_is_skipped_when_not_registered(tmp_path, monkeypatch):
+    logdir = str(tmp_path)
+    monkeypatch.setattr(registry, "FAMILY_MODULES", (*registry.FAMILY_MODULES, TOY))
+    registry.clear_cache()
+    write_toy_run(logdir)  # writing needs the kind registered
+    monkeypatch.undo()
+    registry.clear_cache()
+    run_data = reader.read_log_dir(logdir)["toy_run"]
+    assert not hasattr(run_data, "toy")
+    assert run_data.inputs.steps.size == 0
+    assert np.array_equal(run_data.inputs.batch_size, np.zeros((0, 0)))
