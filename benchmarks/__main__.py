@@ -13,7 +13,7 @@ import sys
 
 # module → arguments of the reduced (--quick) run
 BENCHMARKS = {
-    "benchmarks.fit_overhead": ["--steps-per-epoch", "8", "--epochs", "1", "--rounds", "1"],
+    "benchmarks.fit_overhead": ["--quick"],
     "benchmarks.loop_overhead": ["--steps", "20", "--rounds", "1"],
     "benchmarks.backend": ["--replicas", "8", "--steps", "2000", "--repeats", "1"],
     "benchmarks.frontend_render": ["--replicas", "64", "--steps", "1000", "--repeats", "1"],
