@@ -197,8 +197,11 @@ def _child(args):
 
     devices = configure_devices(sizes["replicas"])
     if args.keras == "tf_keras":
-        keras = tf.keras
-        keras_version = tf.keras.__version__
+        import tf_keras
+
+        keras = tf.keras  # tf_keras, since TF_USE_LEGACY_KERAS=1 came before TensorFlow's import
+        keras_version = tf_keras.__version__
+        assert keras.Model is tf_keras.Model, "tf.keras is not tf_keras: TF_USE_LEGACY_KERAS unset"
     else:
         import keras
 
