@@ -9,8 +9,7 @@ Two models, each under four variants:
   (BatchNormalization, Dropout; 262 variables, 158 of them trainable, 2.3 M parameters), Adam
   and sparse categorical cross-entropy, 2 logical CPU replicas, global batch 16, 20 steps per
   epoch of synthetic images made in the process (no download): a step dominated by compute
-  (0.38 s of CPU at global batch 32 on a 2-core machine, so roughly 0.2 s at 16) and a model
-  with many variables.
+  (0.28 s of CPU on a 2-core machine) and a model with many variables.
 
 Variants: `no_callback`; `replica_callback_default` (`ReplicaCallback(log_dir)`);
 `replica_callback_every_step` (`ReplicaCallback(log_dir, update_freq=1)`: every family every
@@ -130,8 +129,10 @@ TARGETS = [
 ]
 FULL_SIZES = {
     "mlp": {"replicas": 4, "global_batch": common.GLOBAL_BATCH, "steps_per_epoch": 100},
-    # No callback at global batch 32: 0.38 s of CPU per step and 21 s to the first batch, 80 s of
-    # CPU per child (2026-11-22, shared machine); 16 should bring a child near 50 s.
+    # No callback (2026-11-22, shared 2-core machine), CPU: 21 s to the first batch (tracing),
+    # then 0.28 s per step, 63 s per child (global batch 32: 0.38 s per step, 80 s; 8: 0.22 s,
+    # 54 s). Fewer steps per epoch would shorten a child but weigh each epoch's end work (the
+    # drift check of 262 variables) more in the steady figure.
     "cnn": {"replicas": 2, "global_batch": 16, "steps_per_epoch": 20, "image_size": 64},
 }
 QUICK_SIZES = {
