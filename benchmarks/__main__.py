@@ -1,6 +1,6 @@
 """Runs every benchmark, each in its own process, and prints their JSON documents as one list.
 
-    python -m benchmarks            # full size (the README figures; 1-1.5 hours on 2 cores)
+    python -m benchmarks            # full size (the README figures; about 45 min on 2 cores)
     python -m benchmarks --quick    # reduced size, for CI: checks that they run, not their speed
 
 Each benchmark needs its own TensorFlow process (one MirroredStrategy per process).
@@ -38,7 +38,7 @@ def main(argv=None):
             continue
         command = [sys.executable, "-m", module, *(quick_args if args.quick else [])]
         print(f"running {' '.join(command[1:])}", file=sys.stderr, flush=True)
-        # fit_overhead at full size runs 40 child processes (about an hour on 2 cores).
+        # fit_overhead at full size runs 40 child processes (30-45 min on 2 cores).
         done = subprocess.run(command, capture_output=True, text=True, timeout=4 * 3600)
         if done.returncode != 0:
             sys.stderr.write(done.stderr[-4000:])

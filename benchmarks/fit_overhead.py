@@ -359,7 +359,8 @@ def main(argv=None):
         "--quick",
         action="store_true",
         help="tiny sizes for CI: 1 pair, 1 + 1 epochs, 2 steps, and the cnn at 32x32 with "
-        "no_callback only (unless --cnn-variants): checks that it runs",
+        "no_callback and replica_callback_every_step only (unless --cnn-variants): checks that "
+        "it runs",
     )
     parser.add_argument("--child-timeout", type=float, default=1800)
     # One child: not for direct use.
@@ -387,7 +388,7 @@ def main(argv=None):
         if flag is not None:
             sizes[model][key] = flag
     if args.quick and args.cnn_variants is None:
-        args.cnn_variants = ["no_callback"]
+        args.cnn_variants = ["replica_callback_every_step"]
     variants = _variant_list(parser, args.variants)
     model_variants = {"mlp": variants, "cnn": _variant_list(parser, args.cnn_variants or variants)}
 

@@ -47,9 +47,9 @@ def test_every_benchmark_runs_and_prints_its_figures():
         "replica_callback_every_step",
         "keras_tensorboard_every_step",
     }
-    # The cnn path runs too (tiny, no_callback only: the callbacks' cost is the mlp's job here).
+    # The cnn path runs too (tiny; BatchNormalization and Dropout under every family).
     cnn = fit["models"]["cnn"]["variants"]
-    assert set(cnn) == {"no_callback"}
+    assert set(cnn) == {"no_callback", "replica_callback_every_step"}
     assert fit["models"]["cnn"]["sizes"]["image_size"] == 32
     for variants in (mlp, cnn):
         assert all(v["ratio_to_no_callback"].keys() == figures for v in variants.values())
@@ -58,6 +58,7 @@ def test_every_benchmark_runs_and_prints_its_figures():
         assert all(r == 1.0 for r in variants["no_callback"]["ratio_to_no_callback"].values())
         assert variants["no_callback"]["median"]["log_bytes"] == 0
     assert mlp["replica_callback_default"]["median"]["log_bytes"] > 0
+    assert cnn["replica_callback_every_step"]["median"]["log_bytes"] > 0
     assert mlp["keras_tensorboard_every_step"]["median"]["log_bytes"] > 0
     loop = results["loop_overhead"]
     assert loop["ratio_to_no_probe"]["no_probe"] == 1.0
