@@ -22,9 +22,14 @@ def mlp_dataset(steps_per_epoch, seed=0):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH).cache().prefetch(2)
 
 
-def mlp_model(strategy, dropout=None):
-    """The compiled MLP under `strategy.scope()`; `dropout`: a Dropout rate after layer 1."""
-    import keras
+def mlp_model(strategy, dropout=None, keras_module=None):
+    """The compiled MLP under `strategy.scope()`; `dropout`: a Dropout rate after layer 1;
+    `keras_module`: the Keras to build it with (default `keras`, Keras 3; `tf.keras` for tf_keras).
+    """
+    if keras_module is None:
+        import keras
+    else:
+        keras = keras_module
 
     with strategy.scope():
         layers = [keras.Input((64,)), keras.layers.Dense(256, activation="relu")]
