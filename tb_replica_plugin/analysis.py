@@ -1171,3 +1171,89 @@ def severity_counts(findings):
     for finding in findings:
         counts[finding.severity] += 1
     return counts
+
+
+def finding_kinds():
+    """Every finding kind the rules emit: `{kind: {"severity", "thresholds", "summary"}}`.
+
+    `severity` is the usual severity (the rule may lower or raise it, as its summary says),
+    `thresholds` the names of the `Thresholds` fields the rule reads, `summary` one sentence.
+    A hand list for now; the family rules will declare their own kinds.
+    """
+    return {
+        "first_batch_uneven": {
+            "severity": "error",
+            "thresholds": (),
+            "summary": "The first recorded batch splits unevenly over the replicas "
+            "(Keras 3 fit fails on it before training).",
+        },
+        "uneven_batch": {
+            "severity": "warning",
+            "thresholds": ("max_imbalance_ratio",),
+            "summary": "Replicas got different batch sizes, none empty "
+            "(info when only a last partial batch is uneven).",
+        },
+        "empty_shard": {
+            "severity": "warning",
+            "thresholds": (),
+            "summary": "A replica got 0 examples while another got some.",
+        },
+        "shape_mismatch": {
+            "severity": "error",
+            "thresholds": (),
+            "summary": "An input's rank or a non-leading dimension differs across replicas.",
+        },
+        "dtype_mismatch": {
+            "severity": "error",
+            "thresholds": (),
+            "summary": "An input's dtype differs across replicas.",
+        },
+        "identical_rng_streams": {
+            "severity": "warning",
+            "thresholds": ("min_identical_rng_steps",),
+            "summary": "Replicas draw identical numbers from one generator with a mirrored state.",
+        },
+        "rng_desync": {
+            "severity": "warning",
+            "thresholds": (),
+            "summary": "A generator with one mirrored state holds a different state on some "
+            "replicas.",
+        },
+        "duplicate_examples": {
+            "severity": "warning",
+            "thresholds": ("max_duplicate_share",),
+            "summary": "Replicas were fed the same examples at the same step.",
+        },
+        "straggler": {
+            "severity": "warning",
+            "thresholds": ("straggler_factor", "straggler_min_seconds"),
+            "summary": "A worker of a multi-worker job is slower than the others.",
+        },
+        "variable_drift": {
+            "severity": "error",
+            "thresholds": ("variable_drift_rel_l2",),
+            "summary": "A variable's copy differs from replica 0's copy beyond the tolerance "
+            "(warning for a non-trainable variable).",
+        },
+        "variable_bits_differ": {
+            "severity": "info",
+            "thresholds": ("variable_drift_rel_l2",),
+            "summary": "Copies are not bit-identical but stay within the drift tolerance.",
+        },
+        "variable_not_mirrored": {
+            "severity": "warning",
+            "thresholds": (),
+            "summary": "A variable has no copy on some replica device.",
+        },
+        "gradient_norm_outlier": {
+            "severity": "warning",
+            "thresholds": ("max_grad_norm_ratio", "min_grad_outlier_fraction"),
+            "summary": "A replica's local gradient norm is far above the other replicas'.",
+        },
+        "nonfinite_gradients": {
+            "severity": "error",
+            "thresholds": (),
+            "summary": "A replica's gradients or loss held NaN or Inf "
+            "(info under a loss-scale optimizer while the loss stays finite).",
+        },
+    }
