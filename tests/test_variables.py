@@ -581,3 +581,33 @@ def test_variables_route(drift_server):
     assert http_get(url + "?run=replicas&top=0")[0] == 400
     assert http_get(url)[0] == 400
     assert http_get(url + "?run=nope")[0] == 404
+
+
+def test_fused_summary_of_many_copies_matches_the_reference():
+    """A device with FUSED_MIN_COPIES or more copies is summarized at once (segment sums): the
+    same stats and sketch as by hand, agreeing copies share replica 0's rows bit for bit, and a
+    drifted copy gets its own."""
+    strategy = mirrored(2)
+    rng = np.random.default_rng(11)
+    shapes = [(3,), (64,), (65,), (7, 61), (130, 3)] * 14  # 70 variables, small and large
+    with strategy.scope():
+        variables = [
+            tf.Variable(rng.normal(size=shape).astype("float32"), name=f"v{i}")
+            for i, shape in enumerate(shapes)
+        ]
+    assert len(variables) >= collector.FUSED_MIN_COPIES
+    entries = collector.describe_variables(variables, list(strategy.extended.worker_devices))
+    traced = tf.function(lambda: collector.VariablesStats(entries, 2).fingerprint)
+    written = traced().numpy()
+    for index, variable in enumerate(variables):
+        flat = variable.values[0].numpy().astype(np.float64).reshape(-1)
+        stats = [flat.min(), flat.max(), flat.sum(), np.sum(flat**2)]
+        np.testing.assert_allclose(written[index, 0, :4], stats, rtol=1e-12)
+        np.testing.assert_allclose(written[index, 0, 4:], reference_sketch(flat), atol=1e-9)
+    np.testing.assert_array_equal(written[:, 0], written[:, 1])
+    drifted = variables[3].values[1]
+    drifted.assign_add(tf.ones_like(drifted))
+    written = traced().numpy()
+    others = [i for i in range(len(variables)) if i != 3]
+    np.testing.assert_array_equal(written[others, 0], written[others, 1])
+    np.testing.assert_allclose(written[3, 1, 2] - written[3, 0, 2], 7 * 61, rtol=1e-9)
