@@ -60,9 +60,15 @@ class Recorder:
         """Creates the family's variables (host side, once). Default: none."""
 
     def set_step(self, step):
-        """The step the next call without `step=` records at (host side). Default: kept for
-        `create_state`."""
+        """The step the next call without `step=` records at (host side).
+
+        Kept for `create_state`, and written to slot 0 of the family's int64 `counters` state
+        when it has one (the convention: slot 0 is the family's next step).
+        """
         self._start_step = step
+        counters = self.state.get("counters")
+        if counters is not None:
+            counters.assign(tf.tensor_scatter_nd_update(counters, [[0]], [tf.cast(step, tf.int64)]))
 
     def write_window(self):
         """Writes what the in-graph steps kept but did not write (host side). Default: nothing."""

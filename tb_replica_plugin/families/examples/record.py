@@ -129,14 +129,6 @@ class Recorder(RecorderBase):
         self.variable("win_shared", tf.zeros([num, num], tf.int64))
         self.variable("win_steps", tf.zeros([num, num], tf.int64))
 
-    def set_step(self, step):
-        super().set_step(step)
-        counters = self.state.get("counters")
-        if counters is not None:
-            counters.assign(
-                tf.tensor_scatter_nd_update(counters, [[_STEP]], [tf.cast(step, tf.int64)])
-            )
-
     def sample_last_of(self, steps):
         """Host side: also sample the last of the next `steps` steps (an epoch's last)."""
         counters = self.state.get("counters")

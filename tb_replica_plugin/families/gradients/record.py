@@ -207,14 +207,6 @@ class Recorder(RecorderBase):
         # Last raw rows (loss, sums of squares), for host-side writes (update_freq=None).
         self.variable("last", tf.zeros([0, 0]), shape=tf.TensorShape(None))
 
-    def set_step(self, step):
-        super().set_step(step)
-        counters = self.state.get("counters")
-        if counters is not None:
-            counters.assign(
-                tf.tensor_scatter_nd_update(counters, [[_STEP]], [tf.cast(step, tf.int64)])
-            )
-
     def warn(self, error):
         self.probe.warn_failed("gradients", error)
 

@@ -208,14 +208,6 @@ class Recorder(RecorderBase):
             # last arrival, last period, arrival at the window start, steps in window.
             self.variable("timing", [math.nan, math.nan, math.nan, 0.0], tf.float64)
 
-    def set_step(self, step):
-        super().set_step(step)
-        counters = self.state.get("counters")
-        if counters is not None:
-            counters.assign(
-                tf.tensor_scatter_nd_update(counters, [[_STEP]], [tf.cast(step, tf.int64)])
-            )
-
     def warn(self, error):
         self.probe.warn_failed("inputs", error)
 

@@ -274,14 +274,6 @@ class Recorder(RecorderBase):
         self._document = None
         self._layout = None
 
-    def set_step(self, step):
-        super().set_step(step)
-        counters = self.state.get("counters")
-        if counters is not None:
-            counters.assign(
-                tf.tensor_scatter_nd_update(counters, [[_STEP]], [tf.cast(step, tf.int64)])
-            )
-
     def observe(self, generators, step, include_global):
         probe = self.probe
         infos = find_generators(generators, include_global=include_global)

@@ -57,14 +57,6 @@ class Recorder(RecorderBase):
         self._plans = {}
         self._layouts = {}
 
-    def set_step(self, step):
-        super().set_step(step)
-        counters = self.state.get("counters")
-        if counters is not None:
-            counters.assign(
-                tf.tensor_scatter_nd_update(counters, [[_STEP]], [tf.cast(step, tf.int64)])
-            )
-
     def close(self):
         super().close()
         self._plans = {}
