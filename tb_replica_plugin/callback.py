@@ -1,19 +1,21 @@
 """ReplicaCallback: the probe wired into Keras `fit` with no change to model code.
 
-`fit` builds its train function before `on_train_begin`; the callback then wraps the model's
-`train_step` (an instance attribute, so subclasses that override `train_step` are wrapped too)
-with a probe call and rebuilds the train function. The wrapped step runs inside `strategy.run`,
-where the batch is the replica's local batch. `on_train_end` restores the model.
+Keras calls `set_model` before `fit` builds its train function, so the callback wraps the model's
+`train_step` there (an instance attribute, so subclasses that override `train_step` are wrapped
+too) and Keras traces the instrumented step once. The wrapped step runs inside `strategy.run`,
+where the batch is the replica's local batch. The traced train function is kept and handed back
+to the next `fit` of the same model with the same callback (no retrace). `on_train_end` restores
+the model (and `on_test_end`/`on_predict_end` outside training, for `evaluate`/`predict`).
 
 One implementation serves Keras 3 and tf_keras (Keras 2): the base class is the `Callback` of the
 Keras that `tf.keras` means in this process, and every call that differs between the two goes
 through `keras_compat` (see there).
 
 `fit` does not call `on_train_end` when it raises (an error in a step, KeyboardInterrupt, another
-callback raising), so the model is restored on two more paths: the rebuilt train function is
-wrapped so that any exception escaping a step restores the model and flushes before it
-propagates, and the model's `make_train_function` is wrapped so that the next `fit` (or
-`train_on_batch`) after a failure gets the original train function back before it starts.
+callback raising), so the model is restored on two more paths: the train function is wrapped so
+that any exception escaping a step restores the model and flushes before it propagates, and the
+model's `make_train_function` is wrapped so that the next `fit` (or `train_on_batch`) without this
+callback after a failure gets the original train function back before it starts.
 
 Gradients: the optimizer all-reduces inside `apply_gradients`/`apply`, so the callback wraps those
 two methods of the optimizer *instance* (and `compute_loss` of the model instance, to see each
@@ -230,7 +232,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
     gradient of the replica's own loss, the loss, and NaN/Inf at every step), to the TensorBoard
     run `log_dir/run_name`, shown by the "Replicas" tab.
 
-    Works with Keras 3 and tf_keras models alike (README, "Compatibility"). Under a strategy it
+    Works with Keras 3 and tf_keras models alike (docs/compatibility.md). Under a strategy it
     cannot instrument (`ParameterServerStrategy`, `TPUStrategy`) it warns once at
     `on_train_begin` and records nothing; training goes on.
 

@@ -5,7 +5,7 @@ Every summary this package writes carries `SummaryMetadata.plugin_data` with
 
     {"version": 1, "kind": "batch_size"}
 
-`version` is the schema version of the tensor layout described in README ("Data written"). A
+`version` is the schema version of the tensor layout described in docs/data-format.md. A
 reader that meets a newer version skips that series and says so instead of misreading it.
 
 The tags, kinds and tensor layouts of each family live in its schema

@@ -46,7 +46,7 @@ class Report:
         return analysis.sort_findings([f for fs in self.findings.values() for f in fs])
 
     def to_json(self):
-        """The JSON document of `tb-replica report --json` (schema in README)."""
+        """The JSON document of `tb-replica report --json` (docs/data-format.md)."""
         runs = [self._run_json(name, run_data) for name, run_data in self.runs.items()]
         findings = self.all_findings()
         return {

@@ -1,4 +1,4 @@
-"""Tags and tensor layouts of the gradients family (README "Data written").
+"""Tags and tensor layouts of the gradients family (docs/data-format.md).
 
 Imported by the writer and the reader; no imports.
 """

@@ -8,7 +8,8 @@ Imported by the writer and the reader; no imports.
 # observed since the previous write of this tag, this step included.
 TAG_BATCH_SIZE = "inputs/batch_size"
 # Sparse series, written at the first observed step and at every step whose per-replica shapes or
-# dtypes differ from the previous observed step: a scalar string tensor holding JSON (see README).
+# dtypes differ from the previous observed step: a scalar string tensor holding JSON
+# (docs/data-format.md).
 TAG_SHAPES = "inputs/shapes"
 
 KIND_BATCH_SIZE = "batch_size"

@@ -39,7 +39,7 @@ about sqrt(2 / W) (about 1 / sqrt(2W) for the norm: 9 % with W = 61) as long as 
 most of the difference. What it cannot spread: a difference confined to elements whose flat
 indices are congruent modulo 61 (e.g. one column of a variable with 61·m columns) falls into
 one bucket, and its norm is then estimated from one signed sum (still unbiased, but a relative
-standard deviation of up to 141 % for the squared norm). See README "Weight drift".
+standard deviation of up to 141 % for the squared norm). See docs/data-format.md.
 
 Bit-identical copies have identical stats and sketch, so `VariablesStats` hashes every copy
 first and, under a `tf.cond` on "every copy's hash equals replica 0's", summarizes replica 0's

@@ -5,7 +5,7 @@ event, axis R the local replica devices. Imported by the writer and the reader; 
 """
 
 # Sparse: a scalar string tensor holding JSON: every variable's name, shape, dtype, trainable,
-# sync, copy devices and whether it is mirrored on every replica device (see README).
+# sync, copy devices and whether it is mirrored on every replica device (docs/data-format.md).
 TAG_VARIABLE_PLACEMENT = "variables/placement"
 # int64 [V, R]: 64-bit hash of the raw bits of each copy (0 where the replica holds no copy).
 TAG_VARIABLE_HASH = "variables/hash"
