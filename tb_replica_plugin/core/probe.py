@@ -56,29 +56,30 @@ def check_examples_every(examples_every):
         raise ValueError(f"`examples_every` must be an integer >= 1. Received: {examples_every!r}")
 
 
-def recorder_classes():
-    """`[(family name, Recorder class)]` of every registered family with a write side."""
-    classes = []
+def record_modules():
+    """The `record` modules (write sides) of the registered families, in registry order.
+
+    A family without one (e.g. step_time, recorded by inputs) is skipped; any other import
+    error is raised.
+    """
+    modules = []
     for package in registry.FAMILY_MODULES:
         try:
-            module = importlib.import_module(f"{package}.record")
+            modules.append(importlib.import_module(f"{package}.record"))
         except ModuleNotFoundError as error:
             if error.name != f"{package}.record":
                 raise
-            continue  # a family recorded by another one (e.g. step_time by inputs)
-        classes.append((module.Recorder.name, module.Recorder))
-    return classes
+    return modules
+
+
+def recorder_classes():
+    """`[(family name, Recorder class)]` of every registered family with a write side."""
+    return [(module.Recorder.name, module.Recorder) for module in record_modules()]
 
 
 def recording_mixins():
     """The `Recording` mixins (public `observe_*` methods) of every registered family."""
-    mixins = []
-    for package in registry.FAMILY_MODULES:
-        with contextlib.suppress(ModuleNotFoundError):
-            mixin = getattr(importlib.import_module(f"{package}.record"), "Recording", None)
-            if mixin is not None:
-                mixins.append(mixin)
-    return tuple(mixins)
+    return tuple(m.Recording for m in record_modules() if hasattr(m, "Recording"))
 
 
 class ProbeCore:

@@ -4,8 +4,6 @@ A family's whole write side: a `Recorder` (its state, created before any trace) 
 is called in replica context; the probe (`probe.recorder("toy")`) creates it from the registry.
 """
 
-import functools
-
 import tensorflow as tf
 
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
@@ -26,8 +24,7 @@ class Recorder(RecorderBase):
         if not probe.build():
             return
         try:
-            merge = functools.partial(self._merge)
-            tf.distribute.get_replica_context().merge_call(merge, args=(count,))
+            tf.distribute.get_replica_context().merge_call(self._merge, args=(count,))
         except Exception as error:  # noqa: BLE001 - never break the training it watches
             probe.warn_failed(self.name, error)
 

@@ -627,16 +627,15 @@ class VariablesStats:
             rows.append(missing)
             return tf.concat(rows, axis=0), where
 
-        def gather(table, where, rows_of):
-            positions = [rows_of(i) if i in where else -1 for i in range(num)]
-            fallback = len(where)
-            return tf.gather(table, [fallback if p < 0 else p for p in positions])
+        def gather(table, where):
+            """One row per variable: its row of `table`, or the NaN row (the last)."""
+            return tf.gather(table, [where.get(i, len(where)) for i in range(num)])
 
         if not num:
             self.fingerprint = tf.zeros([0, num_replicas, width], tf.float64)
         else:
             table0, where0 = summarize(columns[0])
-            matrices = [gather(table0, where0, where0.get)]
+            matrices = [gather(table0, where0)]
             shareable = [
                 i
                 for i, entry in enumerate(entries)
@@ -677,7 +676,7 @@ class VariablesStats:
 
                 def differ(r):
                     table, where = summarize(columns[r])
-                    return gather(table, where, where.get)
+                    return gather(table, where)
 
                 others = tf.cond(
                     same,
