@@ -4,7 +4,10 @@ Pure Python and numpy (no TensorFlow): the same findings feed the tab, `tb-repli
 `tb_replica_plugin.inspect_dataset`. This is the core: `Thresholds`, `Finding`, sorting and
 counting, and `find_run`, which runs every registered family's rules
 (`tb_replica_plugin/families/<name>/rules.py`, each listing its kinds in `FINDING_KINDS`;
-`finding_kinds()` gathers them).
+`finding_kinds()` gathers them) and then groups findings of one cause (`group_findings`).
+
+Severity means one thing in every family: `error` = training is producing a wrong model (or
+failing) now; `warning` = likely unintended, check it; `info` = expected behaviour worth knowing.
 """
 
 import dataclasses
@@ -110,6 +113,10 @@ class Finding:
       message: one or two sentences with the likely cause and the fix.
       view: the part of the tab that shows it ("batch", "shapes", "gradients", "rng", "data",
         "step_time", "drift" or "placement").
+      cause: a key naming the cause within the kind (e.g. "bn_moving_statistics"), or None.
+        Findings of one run, kind and cause are grouped into one (see `group_findings`).
+      items: for a grouped finding, the findings it stands for (as JSON dicts without `run`,
+        `kind`, `cause` and `items`); empty otherwise.
     """
 
     kind: str
@@ -124,6 +131,8 @@ class Finding:
     threshold: float | int | None
     message: str
     view: str
+    cause: str | None = None
+    items: list = dataclasses.field(default_factory=list)
 
     def to_json(self):
         return dataclasses.asdict(self)
@@ -139,6 +148,75 @@ def fmt_steps(steps):
     return f"{len(steps)} steps ({shown}{more})"
 
 
+def names_text(names, shown=3):
+    """ "`a`", "`a` and `b`", "`a`, `b`, `c` and 4 more" (the first `shown`, then a count)."""
+    names = [f"`{n}`" for n in names]
+    if len(names) <= shown:
+        return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0]
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+
+
+def _item_json(finding):
+    item = finding.to_json()
+    for key in ("run", "kind", "cause", "items"):
+        item.pop(key)
+    return item
+
+
+def group_findings(findings, describe):
+    """Findings of one run, kind and cause merged into one finding with `items`.
+
+    A finding whose `cause` is None stays as it is, as does the only finding of its cause.
+    The merged finding keeps the most severe severity, the first and last steps over its items,
+    the largest count and value, the union of replicas, `name` None, and the message
+    `describe(kind, cause, items)` returns.
+
+    Args:
+      findings: a list of `Finding` of one family.
+      describe: `(kind, cause, items) -> str`, the message of a group (`items`: the findings,
+        most severe first, then in the order the rules gave them).
+
+    Returns:
+      A list of `Finding`, most severe first.
+
+    Example:
+      >>> [len(f.items) for f in group_findings(findings, rules.group_message)]  # 3 BN layers
+      [6]
+    """
+    groups, loose = {}, []
+    for finding in findings:
+        if finding.cause is None:
+            loose.append(finding)
+        else:
+            groups.setdefault((finding.run, finding.kind, finding.cause), []).append(finding)
+    merged = []
+    for (run, kind, cause), members in groups.items():
+        if len(members) == 1:
+            merged.extend(members)
+            continue
+        members = sorted(members, key=lambda f: SEVERITY_RANK[f.severity])  # stable: rule order
+        values = [f.value for f in members if f.value is not None]
+        merged.append(
+            Finding(
+                kind=kind,
+                severity=members[0].severity,
+                run=run,
+                first_step=min(f.first_step for f in members),
+                last_step=max(f.last_step for f in members),
+                count=max(f.count for f in members),
+                replicas=sorted({r for f in members for r in f.replicas}),
+                name=None,
+                value=max(values) if values else None,
+                threshold=members[0].threshold,
+                message=describe(kind, cause, members),
+                view=members[0].view,
+                cause=cause,
+                items=[_item_json(f) for f in members],
+            )
+        )
+    return sort_findings(loose + merged)
+
+
 def sort_findings(findings):
     """Most severe first, then by run and first step."""
     return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], f.run, f.first_step, f.kind))
@@ -147,9 +225,10 @@ def sort_findings(findings):
 def find_run(run_data, thresholds=Thresholds()):
     """Findings of every family of one run.
 
-    Every registered family's `rules.find` runs in registry order; then the rules of families
-    that declare `annotates_findings` amend the findings of the others (inputs names the worker
-    of each finding of a multi-worker job).
+    Every registered family's `rules.find` runs in registry order; a family whose rules define
+    `group_message(kind, cause, items)` has its findings of one kind and cause grouped into one
+    (`group_findings`); then the rules of families that declare `annotates_findings` amend the
+    findings of the others (inputs names the worker of each finding of a multi-worker job).
 
     Args:
       run_data: a `reader.RunData`.
@@ -164,7 +243,9 @@ def find_run(run_data, thresholds=Thresholds()):
     """
     findings = []
     for family in registry.families():
-        findings.extend(family.rules.find(run_data, thresholds))
+        found = family.rules.find(run_data, thresholds)
+        describe = getattr(family.rules, "group_message", None)
+        findings.extend(group_findings(found, describe) if describe else found)
     for family in registry.families():
         if family.annotates_findings:
             family.rules.annotate(findings, run_data)

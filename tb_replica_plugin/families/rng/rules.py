@@ -19,6 +19,7 @@ from tb_replica_plugin.analysis import (
     Finding,
     Thresholds,
     fmt_steps,
+    names_text,
     replica_list_text,
     sort_findings,
 )
@@ -40,6 +41,54 @@ FINDING_KINDS = {
         ),
     },
 }
+
+
+_CAUSE_TEXT = {
+    "dropout": (
+        "Keras 3 Dropout draws its mask statelessly from a SeedGenerator whose state is one "
+        "mirrored variable, so every replica applies the same mask to its examples. If the "
+        "noise should be independent per replica, draw the mask from a tf.random.Generator "
+        "created under strategy.scope() (one stream per replica) or fold the replica id "
+        "into the seed (tf.random.experimental.stateless_fold_in)."
+    ),
+    "seed_generator": (
+        "a Keras SeedGenerator draws statelessly from its (mirrored) state, so every "
+        "replica gets the same numbers; fold the replica id into the seed "
+        "(tf.random.experimental.stateless_fold_in) if they should differ."
+    ),
+    "unscoped_generator": (
+        "create the tf.random.Generator under strategy.scope() (TensorFlow then folds the "
+        "replica id into its key) instead of giving each replica an identically seeded copy."
+    ),
+}
+
+
+def group_message(kind, cause, items):
+    """The message of a group of findings of one kind and cause (see `analysis.group_findings`).
+
+    Args:
+      kind: the findings' kind.
+      cause: their `cause`.
+      items: the findings (at least 2).
+
+    Returns:
+      One message naming how many and which, with the cause and the fix.
+    """
+    who = replica_list_text(sorted({r for f in items for r in f.replicas}))
+    steps = sorted({f.first_step for f in items})
+    if kind == "rng_desync":
+        return (
+            f"{len(items)} generators ({names_text([f.name for f in items])}) desynchronised on "
+            f"replicas {who} from {fmt_steps(steps[:1])}: " + items[0].message.split(": ", 1)[-1]
+        )
+    if cause == "dropout":
+        layers = [f.message.split("layer `", 1)[1].split("`", 1)[0] for f in items]
+        head = f"Replicas {who} draw identical dropout masks in {len(items)} Dropout layers"
+        names = layers
+    else:
+        head = f"Replicas {who} draw identical random numbers from {len(items)} generators"
+        names = [f.name for f in items]
+    return f"{head} ({names_text(names)}), from {fmt_steps(steps[:1])}: {_CAUSE_TEXT[cause]}"
 
 
 def stream_groups(values):
@@ -83,28 +132,15 @@ def _rng_identical(series, index, generator, thresholds):
     name = generator["name"]
     layer_class = generator.get("layer_class") or ""
     if generator["kind"] == "keras.SeedGenerator" and "Dropout" in layer_class:
+        key = "dropout"
         head = f"Replicas {who} draw identical dropout masks in layer `{generator['layer']}`"
-        cause = (
-            "Keras 3 Dropout draws its mask statelessly from a SeedGenerator whose state is one "
-            "mirrored variable, so every replica applies the same mask to its examples. If the "
-            "noise should be independent per replica, draw the mask from a tf.random.Generator "
-            "created under strategy.scope() (one stream per replica) or fold the replica id "
-            "into the seed (tf.random.experimental.stateless_fold_in)."
-        )
     elif generator["kind"] == "keras.SeedGenerator":
+        key = "seed_generator"
         owner = f"layer `{generator['layer']}`" if generator.get("layer") else f"`{name}`"
         head = f"Replicas {who} draw identical random numbers from the SeedGenerator of {owner}"
-        cause = (
-            "a Keras SeedGenerator draws statelessly from its (mirrored) state, so every "
-            "replica gets the same numbers; fold the replica id into the seed "
-            "(tf.random.experimental.stateless_fold_in) if they should differ."
-        )
     else:
+        key = "unscoped_generator"
         head = f"Replicas {who} draw identical random numbers from generator `{name}`"
-        cause = (
-            "create the tf.random.Generator under strategy.scope() (TensorFlow then folds the "
-            "replica id into its key) instead of giving each replica an identically seeded copy."
-        )
     return Finding(
         kind="identical_rng_streams",
         severity="warning",
@@ -116,8 +152,9 @@ def _rng_identical(series, index, generator, thresholds):
         name=name,
         value=round(len(steps) / total, 6),
         threshold=thresholds.min_identical_rng_steps,
-        message=f"{head} ({when}): {cause}",
+        message=f"{head} ({when}): {_CAUSE_TEXT[key]}",
         view="rng",
+        cause=key,
     )
 
 
@@ -156,6 +193,7 @@ def _rng_desync(series, index, generator):
             "run cannot be resumed exactly; draw the same amount on every replica."
         ),
         view="rng",
+        cause="desync",
     )
 
 

@@ -2,7 +2,13 @@
 
 - `variable_drift` (error for a trainable variable, warning for a non-trainable one): a copy's
   relative L2 distance from replica 0's copy exceeds `Thresholds.variable_drift_rel_l2`.
+- `per_replica_statistics` (info): BatchNormalization moving statistics (non-trainable
+  `moving_mean` / `moving_variance`) differ across replicas: Keras 3 updates them per replica by
+  the layer's design. Recognised by name, whatever the size of the difference.
 - `variable_bits_differ` (info): copies are not bit-identical but stay within that tolerance.
+
+Findings of one kind and cause (e.g. every BatchNormalization layer, every trainable variable of a
+skipped all-reduce) are grouped into one by `analysis.group_findings` with `group_message`.
 - `variable_not_mirrored` (warning): a variable has no copy on some replica device (not raised
   under CentralStorageStrategy, which keeps one copy on purpose).
 
@@ -14,6 +20,7 @@ import numpy as np
 from tb_replica_plugin.analysis import (
     Finding,
     Thresholds,
+    names_text,
     sort_findings,
 )
 
@@ -24,6 +31,14 @@ FINDING_KINDS = {
         "summary": (
             "A copy of a variable drifted from replica 0's copy (warning for a non-trainable "
             "variable)."
+        ),
+    },
+    "per_replica_statistics": {
+        "severity": "info",
+        "thresholds": (),
+        "summary": (
+            "BatchNormalization moving statistics differ across replicas: Keras 3 updates them "
+            "from each replica's own shard."
         ),
     },
     "variable_bits_differ": {
@@ -46,6 +61,106 @@ def _replica_list(replicas, columns):
     return f"replica{'s' if len(columns) > 1 else ''} {names}"
 
 
+MOVING_STATISTICS = ("moving_mean", "moving_variance")
+
+_CAUSE_TEXT = {
+    ("variable_drift", "not_all_reduced"): (
+        "the replicas applied different updates: gradients not all-reduced (updates applied "
+        "per replica or on `.values`) or an update in replica context without aggregation. "
+        "Apply gradients with optimizer.apply_gradients inside strategy.run (or strategy.reduce "
+        "them first); a saved model keeps replica 0's copy only."
+    ),
+    ("variable_drift", "non_trainable_per_replica"): (
+        "a non-trainable variable was updated from each replica's local values without "
+        "cross-replica aggregation; aggregate the update (e.g. strategy.extended.update, or "
+        "create it with synchronization=ON_READ if each replica should keep its own value), "
+        "since a saved model keeps replica 0's copy only."
+    ),
+    ("per_replica_statistics", "bn_moving_statistics"): (
+        "Keras 3 BatchNormalization updates its moving mean and variance in each replica from "
+        "that replica's own shard (no cross-replica aggregation), so the copies differ and a "
+        "saved model keeps replica 0's: inference uses statistics from 1/N of the data. That "
+        "is usually harmless with large per-replica batches of i.i.d. data; to aggregate them, "
+        "use BatchNormalization(synchronized=True), or accept it."
+    ),
+    ("variable_bits_differ", "within_tolerance"): (
+        "typical of non-deterministic kernels or devices of different types; enable "
+        "tf.config.experimental.enable_op_determinism() if replicas must match exactly."
+    ),
+}
+
+
+def _layer(name):
+    return name.rsplit("/", 1)[0] if "/" in name else name
+
+
+def _is_moving_statistic(variable):
+    return not variable.get("trainable", True) and variable["name"].rsplit("/", 1)[-1] in (
+        MOVING_STATISTICS
+    )
+
+
+def group_message(kind, cause, items):
+    """The message of a group of findings of one kind and cause (see `analysis.group_findings`).
+
+    Args:
+      kind: the findings' kind.
+      cause: their `cause`.
+      items: the findings (at least 2).
+
+    Returns:
+      One message naming how many and which, with the cause and the fix.
+    """
+    first = min(f.first_step for f in items)
+    replicas = _replica_text(sorted({r for f in items for r in f.replicas}))
+    worst = max(f.value for f in items if f.value is not None)
+    names = [f.name for f in items]
+    if kind == "per_replica_statistics":
+        layers = list(dict.fromkeys(_layer(n) for n in names))
+        head = (
+            f"{len(layers)} BatchNormalization layer{'s' if len(layers) > 1 else ''} "
+            f"({names_text(layers)}) keep per-replica moving statistics ({len(items)} "
+            f"variables differ on {replicas} from step {first}, relative L2 up to {worst:.3g}): "
+        )
+    elif kind == "variable_not_mirrored":
+        return (
+            f"{len(items)} variables ({names_text(names)}) are not mirrored: {replicas} read "
+            "them across devices and their updates are not synchronised; create them inside "
+            "strategy.scope()."
+        )
+    else:
+        what = {
+            "not_all_reduced": "trainable variables",
+            "non_trainable_per_replica": "non-trainable variables",
+        }.get(cause, "variables")
+        verb = "differ from" if kind == "variable_drift" else "are not bit-identical to"
+        head = (
+            f"{len(items)} {what} ({names_text(names)}) on {replicas} {verb} replica 0 from "
+            f"step {first} (relative L2 up to {worst:.3g}): "
+        )
+    return head + _CAUSE_TEXT.get((kind, cause), items[0].message)
+
+
+def _replica_text(replicas):
+    return f"replica{'s' if len(replicas) > 1 else ''} {', '.join(str(r) for r in replicas)}"
+
+
+def _span(series, mask, rel, base):
+    """Finding fields of the steps and replicas where `mask` [steps, replicas] holds, plus
+    `where` (the replicas as text, for the message)."""
+    rows = np.flatnonzero(mask.any(axis=1))
+    columns = [int(c) for c in np.flatnonzero(mask.any(axis=0))]
+    return dict(
+        base,
+        first_step=int(series.steps[rows[0]]),
+        last_step=int(series.steps[rows[-1]]),
+        count=int(rows.size),
+        replicas=[series.replicas[c] for c in columns],
+        value=round(float(np.nanmax(np.where(mask, rel, np.nan))), 12),
+        where=_replica_list(series.replicas, columns),
+    )
+
+
 def _drift_finding(series, index, variable, thresholds):
     """`variable_drift` or `variable_bits_differ` of one variable, or None."""
     rel = series.rel_l2[:, index, :]
@@ -55,6 +170,21 @@ def _drift_finding(series, index, variable, thresholds):
     differ = ~series.identical[:, index, :] & series.hash_comparable[index]
     name = variable["name"]
     base = dict(run=series.run, name=name, view="drift")
+    if _is_moving_statistic(variable) and (above.any() or differ.any()):
+        span = _span(series, above | differ, rel, base)
+        return Finding(
+            kind="per_replica_statistics",
+            severity="info",
+            threshold=None,
+            message=(
+                f"BatchNormalization statistic '{name}' on {span.pop('where')} differs from "
+                f"replica 0 from step {span['first_step']} (relative L2 up to "
+                f"{span['value']:.3g}): "
+                + _CAUSE_TEXT[("per_replica_statistics", "bn_moving_statistics")]
+            ),
+            cause="bn_moving_statistics",
+            **span,
+        )
     if above.any():
         rows = np.flatnonzero(above.any(axis=1))
         columns = [int(c) for c in np.flatnonzero(above.any(axis=0))]
@@ -72,55 +202,35 @@ def _drift_finding(series, index, variable, thresholds):
             f"Variable '{name}' on {_replica_list(series.replicas, columns)} differs from "
             f"replica 0 from step {first} (relative L2 up to {worst:.3g}, {abs_text}); "
         )
-        if variable.get("trainable", True):
-            cause = (
-                "the replicas applied different updates: gradients not all-reduced (updates "
-                "applied per replica or on `.values`) or an update in replica context without "
-                "aggregation. Apply gradients with optimizer.apply_gradients inside "
-                "strategy.run (or strategy.reduce them first); a saved model keeps replica 0's "
-                "copy only."
-            )
-        else:
-            cause = (
-                "a non-trainable variable was updated from each replica's local values without "
-                "cross-replica aggregation (e.g. Keras 3 BatchNormalization moving statistics "
-                "under MirroredStrategy); use BatchNormalization(synchronized=True) or "
-                "aggregate the update, since a saved model keeps replica 0's copy only."
-            )
+        trainable = variable.get("trainable", True)
+        cause = "not_all_reduced" if trainable else "non_trainable_per_replica"
         return Finding(
             kind="variable_drift",
-            severity="error" if variable.get("trainable", True) else "warning",
+            severity="error" if trainable else "warning",
             first_step=first,
             last_step=last,
             count=int(rows.size),
             replicas=[series.replicas[c] for c in columns],
             value=round(worst, 9),
             threshold=thresholds.variable_drift_rel_l2,
-            message=head + cause,
+            message=head + _CAUSE_TEXT[("variable_drift", cause)],
+            cause=cause,
             **base,
         )
     if differ.any():
-        rows = np.flatnonzero(differ.any(axis=1))
-        columns = [int(c) for c in np.flatnonzero(differ.any(axis=0))]
-        first = int(series.steps[rows[0]])
-        worst = float(np.nanmax(np.where(differ, rel, np.nan)))
+        span = _span(series, differ, rel, base)
         return Finding(
             kind="variable_bits_differ",
             severity="info",
-            first_step=first,
-            last_step=int(series.steps[rows[-1]]),
-            count=int(rows.size),
-            replicas=[series.replicas[c] for c in columns],
-            value=round(worst, 12),
             threshold=thresholds.variable_drift_rel_l2,
             message=(
-                f"Variable '{name}' on {_replica_list(series.replicas, columns)} is not "
-                f"bit-identical to replica 0 from step {first}, within tolerance (relative L2 "
-                f"up to {worst:.3g}): typical of non-deterministic kernels or devices of "
-                "different types; enable tf.config.experimental.enable_op_determinism() if "
-                "replicas must match exactly."
+                f"Variable '{name}' on {span.pop('where')} is not bit-identical to replica 0 "
+                f"from step {span['first_step']}, within tolerance (relative L2 up to "
+                f"{span['value']:.3g}): "
+                + _CAUSE_TEXT[("variable_bits_differ", "within_tolerance")]
             ),
-            **base,
+            cause="within_tolerance",
+            **span,
         )
     return None
 
@@ -168,6 +278,7 @@ def find_variables(series, thresholds=Thresholds()):
                         "strategy.scope()."
                     ),
                     view="placement",
+                    cause="not_mirrored",
                 )
             )
         if variable.get("sync") == "on_read":
