@@ -81,14 +81,12 @@ def group_message(kind, cause, items):
             f"{len(items)} generators ({names_text([f.name for f in items])}) desynchronised on "
             f"replicas {who} from {fmt_steps(steps[:1])}: " + items[0].message.split(": ", 1)[-1]
         )
-    if cause == "dropout":
-        layers = [f.message.split("layer `", 1)[1].split("`", 1)[0] for f in items]
+    if cause == "dropout":  # a layer's only generator is named after the layer
         head = f"Replicas {who} draw identical dropout masks in {len(items)} Dropout layers"
-        names = layers
     else:
         head = f"Replicas {who} draw identical random numbers from {len(items)} generators"
-        names = [f.name for f in items]
-    return f"{head} ({names_text(names)}), from {fmt_steps(steps[:1])}: {_CAUSE_TEXT[cause]}"
+    names = names_text([f.name for f in items])
+    return f"{head} ({names}), from {fmt_steps(steps[:1])}: {_CAUSE_TEXT[cause]}"
 
 
 def stream_groups(values):
