@@ -272,8 +272,21 @@ def test_weight_drift_and_placement_sections(demo_server, browser):
     kinds = frame.eval_on_selector_all(
         '[data-view="findings"] .finding', "els => els.map(e => e.dataset.kind)"
     )
-    assert kinds == ["variable_drift"] * 4
-    frame.click('[data-view="findings"] .finding')
+    assert kinds == ["variable_drift"]  # one cause (no all-reduce): one finding for 4 variables
+    finding = '[data-view="findings"] .finding[data-kind="variable_drift"]'
+    assert "4 items" in frame.inner_text(f"{finding} .finding-head")
+    assert not frame.is_visible(f"{finding} .finding-item")  # collapsed
+    frame.click(f"{finding} .finding-items summary")
+    items = frame.eval_on_selector_all(
+        f"{finding} .finding-item",
+        "els => els.map(e => [e.querySelector('.item-name').textContent, e.dataset.severity])",
+    )
+    assert [severity for _, severity in items] == ["error"] * 4
+    assert [name.rsplit("/", 1)[-1] for name, _ in items] == ["kernel", "bias"] * 2
+    assert frame.is_visible(f"{finding} .finding-item")
+    assert "replicas 1, 2, 3" in frame.inner_text(f"{finding} .finding-item")
+    assert frame.query_selector('[data-view="drift"].flash') is None  # expanding is not selecting
+    frame.click(f"{finding} .message")
     frame.wait_for_selector('[data-view="drift"].flash', timeout=5_000)
 
     frame.select_option("#run-select", "weight_drift/synchronized")

@@ -139,6 +139,17 @@ export async function fetchFindings(run, opts) {
       threshold: toNumber(f.threshold),
       message: String(f.message ?? ''),
       view: f.view ?? null,
+      cause: f.cause ?? null,
+      // A finding grouping several of one cause: the grouped findings (name, steps, replicas...).
+      items: list(f.items).map((i) => ({
+        ...i,
+        severity: String(i.severity ?? 'info'),
+        first_step: toNumber(i.first_step),
+        last_step: toNumber(i.last_step),
+        count: toNumber(i.count),
+        replicas: list(i.replicas),
+        value: toNumber(i.value),
+      })),
     }))
     .sort((a, b) => rank(a.severity) - rank(b.severity) || (a.first_step ?? 0) - (b.first_step ?? 0));
 }

@@ -1,4 +1,5 @@
 // The findings panel: each finding of the run, most severe first; click one to see it.
+// A finding grouping several of one cause (`items`) shows their count and expands to them.
 import { h, shortList, fmt } from '../dom.js';
 
 function stepsText({ first_step: a, last_step: b, count }) {
@@ -12,6 +13,27 @@ function replicasText(replicas, workerOf) {
   const text = replicas.length === 1 ? `replica ${replicas[0]}` : `replicas ${shortList(replicas, 10)}`;
   const workers = [...new Set(replicas.map(workerOf).filter(Boolean))];
   return workers.length ? `${text} on ${shortList(workers, 4)}` : text;
+}
+
+function itemsList(items, workerOf) {
+  const rows = items.map((item) =>
+    h('li', { class: 'finding-item', dataset: { severity: item.severity }, title: item.message }, [
+      h('span', { class: 'item-name' }, item.name ?? '(whole batch)'),
+      h(
+        'span',
+        { class: 'meta' },
+        [stepsText(item), replicasText(item.replicas || [], workerOf), item.value != null && !Number.isNaN(item.value) ? `value ${fmt(item.value)}` : null]
+          .filter(Boolean)
+          .join(' · '),
+      ),
+    ]),
+  );
+  // A click on the toggle or the list expands or reads; it does not select the finding.
+  const stop = (e) => e.stopPropagation();
+  return h('details', { class: 'finding-items', onclick: stop, onkeydown: stop }, [
+    h('summary', {}, `${items.length} items`),
+    h('ul', {}, rows),
+  ]);
 }
 
 export function createFindings(target, { findings, onSelect, workerOf = () => null }) {
@@ -35,6 +57,7 @@ export function createFindings(target, { findings, onSelect, workerOf = () => nu
       stepsText(f),
       replicasText(f.replicas, workerOf),
       f.name != null ? `${f.name}` : null,
+      f.items?.length ? `${f.items.length} items` : null,
       f.value != null && !Number.isNaN(f.value) ? `value ${fmt(f.value)}` : null,
     ].filter(Boolean);
     target.append(
@@ -56,6 +79,7 @@ export function createFindings(target, { findings, onSelect, workerOf = () => nu
             h('span', { class: 'meta' }, meta.join(' · ')),
           ]),
           h('div', { class: 'message' }, f.message),
+          f.items?.length ? itemsList(f.items, workerOf) : null,
         ],
       ),
     );
