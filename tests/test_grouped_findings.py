@@ -184,3 +184,67 @@ def test_mobilenet_v2_on_2_replicas_gives_at_most_2_findings(tmp_path):
     assert len(bn_layers) == 52 and len(statistics.items) == 2 * len(bn_layers)
     assert not [f for f in findings if f.severity == "error"]
     assert analysis.severity_counts(findings)["error"] == 0
+
+
+def test_group_findings_merges_one_cause_only():
+    def finding(name, cause, severity="warning", step=0, replicas=(1,), value=0.5):
+        return analysis.Finding(
+            "variable_drift",
+            severity,
+            "run",
+            step,
+            step + 2,
+            3,
+            list(replicas),
+            name,
+            value,
+            1e-6,
+            f"'{name}' differs.",
+            "drift",
+            cause=cause,
+        )
+
+    found = [
+        finding("a", "x", step=4, replicas=(2,), value=0.25),
+        finding("b", "x", severity="error", step=1, value=0.75),
+        finding("c", "y"),
+        finding("d", None),
+        finding("e", None),
+    ]
+    calls = []
+
+    def describe(kind, cause, items):
+        calls.append((kind, cause, [f.name for f in items]))
+        return "grouped."
+
+    grouped = analysis.group_findings(found, describe)
+    assert calls == [("variable_drift", "x", ["b", "a"])]  # most severe first, then rule order
+    assert [(f.name, f.severity, f.cause) for f in grouped] == [
+        (None, "error", "x"),
+        ("d", "warning", None),
+        ("e", "warning", None),
+        ("c", "warning", "y"),  # a cause with one finding stays as it is
+    ]
+    merged = grouped[0]
+    assert (merged.first_step, merged.last_step, merged.replicas, merged.value) == (
+        1,
+        6,
+        [1, 2],
+        0.75,
+    )
+    assert [i["name"] for i in merged.items] == ["b", "a"]
+    assert set(merged.items[0]) == {
+        "severity",
+        "first_step",
+        "last_step",
+        "count",
+        "replicas",
+        "name",
+        "value",
+        "threshold",
+        "message",
+        "view",
+    }
+    assert all(f.items == [] for f in grouped[1:])
+    assert analysis.names_text(["a", "b", "c", "d", "e"]) == "`a`, `b`, `c` and 2 more"
+    assert analysis.names_text(["a", "b"]) == "`a` and `b`"
