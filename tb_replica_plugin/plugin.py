@@ -188,9 +188,17 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             present = family.present
             parsed = {name: parse(request.args.get(name)) for name, parse in present.ARGS.items()}
             ctx, experiment_id = self._request_context(request)
-            # Only this family's tags (and those of the families it needs) are read.
-            run_data = self.store.run_data(ctx, experiment_id, run, families=[family.name])
-            return _json(request, present.body(run, run_data, parsed))
+            # Only this family's tags (and those of the families it needs) are read; the body is
+            # kept until the run has new data.
+            body = self.store.body(
+                ctx,
+                experiment_id,
+                run,
+                family.name,
+                parsed,
+                lambda run_data: present.body(run, run_data, parsed),
+            )
+            return _json(request, body)
 
         serve.__name__ = f"_serve_{family.name}"
         return functools.partial(_handling_errors(serve), self)

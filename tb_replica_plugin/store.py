@@ -1,12 +1,13 @@
 """The tab's reads, cached per run (or job) and data version.
 
-A route asks `RunStore` for what it shows: one family's series of one run (`run_data`), the
-findings (`findings`) or the `/runs` entries (`entries`). Each asks the data provider only for the
-tags it needs (`RunTagFilter`) with the plugin's sampling hint, and keeps the result in one
-`core.cache.ByteLRU` keyed by the run's data version: per tag, the largest step and wall time the
-provider lists (`list_tensors` metadata). A run is read again, and its findings computed again,
-only when that version changes (new data) or its entry was evicted. Job merges are cached the same
-way (their version is their workers'). No TensorFlow.
+A route asks `RunStore` for what it shows: a family route's body (`body`, from one family's
+series of one run: `run_data`), or the findings and `/runs` entries (`summaries`). Each asks
+the data provider only for the tags it needs (`RunTagFilter`) with the plugin's sampling hint,
+and keeps the result in one `core.cache.ByteLRU` keyed by the run's data version: per tag, the
+largest step and wall time the provider lists (`list_tensors` metadata). A run is read again,
+its findings computed again and its bodies built again only when that version changes (new
+data) or the entry was evicted. Job merges are cached the same way (their version is their
+workers'). No TensorFlow.
 """
 
 import collections
@@ -135,6 +136,33 @@ class RunStore:
             read,
             slot=("data", experiment_id, run, scope),
         )
+
+    def body(self, ctx, experiment_id, run, family, args, make_body):
+        """A family route's JSON body for `run` and its arguments, cached per data version.
+
+        Args:
+          ctx, experiment_id: as for `reader.read_run`.
+          run: a run or job name.
+          family: the family's name (its tags, and those of its needs, are read).
+          args: the route's parsed arguments, `{name: value}` (hashable values).
+          make_body: `fn(run_data) -> dict`, the route's body from the run's data.
+
+        Returns:
+          The body (shared with other requests: do not modify it).
+
+        Raises:
+          reader.RunNotFoundError: if `run` is neither a run nor a job of this plugin.
+        """
+        runs = self.list_runs(ctx, experiment_id)
+        if run not in runs and run not in reader.job_groups(runs):
+            raise reader.RunNotFoundError(run)
+        version = self.version(runs, run)
+        key = ("body", experiment_id, run, family, tuple(sorted(args.items())))
+
+        def compute():
+            return make_body(self.run_data(ctx, experiment_id, run, [family], runs=runs))
+
+        return self.cache.get_or_compute((*key, version), compute, slot=key)
 
     def _summaries(self, ctx, experiment_id, runs, group, make_entry):
         """`{name: {"entry", "findings"}}` of one group of `reader.groups(runs)`, cached."""
