@@ -12,9 +12,11 @@ without it.
 """
 
 import functools
+import gzip
+import json
 import os
 
-from tensorboard.backend import http_util
+from tensorboard.backend import http_util, json_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
@@ -49,6 +51,18 @@ def _error(request, status, message):
 
 def _json(request, body):
     return http_util.Respond(request, body, "application/json")
+
+
+def encode_json(body):
+    """`body` as gzip-compressed JSON bytes, encoded the way `http_util.Respond` encodes it
+    (non-finite floats as the strings "NaN", "Infinity", "-Infinity"), so a cached answer is
+    neither serialised nor compressed again."""
+    text = json.dumps(json_util.Cleanse(body, "utf-8"), ensure_ascii=True)
+    return gzip.compress(text.encode("utf-8"), compresslevel=3, mtime=0)
+
+
+def _encoded_json(request, encoded):
+    return http_util.Respond(request, encoded, "application/json", content_encoding="gzip")
 
 
 def _handling_errors(handler):
@@ -188,17 +202,17 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             present = family.present
             parsed = {name: parse(request.args.get(name)) for name, parse in present.ARGS.items()}
             ctx, experiment_id = self._request_context(request)
-            # Only this family's tags (and those of the families it needs) are read; the body is
-            # kept until the run has new data.
-            body = self.store.body(
+            # Only this family's tags (and those of the families it needs) are read; the answer
+            # is kept, encoded, until the run has new data.
+            encoded = self.store.body(
                 ctx,
                 experiment_id,
                 run,
                 family.name,
                 parsed,
-                lambda run_data: present.body(run, run_data, parsed),
+                lambda run_data: encode_json(present.body(run, run_data, parsed)),
             )
-            return _json(request, body)
+            return _encoded_json(request, encoded)
 
         serve.__name__ = f"_serve_{family.name}"
         return functools.partial(_handling_errors(serve), self)

@@ -145,10 +145,11 @@ class RunStore:
           run: a run or job name.
           family: the family's name (its tags, and those of its needs, are read).
           args: the route's parsed arguments, `{name: value}` (hashable values).
-          make_body: `fn(run_data) -> dict`, the route's body from the run's data.
+          make_body: `fn(run_data)`, the route's answer from the run's data (the plugin gives
+            its JSON body, encoded).
 
         Returns:
-          The body (shared with other requests: do not modify it).
+          What `make_body` returned (shared with other requests: do not modify it).
 
         Raises:
           reader.RunNotFoundError: if `run` is neither a run nor a job of this plugin.
