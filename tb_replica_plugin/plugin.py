@@ -1,11 +1,10 @@
 """The TensorBoard plugin: thin HTTP routes over the data provider and the analysis.
 
-Routes are documented in `http_api.md`: the static files, `/runs`, `/findings`, `/overview`
-and one route
-per registered family (`Family.route`), whose body comes from the family's present module
-(`present.ARGS` parses the arguments, `present.body(run, run_data, args)` builds the JSON).
-Reads go through `store.RunStore`: a family route reads only its family's tags, and findings and
-`/runs` entries are computed once per run and data version.
+Routes are documented in `http_api.md`: the static files, `/runs`, `/findings`, `/overview` and
+one route per registered family (`Family.route`), whose body comes from the family's present
+module (`present.ARGS` parses the arguments, `present.body(run, run_data, args)` builds the JSON).
+Reads go through `store.RunStore`: a family route reads only its family's tags and keeps its
+encoded answer; findings and `/runs` entries are computed once per run and data version.
 Errors are exceptions handled in one place (`_handling_errors`): `BadRequestError` → 400,
 `reader.RunNotFoundError` and `NotFoundError` → 404. No TensorFlow import: TensorBoard may run
 without it.
@@ -100,7 +99,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         context: the `base_plugin.TBContext` given by TensorBoard.
         """
         self._provider = context.data_provider
-        hint = (context.sampling_hints or {}).get(metadata.PLUGIN_NAME)
+        hint = (getattr(context, "sampling_hints", None) or {}).get(metadata.PLUGIN_NAME)
         # Reads scoped to each route's families, cached per run and data version.
         self.store = store.RunStore(
             context.data_provider, downsample=store.downsample_from_hint(hint)
