@@ -479,3 +479,17 @@ def test_overview_filter_click_and_link_open_the_run(demo_server, browser):
     assert page.is_visible("#overview") and "#run=" not in page.url
     assert errors == []
     page.close()
+
+
+def test_tensorboard_reload_refreshes_the_overview(demo_server, browser):
+    """Live: TensorBoard's reload (button or auto-reload) asks the tab to fetch fresh counts."""
+    page, frame, errors = open_tab(demo_server, browser)
+    assert frame.is_visible("#overview")
+    fetched = []
+    page.on("request", lambda r: fetched.append(r.url) if "/replicas/overview" in r.url else None)
+    page.click("button.reload-button, [aria-label*='eload']")
+    page.wait_for_timeout(2000)
+    assert len(fetched) >= 1
+    assert frame.eval_on_selector_all("table.overview tbody tr", "els => els.length") >= 22
+    assert errors == []
+    page.close()

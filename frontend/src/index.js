@@ -5,13 +5,14 @@ import { h } from './dom.js';
 import { fetchOverview, fetchGradients } from './data.js';
 import { createZoom } from './zoom.js';
 import { createOverview } from './views/overview.js';
+import { connectHost, onHost } from './host.js';
 import { MAX_POINTS, SECTIONS, deviceNamer, routeLoaders } from './sections.js';
 
 const setState = (s) => (document.body.dataset.state = s);
 let onResize = null;
 let refreshTimer = null;
 let onHash = null;
-/** How often the overview asks for fresh counts (TensorBoard's own reload period). */
+/** How often the overview asks for fresh counts when no TensorBoard host tells of reloads. */
 const REFRESH_MS = 30000;
 
 /** The run the URL names (`#run=NAME`), or null. */
@@ -39,6 +40,7 @@ export async function render() {
     document.head.appendChild(h('style', { id: 'replicas-style' }, uplotCss + '\n' + appCss));
   }
   setState('loading');
+  const hosted = connectHost();
   const status = h('div', { class: 'status', role: 'status' });
   const main = h('main', { id: 'run-view' });
   const overviewBox = h('section', { id: 'overview', dataset: { view: 'overview' } });
@@ -99,7 +101,8 @@ export async function render() {
     setState('ready');
   }
 
-  // Live: fresh counts (and new runs) while the tab is visible; the open run's summary too.
+  // Live: fresh counts (and new runs) at each reload of TensorBoard (every REFRESH_MS when the
+  // tab is opened on its own); the open run's summary too.
   async function refresh() {
     if (document.hidden) return;
     let fresh;
@@ -116,7 +119,8 @@ export async function render() {
     if (open) summary.textContent = runSummary(open);
   }
   clearInterval(refreshTimer); // render() may be called again
-  refreshTimer = setInterval(refresh, REFRESH_MS);
+  if (hosted) onHost('experimental.DataReloaded', () => void refresh());
+  else refreshTimer = setInterval(refresh, REFRESH_MS);
 
   async function show(runName) {
     close();
