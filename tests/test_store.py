@@ -19,17 +19,20 @@ class RecordingProvider:
     def __init__(self, provider):
         self._provider = provider
         self.reads = []  # (runs, tags) of each read_tensors call
+        self.downsample = []  # the samples per tag each read asked for
 
     def read_tensors(self, ctx, *, run_tag_filter, **kwargs):
         self.reads.append((tuple(run_tag_filter.runs), frozenset(run_tag_filter.tags)))
+        self.downsample.append(kwargs.get("downsample"))
         return self._provider.read_tensors(ctx, run_tag_filter=run_tag_filter, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._provider, name)
 
 
-def serve(logdir):
-    """`(werkzeug client, recording provider, plugin, multiplexer)` over `logdir`."""
+def serve(logdir, hint=0):
+    """`(werkzeug client, recording provider, plugin, multiplexer)` over `logdir`; `hint`: the
+    `--samples_per_plugin replicas=N` hint (0: every sample)."""
     from tensorboard.backend import application
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
     from tensorboard.plugins import base_plugin
@@ -44,7 +47,7 @@ def serve(logdir):
     multiplexer.Reload()
     provider = RecordingProvider(data_provider.MultiplexerDataProvider(multiplexer, logdir))
     context = base_plugin.TBContext(
-        logdir=logdir, data_provider=provider, sampling_hints={metadata.PLUGIN_NAME: 0}
+        logdir=logdir, data_provider=provider, sampling_hints={metadata.PLUGIN_NAME: hint}
     )
     plugin = ReplicasPlugin(context)
     app = application.TensorBoardWSGI([plugin], data_provider=provider)
@@ -185,3 +188,13 @@ def test_a_job_is_read_scoped_and_merged_once(tmp_path):
     get_json(client, "/findings?run=job")
     assert [r["run"] for r in runs["runs"]] == ["job"] and len(runs["runs"][0]["workers"]) == 2
     assert plugin.store.computed["summary"] == 1
+
+
+def test_reads_follow_the_sampling_hint(unit_logs):
+    client, provider, _, _ = serve(unit_logs)
+    get_json(client, "/inputs?run=fit_17_8/replicas")
+    assert provider.downsample == [reader.ALL_SAMPLES]  # replicas=0: every sample kept
+    client, provider, _, _ = serve(unit_logs, hint=2)
+    status, body = get_json(client, "/inputs?run=fit_17_8/replicas")
+    # At most 2 samples per tag asked, as TensorBoard's own plugins do with their hint.
+    assert provider.downsample == [2] and status == 200 and body["replicas"] == [0, 1]
