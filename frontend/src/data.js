@@ -41,10 +41,20 @@ export async function fetchJson(url, { signal } = {}) {
 
 const q = (params) => new URLSearchParams(params).toString();
 
-/** The runs that hold replica data. */
+/** The runs that hold replica data, by name. */
 export async function fetchRuns(opts) {
   const body = await fetchJson('./runs', opts);
-  return list(body.runs).map((r) => ({
+  return list(body.runs).map(runEntry);
+}
+
+/** The runs overview: every run and job, worst first (the /runs fields). */
+export async function fetchOverview(opts) {
+  const body = await fetchJson('./overview', opts);
+  return list(body.runs).map(runEntry);
+}
+
+function runEntry(r) {
+  return {
     run: String(r.run),
     replicas: list(r.replicas),
     devices: list(r.devices),
@@ -55,7 +65,7 @@ export async function fetchRuns(opts) {
     families: list(r.families),
     notes: list(r.notes),
     workers: workerList(r.workers),
-  }));
+  };
 }
 
 /** Per-worker grouping of a multi-worker job's replica axis ([] for a single-worker run). */

@@ -1,7 +1,7 @@
 """What a run is, across families: its replicas, devices, source and step span.
 
-Used by `/runs` and by the report header. Each family's present module may give
-`identity(run_data)` (`{"replicas", "devices", "source", "steps"}` or None) and
+Used by `/runs`, `/overview` (`worst_first`) and by the report header. Each family's present
+module may give `identity(run_data)` (`{"replicas", "devices", "source", "steps"}` or None) and
 `recorded_steps(run_data)` (arrays of steps). No TensorFlow.
 """
 
@@ -61,3 +61,31 @@ def last_step(run_data):
     """The last step any family recorded (None without any)."""
     steps = _all_steps(run_data)
     return int(steps.max()) if steps.size else None
+
+
+def worst_first(entries):
+    """`/runs` entries ordered for the runs overview: most errors first, then warnings, infos.
+
+    Args:
+      entries: `/runs` entries (dicts with "run" and "findings": `{"error", "warning", "info"}`).
+
+    Returns:
+      A new list: by descending error, warning and info counts, then by run name.
+
+    Example:
+      >>> [e["run"] for e in worst_first([
+      ...     {"run": "a", "findings": {"error": 0, "warning": 1, "info": 0}},
+      ...     {"run": "b", "findings": {"error": 1, "warning": 0, "info": 0}}])]
+      ['b', 'a']
+    """
+
+    def key(entry):
+        counts = entry.get("findings") or {}
+        return (
+            -counts.get("error", 0),
+            -counts.get("warning", 0),
+            -counts.get("info", 0),
+            entry["run"],
+        )
+
+    return sorted(entries, key=key)
