@@ -185,6 +185,31 @@ def test_tf_keras_first_batch_7_on_2_replicas(request):
     assert facts["iterations"] == 3 and facts["warnings"] == []
 
 
+def test_tf_keras_ragged_text_records_exact_rows_per_replica_and_outputs(request):
+    """Ragged token ids under fit with an uneven last batch: the recorded batch size is each
+    replica's nrows, exactly as iterating the distributed dataset gives them."""
+    logdir, _, _ = request.getfixturevalue("tf_keras_results")
+    series, findings, facts = _load(request, "tf_keras", "ragged_text")
+    expected = facts["expected"]
+    assert [step["nrows"] for step in expected] == [[4, 4], [4, 4], [1, 0]]
+    assert series.batch_size.tolist() == [step["nrows"] for step in expected]
+    events = {event["step"]: event for event in series.shape_events}
+    assert sorted(events) == [0, 2]  # row lengths change every step, rows only at step 2
+    for step, event in events.items():
+        x = event["inputs"][0]
+        assert x["name"] == "x" and x["kinds"] == ["ragged", "ragged"]
+        assert x["shapes"] == [[rows, -1] for rows in expected[step]["nrows"]]
+        assert [s[0] for s in x["structure"]] == expected[step]["values"]  # total tokens
+    assert [f.kind for f in findings] == ["empty_shard"]
+    assert facts["warnings"] == [] and facts["iterations"] == 3
+    run = tb_replica_plugin.load(os.path.join(logdir, "ragged_text")).runs
+    (outputs,) = [data.watch.values["outputs"] for data in run.values()]
+    assert [leaf["shapes"] for e in outputs.shape_events for leaf in e["leaves"]] == [
+        [[4, 1], [4, 1]],
+        [[1, 1], [0, 1]],
+    ]
+
+
 def test_tf_keras_steps_per_execution_2_records_every_step(request):
     series, findings, facts = _load(request, "tf_keras", "steps_per_execution_2")
     assert series.steps.tolist() == list(range(10))

@@ -231,3 +231,45 @@ def test_watch_rejects_a_bad_name_and_never_breaks_the_step(tmp_path):
     value = reader.read_log_dir(str(tmp_path))["bad"].watch.values["strings"]
     stats = value.stats[0][1][0]
     assert stats[ROW["values"]].tolist() == [2, 2] and np.isnan(stats[ROW["min"]]).all()
+
+
+def test_fit_records_each_named_output_per_replica_at_training_steps_only(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaCallback
+
+    strategy = mirrored(2)
+    # 17 examples, global batch 8: [4, 4], [4, 4], [1, 0] per epoch; validation is not recorded.
+    x = np.arange(17 * 3, dtype="float32").reshape(17, 3)
+    targets = {"a": np.ones((17, 2), "float32"), "b": np.zeros((17, 1), "float32")}
+    with strategy.scope():
+        inputs = keras.Input((3,))
+        model = keras.Model(
+            inputs,
+            {
+                "a": keras.layers.Dense(2, name="a")(inputs),
+                "b": keras.layers.Dense(1, name="b")(inputs),
+            },
+        )
+        model.compile(optimizer="sgd", loss={"a": "mse", "b": "mse"})
+    dataset = tf.data.Dataset.from_tensor_slices((x, targets)).batch(8)
+    callback = ReplicaCallback(str(tmp_path), run_name="fit")
+    model.fit(dataset, epochs=2, verbose=0, validation_data=dataset, callbacks=[callback])
+
+    run = reader.read_log_dir(str(tmp_path))["fit"]
+    value = run.watch.values["outputs"]
+    assert value.leaves == ["outputs/a", "outputs/b"]
+    # Every change of local shapes, at training steps: the last batch of each epoch is [1, 0].
+    assert [e["step"] for e in value.shape_events] == [0, 2, 3, 5]
+    assert [leaf["shapes"] for leaf in value.shape_events[1]["leaves"]] == [
+        [[1, 2], [0, 2]],
+        [[1, 1], [0, 1]],
+    ]
+    # Stats at sampled steps: step 0 (every 16th) and each epoch's last step.
+    assert [s for s, _ in value.stats] == [0, 2, 5]
+    assert [a[0, ROW["nrows"]].tolist() for _, a in value.stats] == [[4, 4], [1, 0], [1, 0]]
+    assert [a[1, ROW["values"]].tolist() for _, a in value.stats] == [[4, 4], [1, 0], [1, 0]]
+    assert run.inputs.batch_size.tolist() == [[4, 4], [4, 4], [1, 0]] * 2  # same step axis
+    assert "outputs" not in [f.name for f in analysis.find_run(run)]
+    assert model.compute_loss.__func__ is type(model).compute_loss  # the hook was removed
