@@ -121,11 +121,13 @@ def test_keras3_and_tf_keras_record_the_same(request, scenario):
     assert keras3.batch_size.tolist() == tf_keras.batch_size.tolist()
     assert keras3.devices == tf_keras.devices
     assert _inputs(keras3) == _inputs(tf_keras)
-    # Inputs findings only: gradient findings depend on each flavour's numbers (e.g. which
-    # replica's float16 gradients overflow under a loss-scale optimizer, and when).
+    # Inputs findings only: gradient and output findings depend on each flavour's numbers (e.g.
+    # which replica's float16 gradients overflow under a loss-scale optimizer, and when; Keras
+    # 3.15's loss-scale optimizer lets a NaN reach the weights, so its outputs turn Inf).
+    numeric = ("gradients", "watch")
     assert [
-        (f.kind, f.replicas, f.first_step) for f in keras3_findings if f.view != "gradients"
-    ] == [(f.kind, f.replicas, f.first_step) for f in tf_keras_findings if f.view != "gradients"]
+        (f.kind, f.replicas, f.first_step) for f in keras3_findings if f.view not in numeric
+    ] == [(f.kind, f.replicas, f.first_step) for f in tf_keras_findings if f.view not in numeric]
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
