@@ -273,3 +273,43 @@ def test_fit_records_each_named_output_per_replica_at_training_steps_only(tmp_pa
     assert run.inputs.batch_size.tolist() == [[4, 4], [4, 4], [1, 0]] * 2  # same step axis
     assert "outputs" not in [f.name for f in analysis.find_run(run)]
     assert model.compute_loss.__func__ is type(model).compute_loss  # the hook was removed
+
+
+def test_watch_route_runs_listing_and_report(gather_child):
+    from bad_logs import wsgi_app
+    from werkzeug import test as werkzeug_test
+    from werkzeug import wrappers
+
+    logdir, _ = gather_child
+    app, _ = wsgi_app(logdir)
+    client = werkzeug_test.Client(app, wrappers.Response)
+
+    def get(path):
+        response = client.get("/data/plugin/replicas" + path)
+        return response.status_code, json.loads(response.get_data(as_text=True))
+
+    status, body = get("/watch?run=mismatch")
+    assert status == 200
+    assert body["replicas"] == [0, 1] and body["stat_rows"] == list(schema.STAT_ROWS)
+    logits = next(v for v in body["values"] if v["name"] == "logits")
+    assert logits["leaves"] == ["logits"] and logits["stats"]["steps"] == [0, 1, 2]
+    assert logits["shape_events"][0]["leaves"][0]["mismatch_dims"] == [1]
+    assert logits["stats"]["values"][0][0][ROW["values"]] == [40, 48]
+    kept = get("/watch?run=mismatch&max_points=2")[1]["values"][0]["stats"]  # the latest two
+    assert kept["steps"] == [1, 2] and kept["dropped"] == 1
+    status, body = get("/watch?run=nope")
+    assert status == 404
+    status, body = get("/runs")
+    families = {entry["run"]: entry["families"] for entry in body["runs"]}
+    assert families["mismatch"] == ["watch"]  # the loop watched, it observed no inputs
+    status, body = get("/findings?run=mismatch")
+    assert [f["view"] for f in body["findings"]] == ["watch"] * 3
+
+    run = reader.read_log_dir(logdir)["mismatch"]
+    report = present.report_json(run, analysis.Thresholds())["watch"]
+    assert report["logits"]["last_stats_step"] == 2
+    assert report["logits"]["last_stats"]["logits"]["values"] == [40, 48]
+    lines = present.report_text(run, analysis.Thresholds())
+    assert (
+        "      step 0 logits: [4, 10]:float32  [4, 12]:float32  <-- gather(axis=0) fails" in lines
+    )
