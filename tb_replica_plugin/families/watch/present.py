@@ -5,6 +5,8 @@ Pure Python and numpy, no TensorFlow. The route's JSON is documented in `http_ap
 
 import math
 
+import numpy as np
+
 from tb_replica_plugin.core import args
 from tb_replica_plugin.families.watch import rules, schema
 
@@ -64,6 +66,26 @@ def body(run, run_data, parsed):
         "stat_rows": list(schema.STAT_ROWS),
         "values": [value_json(v, parsed["max_points"]) for v in series.values.values()],
     }
+
+
+def identity(run_data):
+    """The run's replicas, devices and source as the watch family saw them (None without it);
+    a run that only watched values gets its replicas from here."""
+    series = run_data.watch
+    if series is None:
+        return None
+    return {
+        "replicas": series.replicas,
+        "devices": series.devices,
+        "source": series.source,
+        "steps": np.array(series.steps(), np.int64),
+    }
+
+
+def recorded_steps(run_data):
+    """The steps of every watched value (for `/runs` first_step/last_step)."""
+    series = run_data.watch
+    return [] if series is None else [np.array(series.steps(), np.int64)]
 
 
 def _last_stats(value):

@@ -56,19 +56,29 @@ class WatchSeries:
       replicas: global replica ids (the per-replica axis of every array and list).
       devices: device of each replica.
       values: `{name: WatchedValue}`, sorted by name.
+      source: "fit", "custom_loop" or "inspect_dataset" ("" when unknown).
     """
 
     run: str
     replicas: list
     devices: list
     values: dict
+    source: str = ""
+
+    def steps(self):
+        """Every step any watched value recorded (events, stats, NaN/Inf), sorted."""
+        steps = set()
+        for value in self.values.values():
+            steps.update(e["step"] for e in value.shape_events)
+            steps.update(s for s, _ in value.stats + value.nonfinite)
+        return sorted(steps)
 
 
 def parse_watch_event(step, document):
     """Parses one `watch/<name>/shapes` document.
 
     Returns:
-      `{"step", "name", "explain", "leaves", "replicas", "devices"}`.
+      `{"step", "name", "explain", "leaves", "replicas", "devices", "source"}`.
 
     Raises:
       ValueError, KeyError, TypeError: if the document is not a watch shapes event.
@@ -85,6 +95,7 @@ def parse_watch_event(step, document):
         "leaves": parse_leaf_entries(parsed["leaves"]),
         "replicas": [int(r) for r in parsed.get("replicas", [])],
         "devices": [str(d) for d in parsed.get("devices", [])],
+        "source": str(parsed.get("source", "")),
     }
 
 
@@ -166,7 +177,8 @@ def from_samples(run, samples, notes, needed=None):
                 count = max(count, len(leaf["shapes"]))
     replicas = (last_event or {}).get("replicas") or list(range(count))
     devices = (last_event or {}).get("devices") or [""] * len(replicas)
-    return WatchSeries(run=run, replicas=replicas, devices=devices, values=values)
+    source = (last_event or {}).get("source", "")
+    return WatchSeries(run=run, replicas=replicas, devices=devices, values=values, source=source)
 
 
 def merge(job, member_runs, workers, notes):
