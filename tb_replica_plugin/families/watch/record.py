@@ -84,20 +84,22 @@ def leaf_stats(value):
             size = tf.cast(tf.size(value), tf.float64)
         row_min = row_max = nan
     if values is None:
-        low = high = mean = l2 = nan
+        moments = tf.fill([4], nan)
         nans = infs = tf.constant(0.0, tf.float64)
     else:
+        # Masked reductions (no boolean_mask): fewer ops to trace and to run.
         finite = tf.math.is_finite(values)
-        kept = tf.boolean_mask(values, finite)
-        count = tf.cast(tf.size(kept), tf.float64)
-        some = count > 0
-        low = tf.where(some, tf.reduce_min(kept), nan)
-        high = tf.where(some, tf.reduce_max(kept), nan)
-        mean = tf.where(some, tf.reduce_sum(kept) / tf.maximum(count, 1.0), nan)
-        l2 = tf.where(some, tf.norm(kept), nan)
-        nans = tf.cast(tf.math.count_nonzero(tf.math.is_nan(values)), tf.float64)
-        infs = tf.cast(tf.math.count_nonzero(tf.math.is_inf(values)), tf.float64)
-    return tf.stack([low, high, mean, l2, nans, infs, size, nrows, row_min, row_max])
+        count = tf.reduce_sum(tf.cast(finite, tf.float64))
+        inf = tf.constant(float("inf"), tf.float64)
+        kept = tf.where(finite, values, tf.zeros_like(values))
+        low = tf.reduce_min(tf.where(finite, values, inf))
+        high = tf.reduce_max(tf.where(finite, values, -inf))
+        mean = tf.reduce_sum(kept) / tf.maximum(count, 1.0)
+        l2 = tf.sqrt(tf.reduce_sum(tf.square(kept)))
+        moments = tf.where(count > 0, tf.stack([low, high, mean, l2]), nan)
+        nans = tf.reduce_sum(tf.cast(tf.math.is_nan(values), tf.float64))
+        infs = tf.cast(tf.size(values), tf.float64) - count - nans
+    return tf.concat([moments, tf.stack([nans, infs, size, nrows, row_min, row_max])], axis=0)
 
 
 def leaf_finite(value):
@@ -201,28 +203,23 @@ class Recorder(RecorderBase):
                 per_leaf.append(tf.stack(columns, axis=1))  # [STATS, R]
             return tf.stack(per_leaf)  # [L, STATS, R]
 
-        def write_stats():
-            probe.write(
-                True, schema.tag(schema.TAG_STATS, name), stats, step_value, schema.KIND_STATS
-            )
-            return tf.constant(True)
-
-        tf.cond(
-            tf.logical_and(probe.sampled(step_value), recording),
-            write_stats,
-            lambda: tf.constant(False),
-        )
         flags = []
         for replica, device in enumerate(devices):
             with tf.device(device):
                 flags.extend(leaf_finite(leaf[replica]) for leaf in per_replica)
+        sampled = tf.logical_and(probe.sampled(step_value), recording)
+        unhealthy = tf.logical_and(tf.logical_not(tf.reduce_all(tf.stack(flags))), recording)
 
-        def write_nonfinite():
+        def write_stats():
+            # One trace of the stats for both writes: at sampled steps, and at any step where a
+            # replica's value holds NaN or Inf (the exact counts decide).
             values = stats()
             rows = schema.STAT_ROWS
             bad = values[:, rows.index("nan")] + values[:, rows.index("inf")]
+            stats_tag = schema.tag(schema.TAG_STATS, name)
+            probe.write(sampled, stats_tag, lambda: values, step_value, schema.KIND_STATS)
             probe.write(
-                tf.reduce_any(bad > 0),
+                tf.logical_and(unhealthy, tf.reduce_any(bad > 0)),
                 schema.tag(schema.TAG_NONFINITE, name),
                 lambda: values,
                 step_value,
@@ -230,11 +227,7 @@ class Recorder(RecorderBase):
             )
             return tf.constant(True)
 
-        tf.cond(
-            tf.logical_and(tf.logical_not(tf.reduce_all(tf.stack(flags))), recording),
-            write_nonfinite,
-            lambda: tf.constant(False),
-        )
+        tf.cond(tf.logical_or(sampled, unhealthy), write_stats, lambda: tf.constant(False))
         new_row = tf.stack([next_step, tf.constant(1, tf.int64), shapes.fingerprint])
         counters.assign(tf.tensor_scatter_nd_update(counters.read_value(), [[slot]], [new_row]))
 
