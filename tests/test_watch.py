@@ -313,3 +313,32 @@ def test_watch_route_runs_listing_and_report(gather_child):
     assert (
         "      step 0 logits: [4, 10]:float32  [4, 12]:float32  <-- gather(axis=0) fails" in lines
     )
+
+
+def test_a_job_keeps_the_kind_and_structure_of_its_workers_ragged_inputs():
+    from tb_replica_plugin.families.inputs import read as inputs_read
+
+    def worker(index, rows, values):
+        document = {
+            "devices": [f"/job:worker/replica:0/task:{index}/device:CPU:0"],
+            "replicas": [index],
+            "source": "custom_loop",
+            "worker": {"task_type": "worker", "task_index": index, "worker": index},
+            "inputs": [
+                {
+                    "name": "ids",
+                    "dtypes": ["int32"],
+                    "kinds": ["ragged"],
+                    "shapes": [[rows, -1]],
+                    "structure": [[values, 1, 3]],
+                }
+            ],
+        }
+        event = inputs_read.parse_shape_event(0, json.dumps(document))
+        return inputs_read.build_inputs_series(f"job/worker_{index}", [event], [])
+
+    merged = inputs_read.merge_inputs("job", [worker(0, 4, 7), worker(1, 3, 5)], [], [])
+    (entry,) = merged.shape_events[0]["inputs"]
+    assert entry["kinds"] == ["ragged", "ragged"] and entry["structure"] == [[7, 1, 3], [5, 1, 3]]
+    assert entry["shapes"] == [[4, -1], [3, -1]] and not entry["mismatch"]
+    assert merged.batch_size.tolist() == [[4, 3]]

@@ -323,26 +323,33 @@ def merge_inputs(job, members, workers, notes):
                     names.append(entry["name"])
         inputs = []
         for name in names:
-            dtypes, shapes = [], []
+            dtypes, shapes, kinds, structure = [], [], [], []
             for member, event in zip(members, in_force, strict=True):
                 entries = (event or {}).get("inputs", [])
                 entry = next((e for e in entries if e["name"] == name), None)
+                count = member.num_replicas
                 if entry is None:
-                    dtypes += ["missing"] * member.num_replicas
-                    shapes += [[]] * member.num_replicas
+                    dtypes += ["missing"] * count
+                    shapes += [[]] * count
+                    kinds += ["missing"] * count
+                    structure += [[-1, -1, -1]] * count
                 else:
                     dtypes += entry["dtypes"]
                     shapes += entry["shapes"]
-            dims = _mismatch_dims(dtypes, shapes)
-            inputs.append(
-                {
-                    "name": name,
-                    "dtypes": dtypes,
-                    "shapes": shapes,
-                    "mismatch": bool(dims),
-                    "mismatch_dims": dims,
-                }
-            )
+                    kinds += entry.get("kinds", ["dense"] * count)
+                    structure += entry.get("structure", [[-1, -1, -1]] * count)
+            composite = any(k not in ("dense", "missing") for k in kinds)
+            dims = _mismatch_dims(dtypes, shapes, kinds if composite else None)
+            merged = {
+                "name": name,
+                "dtypes": dtypes,
+                "shapes": shapes,
+                "mismatch": bool(dims),
+                "mismatch_dims": dims,
+            }
+            if composite:
+                merged.update(kinds=kinds, structure=structure)
+            inputs.append(merged)
         events.append({"step": step, "inputs": inputs})
 
     dense_sets = [set(m.dense_steps.tolist()) for m in members]
