@@ -16,6 +16,7 @@ Variants: `no_callback`; `replica_callback_default` (`ReplicaCallback(log_dir)`)
 step); `keras_tensorboard_every_step` (`keras.callbacks.TensorBoard(log_dir, update_freq=1,
 histogram_freq=1)`). More with `--variants` (and `--cnn-variants` for the cnn alone):
 `replica_callback_inputs_only` (every family but inputs off), `replica_callback_variables_off`,
+`replica_callback_outputs_off` (no model outputs: the default minus this is their cost),
 `replica_callback_examples_every_1`; add one to `VARIANTS` below.
 
 How it measures. Every (model, variant, pair) is its own child process (`python -m
@@ -95,8 +96,11 @@ VARIANTS = {
     ],
     # Not run by default (--variants): where the default's cost comes from.
     "replica_callback_inputs_only": lambda keras, d: [
-        _replica_callback()(d, gradients=False, rng=False, examples=False, variables=False)
+        _replica_callback()(
+            d, gradients=False, rng=False, examples=False, variables=False, outputs=False
+        )
     ],
+    "replica_callback_outputs_off": lambda keras, d: [_replica_callback()(d, outputs=False)],
     "replica_callback_variables_off": lambda keras, d: [_replica_callback()(d, variables=False)],
     "replica_callback_examples_every_1": lambda keras, d: [
         _replica_callback()(d, examples_every=1)

@@ -109,7 +109,7 @@ class Finding:
       value: the measured value (e.g. imbalance ratio), threshold: what it was compared with.
       message: one or two sentences with the likely cause and the fix.
       view: the part of the tab that shows it ("batch", "shapes", "gradients", "rng", "data",
-        "step_time", "drift" or "placement").
+        "step_time", "drift", "placement" or "watch").
     """
 
     kind: str

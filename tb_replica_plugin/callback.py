@@ -59,7 +59,8 @@ def _set_instance_attribute(obj, name, value):
 
 
 class LossCapture:
-    """The last loss computed on each replica thread (replica functions run in threads)."""
+    """The last loss (or `y_pred`) computed on each replica thread (replica functions run in
+    threads)."""
 
     def __init__(self):
         self._local = threading.local()
@@ -71,7 +72,10 @@ class LossCapture:
         """The captured loss if it belongs to `graph` (the current step's graph), else None."""
         loss = getattr(self._local, "loss", None)
         self._local.loss = None
-        if loss is None or getattr(loss, "graph", graph) is not graph:
+        if loss is None:
+            return None
+        first = (tf.nest.flatten(loss) or [None])[0]  # y_pred may be a dict of outputs
+        if getattr(first, "graph", graph) is not graph:
             return None
         return loss
 
@@ -94,6 +98,40 @@ def hook_compute_loss(model, capture):
         return loss
 
     return _set_instance_attribute(model, "compute_loss", compute_loss)
+
+
+def hook_model_outputs(model, capture):
+    """Wraps `model.compute_loss` (instance attribute) to hand each replica's `y_pred` to
+    `capture` (Keras 3 and tf_keras pass it as the third argument or `y_pred=`).
+
+    Returns:
+      A function that undoes the hook.
+    """
+    original = model.compute_loss
+
+    def compute_loss(*args, **kwargs):
+        y_pred = kwargs["y_pred"] if "y_pred" in kwargs else (args[2] if len(args) > 2 else None)
+        if y_pred is not None:
+            capture.put(y_pred)
+        return original(*args, **kwargs)
+
+    return _set_instance_attribute(model, "compute_loss", compute_loss)
+
+
+def watch_outputs(probe, capture):
+    """Watches the outputs this replica's train step computed (`y_pred`) as `outputs`.
+
+    Called after the original step, in replica context; outputs captured in another graph (a
+    validation step of the same fit) are ignored.
+    """
+    try:
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        y_pred = capture.take(graph)
+    except Exception as error:  # noqa: BLE001 - never break training
+        probe.warn_failed("watch", error, "model outputs")
+        return
+    if y_pred is not None:
+        probe.watch("outputs", y_pred)
 
 
 def hook_optimizer(optimizer, observe):
@@ -268,6 +306,10 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         replica 0's at logged steps (copies each variable to replica 0's device; default False).
       flush_secs: seconds between background flushes of the event file (default 5). The file
         is also flushed at every epoch end, at the end of training and when `fit` raises.
+      outputs: record each replica's model outputs (`y_pred`, as the model's `compute_loss`
+        receives it; a dict of outputs per output name) as the watched value `outputs`
+        (default True): shapes at every change, NaN/Inf at every step, small stats at sampled
+        steps. See `ReplicaProbe.watch`.
 
     Nothing here can stop training: a failure to trace the collectors, to create or write the log
     dir (unwritable, removed while training, full disk) warns once (`RuntimeWarning`) and
@@ -302,6 +344,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         variables=True,
         variables_exact=False,
         examples_every=DEFAULT_EXAMPLES_EVERY,
+        outputs=True,
     ):
         super().__init__()
         if update_freq == "batch":
@@ -331,12 +374,14 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         self.examples = examples
         self.variables = bool(variables)
         self.variables_exact = bool(variables_exact)
+        self.outputs = bool(outputs)
         self._probe = None
         self._patched = None
         self._undo_hooks = []
         self._armed = False  # set_model ran: the next make_train_function is this fit's
         self._training = False
         self._traced = None  # (what it depends on, the instrumented train function)
+        self._outputs_capture = None
 
     @property
     def probe(self):
@@ -487,6 +532,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                 stacklevel=3,
             )
             model.jit_compile = False
+        self._outputs_capture = self._hook_outputs(model)
         model.train_step = self._instrumented_step(model, model.train_step)
         self._hook_gradients(model, self._probe)
         self._armed = True
@@ -541,6 +587,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             observers.extend(_rng_observer(probe, model, self.generators))
         per_step_variables = self.variables and self.update_freq != "epoch"
         exact = self.variables_exact
+        outputs = self._outputs_capture
 
         def train_step(data):
             try:
@@ -550,7 +597,9 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             else:
                 for observe in observers:
                     observe(batch)
-            outputs = original(data)
+            logs = original(data)
+            if outputs is not None:
+                watch_outputs(probe, outputs)
             if per_step_variables:
                 # Replica context: a merge_call, then the check under a tf.cond (every N steps).
                 try:
@@ -559,9 +608,17 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                     probe.warn_variables_failed(error)
                 else:
                     probe.observe_variables(variables, exact=exact)
-            return outputs
+            return logs
 
         return train_step
+
+    def _hook_outputs(self, model):
+        """Captures `y_pred` at `compute_loss` (the `LossCapture` of the outputs), or None."""
+        if not self.outputs or not callable(getattr(model, "compute_loss", None)):
+            return None
+        capture = LossCapture()
+        self._undo_hooks.append(hook_model_outputs(model, capture))
+        return capture
 
     def _hook_gradients(self, model, probe):
         if not self.gradients:

@@ -71,8 +71,9 @@ class ReplicaProbe(*recording_mixins(), ProbeCore):
 
     Methods:
       observe_inputs, observe_gradients, observe_rng, observe_examples, observe_variables: one
-      per stat family (see each); set_step, flush, write_window, close: the step axis and the
-      event file.
+      per stat family (see each); watch: any tensor per replica (dense, ragged or sparse leaves,
+      e.g. what `strategy.run` returns); set_step, flush, write_window, close: the step axis and
+      the event file.
     """
 
 

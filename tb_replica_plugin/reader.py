@@ -142,7 +142,6 @@ def list_runs(provider, ctx, experiment_id):
 
 def _readable_tags(tags_of_run, notes):
     """Tags whose metadata this version can read; the others get a note."""
-    kinds = registry.tag_kinds()
     readable = []
     for tag, series in tags_of_run.items():
         try:
@@ -150,7 +149,7 @@ def _readable_tags(tags_of_run, notes):
         except metadata.UnsupportedSchemaError as error:
             notes.append(f"Series {tag!r} skipped: {error}")
             continue
-        if kinds.get(tag) == content.get("kind"):
+        if registry.tag_kind(tag) == content.get("kind"):
             readable.append(tag)
     return readable
 

@@ -252,6 +252,39 @@ def test_rng_and_data_sections(demo_server, browser):
     page.close()
 
 
+def test_watched_values_section(demo_server, browser):
+    page, frame, errors = open_tab(demo_server, browser)
+    frame.select_option("#run-select", "gather_mismatch/replicas")
+    wait_ready(frame)
+    kinds = frame.eval_on_selector_all(
+        '[data-view="findings"] .finding', "els => els.map(e => e.dataset.kind)"
+    )
+    assert kinds == ["gather_would_fail", "gather_would_fail", "per_replica_result"]
+    # text_content: sections below the fold are not rendered (content-visibility: auto).
+    logits = '[data-view="watch"] [data-watched="logits"]'
+    mismatch = frame.eval_on_selector_all(
+        f"{logits} table.shapes tr.mismatch td", "els => els.map(e => e.textContent)"
+    )
+    assert mismatch == ["[4, 12] float32", "[4, 10] float32"] * 2
+    stats = frame.eval_on_selector_all(
+        f'{logits} table.watch-stats tr[data-stat="nrows"] td',
+        "els => els.map(e => e.textContent)",
+    )
+    assert stats == ["nrows", "4", "4", "4", "4"]
+    frame.click('[data-view="findings"] .finding[data-kind="gather_would_fail"]')
+    frame.wait_for_selector('section[data-view="watch"].flash')
+
+    frame.select_option("#run-select", "ragged_text/replicas")
+    wait_ready(frame)
+    shapes = frame.eval_on_selector_all(
+        '[data-view="shapes"] table.shapes[data-step="1"] tbody tr:first-child td',
+        "els => els.map(e => e.textContent)",
+    )
+    assert shapes == ["[1, None] int32", "[1, None] int32", "[0, None] int32", "[0, None] int32"]
+    assert errors == []
+    page.close()
+
+
 def test_weight_drift_and_placement_sections(demo_server, browser):
     page, frame, errors = open_tab(demo_server, browser)
 

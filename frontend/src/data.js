@@ -260,3 +260,25 @@ export async function fetchGradients(run, maxPoints, step, opts) {
     notes: list(body.notes),
   };
 }
+
+/** Watched values (`/watch`): shape events and stats per leaf and replica. */
+export async function fetchWatch(run, maxPoints, opts) {
+  const body = await fetchJson(`./watch?${q({ run, max_points: maxPoints })}`, opts);
+  const points = (p) => ({
+    steps: numbers(p?.steps),
+    values: list(p?.values).map((step) => list(step).map((leaf) => list(leaf).map(numbers))),
+  });
+  return {
+    run: String(body.run ?? run),
+    replicas: list(body.replicas),
+    devices: list(body.devices),
+    stat_rows: list(body.stat_rows).map(String),
+    values: list(body.values).map((v) => ({
+      name: String(v.name),
+      leaves: list(v.leaves).map(String),
+      shape_events: list(v.shape_events).map((e) => ({ step: toNumber(e.step), explain: Boolean(e.explain), leaves: list(e.leaves) })),
+      stats: points(v.stats),
+      nonfinite: points(v.nonfinite),
+    })),
+  };
+}

@@ -13,9 +13,10 @@ from tb_replica_plugin import registry
 def overview(run_data):
     """The replicas, devices, source and step axis of a run, from its families' identities.
 
-    The first family (registry order) giving an identity gives the step axis; replicas and
-    devices come from the first identity with any replica (inputs, else variables); the source
-    is the first one that is not empty.
+    The first family (registry order) giving an identity with steps gives the step axis (the
+    first identity if none has steps); replicas and devices come from the first identity with
+    any replica (inputs, else variables, else watch); the source is the first one that is not
+    empty.
 
     Args:
       run_data: a `reader.RunData`.
@@ -31,7 +32,8 @@ def overview(run_data):
             identities.append(found)
     if not identities:
         return {"replicas": [], "devices": [], "source": "", "steps": np.zeros(0, np.int64)}
-    first = identities[0]
+    # The step axis of the first family that recorded steps (a run may only watch values).
+    first = next((i for i in identities if len(i["steps"])), identities[0])
     with_replicas = next((i for i in identities if i["replicas"]), first)
     return {
         "replicas": with_replicas["replicas"],
