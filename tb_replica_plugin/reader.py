@@ -191,7 +191,7 @@ def read_run(
     notes = []
     wanted = None if families is None else family_tags(families)
     if wanted is not None:
-        tags_of_run = {tag: ts for tag, ts in tags_of_run.items() if tag in wanted}
+        tags_of_run = {tag: ts for tag, ts in tags_of_run.items() if _matches(tag, wanted)}
     readable = _readable_tags(tags_of_run, notes)
     data = {}
     if readable:
@@ -228,9 +228,20 @@ def with_needs(names):
 
 
 def family_tags(names):
-    """The tags of the families `names` and of the families they need (a set)."""
+    """The tags of the families `names` and of the families they need (a set).
+
+    A family whose tags depend on what was written (watch: `watch/<name>/stats`) gives a tag
+    pattern (`watch/*/stats`); `_matches` tells whether a written tag is among them.
+    """
     needed = with_needs(names)
     return {tag for f in registry.families() if f.name in needed for tag in f.tags}
+
+
+def _matches(tag, wanted):
+    """Whether the written `tag` is one of `wanted` (exact tags and `fnmatch` patterns)."""
+    return tag in wanted or any(
+        "*" in pattern and fnmatch.fnmatchcase(tag, pattern) for pattern in wanted
+    )
 
 
 def build_run(run, samples, notes=None, families=None):
