@@ -19,6 +19,7 @@ from tb_replica_plugin import analysis, metadata, reader, registry
 from tb_replica_plugin.core import overview
 from tb_replica_plugin.core.args import (
     BadRequestError,
+    Download,
     NotFoundError,
     parse_max_points,
     parse_step,
@@ -173,7 +174,16 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             present = family.present
             parsed = {name: parse(request.args.get(name)) for name, parse in present.ARGS.items()}
             run_data = self._read_runs(request, run)[run]
-            return _json(request, present.body(run, run_data, parsed))
+            result = present.body(run, run_data, parsed)
+            if isinstance(result, Download):
+                disposition = f'attachment; filename="{result.filename}"'
+                return http_util.Respond(
+                    request,
+                    result.data,
+                    result.content_type,
+                    headers=[("Content-Disposition", disposition)],
+                )
+            return _json(request, result)
 
         serve.__name__ = f"_serve_{family.name}"
         return functools.partial(_handling_errors(serve), self)
