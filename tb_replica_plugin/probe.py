@@ -167,10 +167,14 @@ def _not_converted(cls):
     """
     import tensorflow as tf
 
-    for klass in cls.__mro__[:-1]:
-        for name, member in vars(klass).items():
-            if callable(member) and not name.startswith("__") and not isinstance(member, type):
-                setattr(cls, name, tf.autograph.experimental.do_not_convert(member))
+    # Resolved as attribute lookup does (the most derived class wins), before any is replaced:
+    # a method a class overrides (e.g. `build`) keeps its override.
+    members = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        members.update(vars(klass))
+    for name, member in members.items():
+        if callable(member) and not name.startswith("__") and not isinstance(member, type):
+            setattr(cls, name, tf.autograph.experimental.do_not_convert(member))
     return cls
 
 
