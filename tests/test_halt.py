@@ -213,3 +213,32 @@ def test_custom_loop_check_time_fault_stops_at_the_check(tmp_path):
     assert (finding.kind, finding.replicas, finding.first_step) == ("duplicate_examples", [0, 1], 0)
     with pytest.raises(halt.ReplicaFaultError, match="duplicate_examples"):
         raise halt.ReplicaFaultError(found)
+
+
+def test_fit_check_time_fault_stops_at_the_epoch_end_check(tmp_path):
+    """A stock Dropout draws the same mask on every replica (`identical_rng_streams`): with
+    `update_freq="epoch"` it is seen at the first epoch end, and fit stops there."""
+    strategy = mirrored(2)
+    x, y = nan_data()
+    x = np.nan_to_num(x)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((3,)),
+                keras.layers.Dense(8, activation="relu"),
+                keras.layers.Dropout(0.3),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    callback = ReplicaCallback(str(tmp_path), halt_on=["identical_rng_streams"])
+    history = model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, callbacks=[callback])
+    assert len(history.history["loss"]) == 1  # stopped at the end of epoch 0
+    assert int(model.optimizer.iterations.numpy()) == STEPS
+    (finding,) = callback.stopped_by
+    assert (finding.kind, finding.severity, finding.replicas) == (
+        "identical_rng_streams",
+        "warning",
+        [0, 1],
+    )
+    assert finding.last_step == STEPS - 1
