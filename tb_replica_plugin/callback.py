@@ -279,7 +279,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         is also flushed at every epoch end, at the end of training and when `fit` raises.
       halt_on: None (default: record only), "error" (every finding of severity error) or a list
         of finding kinds (docs/findings.md): such a finding stops `fit` like Keras's
-        `EarlyStopping` (`model.stop_training`), printed once with replica, step and cause.
+        `EarlyStopping` (`model.stop_training`), printed once with replica, step and cause
+        (and kept in `callback.stopped_by`, a list of `analysis.Finding`).
         `nonfinite_gradients` stops at the end of the step where it happens; the other kinds
         at their checks (each logged step with an integer `update_freq`, else each epoch end).
         Costs a read of a small host variable after each step (and keeps Keras from
@@ -456,7 +457,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         if probe is None or self._patched is None or self.model.stop_training:
             return
         at_check = False
-        if isinstance(self.update_freq, int):
+        if isinstance(self.update_freq, int) and probe.watches_checks:
             step = probe.last_step()
             at_check = step is not None and step % self.update_freq == 0
         self._halt(at_check)

@@ -116,6 +116,11 @@ class ReplicaProbe(*recording_mixins(), ProbeCore):
             gradients.sync_faults = self._sync_requested
         return built
 
+    @property
+    def watches_checks(self):
+        """Whether `halt_on` names kinds seen at checks (beyond the every-step NaN/Inf)."""
+        return self._watch.watches_checks
+
     def faults(self, check=False):
         """The findings that should stop training now (host side; empty list when none).
 
