@@ -242,3 +242,34 @@ def test_fit_check_time_fault_stops_at_the_epoch_end_check(tmp_path):
         [0, 1],
     )
     assert finding.last_step == STEPS - 1
+
+
+def test_cross_replica_capture_and_a_batch_that_is_not_per_replica(tmp_path):
+    """Cross-replica calls capture a PerReplica batch; a plain tensor batch warns once and the
+    gradients are recorded without it."""
+    strategy = mirrored(2)
+    with strategy.scope():
+        variable = tf.Variable([1.0, 2.0])
+
+    def bad_fn(ctx):
+        return tf.constant([np.inf, 0.0]) if ctx.replica_id_in_sync_group else tf.ones(2)
+
+    def batch_fn(ctx):
+        return tf.fill([3, 2], float(ctx.replica_id_in_sync_group))
+
+    good = str(tmp_path / "good")
+    with ReplicaProbe(good, strategy, update_freq=1) as probe:
+        bad = strategy.experimental_distribute_values_from_function(bad_fn)
+        batch = strategy.experimental_distribute_values_from_function(batch_fn)
+        probe.observe_gradients([bad], [variable], step=3, batch={"x": batch})
+    (captured,) = tb_replica_plugin.load(good).runs["."].gradients.batches
+    assert (captured.step, captured.replica) == (3, 1)
+    np.testing.assert_array_equal(captured.arrays["x"], np.ones((3, 2), np.float32))
+
+    plain = str(tmp_path / "plain")
+    probe = ReplicaProbe(plain, strategy, update_freq=1)
+    with pytest.warns(RuntimeWarning, match="not per-replica"), probe:
+        bad = strategy.experimental_distribute_values_from_function(bad_fn)
+        probe.observe_gradients([bad], [variable], step=3, batch=tf.ones([3, 2]))
+    series = tb_replica_plugin.load(plain).runs["."].gradients
+    assert series.nonfinite_steps.tolist() == [3] and series.batches == []

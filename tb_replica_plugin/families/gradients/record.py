@@ -320,6 +320,14 @@ class Recorder(RecorderBase):
                             )
                         )
                 per_leaf = [strategy.experimental_local_results(leaf) for leaf in batch_leaves]
+                if any(len(leaf) != count for leaf in per_leaf):
+                    probe.warn_once(
+                        "capture_batch",
+                        "tb_replica_plugin: observe_gradients got a `batch` that is not "
+                        "per-replica in cross-replica context; pass the PerReplica batch to "
+                        "capture it. Gradients are recorded without it.",
+                    )
+                    per_leaf = []
                 self._write(
                     [s[0] for s in stats],
                     [s[1] for s in stats],
@@ -486,10 +494,13 @@ class Recorder(RecorderBase):
                 ]
                 return tf.concat(parts, 0)
 
-            written = self.probe.write(
-                take, schema.TAG_GRAD_BATCH, blocks, step, schema.KIND_GRAD_BATCH
-            )
-            captured = tf.cast(written, tf.int64)
+            try:
+                written = self.probe.write(
+                    take, schema.TAG_GRAD_BATCH, blocks, step, schema.KIND_GRAD_BATCH
+                )
+                captured = tf.cast(written, tf.int64)
+            except Exception as error:  # noqa: BLE001 - the NaN/Inf record goes on without it
+                self.probe.warn_failed("capture", error, "the culprit batch")
         first = tf.where(before[FAULT_FIRST] < 0, step, before[FAULT_FIRST])
         fault.assign(
             tf.stack(
