@@ -32,6 +32,12 @@ import warnings
 import tensorflow as tf
 
 from tb_replica_plugin import keras_compat
+from tb_replica_plugin.core import halt
+from tb_replica_plugin.families.gradients.capture import (
+    DEFAULT_CAPTURE_BYTES,
+    DEFAULT_CAPTURE_LIMIT,
+    check_capture,
+)
 from tb_replica_plugin.families.gradients.record import SCALING_AS_GIVEN, SCALING_REPLICA_LOSS
 from tb_replica_plugin.families.inputs import record as inputs_record
 from tb_replica_plugin.families.rng import record as rng_record
@@ -211,7 +217,7 @@ def uses_keras_compute_loss(model):
     return getattr(type(model), "compute_loss", None) is getattr(module.Model, "compute_loss", 0)
 
 
-def gradient_observer(probe, model, optimizer, capture):
+def gradient_observer(probe, model, optimizer, capture, batches=None):
     """The `observe` function of `hook_optimizer` for a Keras 3 or tf_keras model.
 
     Recorded norms are of the gradient of each replica's own loss when the model uses Keras's
@@ -219,7 +225,8 @@ def gradient_observer(probe, model, optimizer, capture):
     callback multiplies by the replica count and, where the gradients reaching the optimizer
     still carry a loss scale (Keras 3's `LossScaleOptimizer`), divides by it
     (`keras_compat.optimizer_info`). With an overridden `compute_loss`, or no loss seen,
-    gradients are recorded as given (divided by that loss scale).
+    gradients are recorded as given (divided by that loss scale). `batches` (a `LossCapture`
+    fed the step's named batch) gives the batch captured at a fault.
     """
     recorder = probe.recorder("gradients")
     keras_loss = uses_keras_compute_loss(model)
@@ -232,6 +239,7 @@ def gradient_observer(probe, model, optimizer, capture):
         try:
             graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
             loss = capture.take(graph)
+            batch = batches.take(graph) if batches is not None else None
             loss_scale = (
                 info.loss_scale() if info.grads_scaled_at_apply else tf.constant(1.0, tf.float32)
             )
@@ -246,6 +254,7 @@ def gradient_observer(probe, model, optimizer, capture):
                 loss_scale=divide,
                 scaling=SCALING_REPLICA_LOSS if replica_loss else SCALING_AS_GIVEN,
                 loss_scaled=info.loss_scaled,
+                batch=batch,
             )
         except Exception as error:  # noqa: BLE001 - never break training
             recorder.warn(error)
@@ -310,6 +319,20 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         receives it; a dict of outputs per output name) as the watched value `outputs`
         (default True): shapes at every change, NaN/Inf at every step, small stats at sampled
         steps. See `ReplicaProbe.watch`.
+      halt_on: None (default: record only), "error" (every finding of severity error) or a list
+        of finding kinds (docs/findings.md): such a finding stops `fit` like Keras's
+        `EarlyStopping` (`model.stop_training`), printed once with replica, step and cause
+        (and kept in `callback.stopped_by`, a list of `analysis.Finding`).
+        `nonfinite_gradients` stops at the end of the step where it happens; the other kinds
+        at their checks (each logged step with an integer `update_freq`, else each epoch end).
+        Costs a read of a small host variable after each step (and keeps Keras from
+        dispatching batch-end callbacks asynchronously). See docs/halting.md.
+      capture_limit: at most this many faulty steps have their culprit batches captured
+        (default 3; 0: none): at the first step of a run of steps where some replica's
+        gradients or loss are not finite, the local batch of each such replica is written
+        (`tb-replica export-batch`). Clean steps pay nothing.
+      capture_bytes: bytes kept per captured replica batch (default 4 MB, shared evenly by its
+        input leaves; a larger leaf keeps its first rows and the header says so).
 
     Nothing here can stop training: a failure to trace the collectors, to create or write the log
     dir (unwritable, removed while training, full disk) warns once (`RuntimeWarning`) and
@@ -317,7 +340,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
 
     Raises:
       ValueError: if `update_freq` is not "epoch", "batch" or a positive integer, `flush_secs`
-        is not a positive number or `examples_every` not a positive integer.
+        is not a positive number, `examples_every` not a positive integer, `halt_on` not None,
+        "error" or a list of known finding kinds, or `capture_limit`/`capture_bytes` invalid.
 
     Example:
       ```python
@@ -345,8 +369,18 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         variables_exact=False,
         examples_every=DEFAULT_EXAMPLES_EVERY,
         outputs=True,
+        halt_on=None,
+        capture_limit=DEFAULT_CAPTURE_LIMIT,
+        capture_bytes=DEFAULT_CAPTURE_BYTES,
     ):
         super().__init__()
+        self.halt_on = halt.resolve_halt_on(halt_on)
+        check_capture(capture_limit, capture_bytes)
+        self.capture_limit = capture_limit
+        self.capture_bytes = capture_bytes
+        if self.halt_on is not None:
+            # Only then a batch-end hook (Keras dispatches batch ends synchronously for it).
+            self.on_train_batch_end = self._halt_at_batch_end
         if update_freq == "batch":
             update_freq = 1
         if update_freq != "epoch" and (
@@ -382,6 +416,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         self._training = False
         self._traced = None  # (what it depends on, the instrumented train function)
         self._outputs_capture = None
+        self._batches = LossCapture()  # the step's named batch, for the culprit capture
+        self.stopped_by = []  # the findings that stopped the last fit (halt_on)
 
     @property
     def probe(self):
@@ -444,6 +480,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             if self.update_freq == "epoch" and self.variables and self._patched is not None:
                 _observe_variables_at_epoch_end(self._probe, self.model, self.variables_exact)
             self._probe.flush(window=self.update_freq == "epoch")
+            if self.halt_on is not None and self._patched is not None:
+                self._halt(at_check=True)
 
     def on_train_end(self, logs=None):
         self._finish(self.model)
@@ -457,6 +495,30 @@ class ReplicaCallback(*keras_compat.callback_bases()):
     def on_predict_end(self, logs=None):
         if not self._training:
             self._restore(self.model)
+
+    def _halt_at_batch_end(self, batch, logs=None):
+        """After each step (only with `halt_on`): stop on a fault of this step or check."""
+        probe = self._probe
+        if probe is None or self._patched is None or self.model.stop_training:
+            return
+        at_check = False
+        if isinstance(self.update_freq, int) and probe.watches_checks:
+            step = probe.last_step()
+            at_check = step is not None and step % self.update_freq == 0
+        self._halt(at_check)
+
+    def _halt(self, at_check):
+        """Stops `fit` (`model.stop_training`) when the probe's run holds a watched fault."""
+        try:
+            found = self._probe.faults(check=at_check)
+        except Exception as error:  # noqa: BLE001 - never break the training it watches
+            self._probe.warn_failed("halt", error, "the halt_on check")
+            return
+        if found:
+            self.model.stop_training = True
+            self.stopped_by = found
+            for finding in found:
+                print(f"ReplicaCallback: stopping training: {halt.describe(finding)}")
 
     def _finish(self, model):
         """Restores the model and writes what was recorded: at train end, or when a step raised.
@@ -517,6 +579,9 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                 source="fit",
                 flush_secs=self.flush_secs,
                 examples_every=self.examples_every,
+                halt_on=self.halt_on,
+                capture_limit=self.capture_limit,
+                capture_bytes=self.capture_bytes,
             )
         # The probe's state exists before Keras traces the step: variables created during a
         # first trace would make TensorFlow trace the step twice.
@@ -588,6 +653,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         per_step_variables = self.variables and self.update_freq != "epoch"
         exact = self.variables_exact
         outputs = self._outputs_capture
+        batches = self._batches
 
         def train_step(data):
             try:
@@ -595,6 +661,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             except Exception as error:  # noqa: BLE001 - never break the training it watches
                 probe.warn_failed("inputs", error)
             else:
+                batches.put(batch)
                 for observe in observers:
                     observe(batch)
             logs = original(data)
@@ -628,7 +695,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             return
         capture = LossCapture()
         self._undo_hooks.append(hook_compute_loss(model, capture))
-        observe = gradient_observer(probe, model, optimizer, capture)
+        observe = gradient_observer(probe, model, optimizer, capture, self._batches)
         self._undo_hooks.append(hook_optimizer(optimizer, observe))
 
     def _restore(self, model):

@@ -23,6 +23,7 @@ from tb_replica_plugin import analysis, metadata, reader, registry, store
 from tb_replica_plugin.core import overview
 from tb_replica_plugin.core.args import (
     BadRequestError,
+    Download,
     NotFoundError,
     parse_max_points,
     parse_step,
@@ -201,17 +202,23 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             present = family.present
             parsed = {name: parse(request.args.get(name)) for name, parse in present.ARGS.items()}
             ctx, experiment_id = self._request_context(request)
+
+            def make_body(run_data):
+                result = present.body(run, run_data, parsed)
+                return result if isinstance(result, Download) else encode_json(result)
+
             # Only this family's tags (and those of the families it needs) are read; the answer
             # is kept, encoded, until the run has new data.
-            encoded = self.store.body(
-                ctx,
-                experiment_id,
-                run,
-                family.name,
-                parsed,
-                lambda run_data: encode_json(present.body(run, run_data, parsed)),
-            )
-            return _encoded_json(request, encoded)
+            answer = self.store.body(ctx, experiment_id, run, family.name, parsed, make_body)
+            if isinstance(answer, Download):
+                disposition = f'attachment; filename="{answer.filename}"'
+                return http_util.Respond(
+                    request,
+                    answer.data,
+                    answer.content_type,
+                    headers=[("Content-Disposition", disposition)],
+                )
+            return _encoded_json(request, answer)
 
         serve.__name__ = f"_serve_{family.name}"
         return functools.partial(_handling_errors(serve), self)

@@ -426,6 +426,15 @@ def test_gradients_tab_shows_the_outlier_replica_and_the_nan_step(demo_server, b
     row = frame.inner_text(f'{section} [data-part="nonfinite"] tr[data-step="5"]')
     assert "replica 1" in row and "loss NaN" in row
     assert "replica 0" not in row
+    # The culprit batch of replica 1 was captured: its label example 1 is the NaN.
+    cell = f'{section} [data-part="nonfinite"] tr[data-step="5"] [data-part="captured"]'
+    assert frame.get_attribute(cell, "data-replica") == "1"
+    assert "y: example 1" in frame.inner_text(cell)
+    head = frame.eval_on_selector(
+        f"{cell} a",
+        "a => fetch(a.href).then(r => r.arrayBuffer()).then(b => [...new Uint8Array(b, 0, 2)])",
+    )
+    assert bytes(head) == b"PK"  # a .npz (zip) file
     finding = frame.inner_text('[data-view="findings"] .finding[data-kind="nonfinite_gradients"]')
     assert "Replica 1" in finding and "step 5" in finding
     os.makedirs(ARTIFACTS, exist_ok=True)

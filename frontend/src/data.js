@@ -257,6 +257,18 @@ export async function fetchGradients(run, maxPoints, step, opts) {
       loss_nan: numbers(e.loss_nan),
       loss_inf: numbers(e.loss_inf),
     })),
+    batches: list(body.batches).map((b) => ({
+      step: toNumber(b.step),
+      replica: toNumber(b.replica),
+      inputs: list(b.inputs).map((i) => ({
+        name: String(i.name),
+        dtype: String(i.dtype),
+        shape: list(i.shape),
+        truncated: Boolean(i.truncated),
+        kept_rows: i.kept_rows == null ? null : toNumber(i.kept_rows),
+        nonfinite_examples: numbers(i.nonfinite_examples),
+      })),
+    })),
     notes: list(body.notes),
   };
 }
