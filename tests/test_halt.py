@@ -108,6 +108,22 @@ def test_without_halt_on_training_runs_on_and_the_capture_is_kept(tmp_path):
     np.testing.assert_array_equal(captured.arrays["x"], x[start : start + BATCH // 2])
     assert captured.truncated == []
 
+    # The tab's link: the plugin route serves the same batch as a .npz download (and again
+    # from its cache).
+    import io
+
+    from test_store import PLUGIN, serve
+
+    client = serve(logdir)[0]
+    path = f"{PLUGIN}/gradients?run=replicas&batch_step={NAN_STEP}&batch_replica=1"
+    for _ in range(2):
+        response = client.get(path)
+        assert response.status_code == 200
+        assert "attachment" in response.headers["Content-Disposition"]
+        with np.load(io.BytesIO(response.get_data())) as served:
+            np.testing.assert_array_equal(served["x"], x[start : start + BATCH // 2])
+    assert client.get(path.replace("batch_replica=1", "batch_replica=0")).status_code == 404
+
 
 def test_halt_on_rejects_unknown_kinds():
     with pytest.raises(ValueError, match="unknown finding kind.*'nan'.*nonfinite_gradients"):
