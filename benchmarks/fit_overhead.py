@@ -16,7 +16,9 @@ Variants: `no_callback`; `replica_callback_default` (`ReplicaCallback(log_dir)`)
 step); `keras_tensorboard_every_step` (`keras.callbacks.TensorBoard(log_dir, update_freq=1,
 histogram_freq=1)`). More with `--variants` (and `--cnn-variants` for the cnn alone):
 `replica_callback_inputs_only` (every family but inputs off), `replica_callback_variables_off`,
-`replica_callback_examples_every_1`; add one to `VARIANTS` below.
+`replica_callback_outputs_off` (no model outputs: the default minus this is their cost),
+`replica_callback_examples_every_1`, `replica_callback_halt_on` (`halt_on="error"`),
+`replica_callback_capture_off` (`capture_limit=0`); add one to `VARIANTS` below.
 
 How it measures. Every (model, variant, pair) is its own child process (`python -m
 benchmarks.fit_overhead --child ...`, started from the repository root with the parent's
@@ -95,12 +97,19 @@ VARIANTS = {
     ],
     # Not run by default (--variants): where the default's cost comes from.
     "replica_callback_inputs_only": lambda keras, d: [
-        _replica_callback()(d, gradients=False, rng=False, examples=False, variables=False)
+        _replica_callback()(
+            d, gradients=False, rng=False, examples=False, variables=False, outputs=False
+        )
     ],
+    "replica_callback_outputs_off": lambda keras, d: [_replica_callback()(d, outputs=False)],
     "replica_callback_variables_off": lambda keras, d: [_replica_callback()(d, variables=False)],
     "replica_callback_examples_every_1": lambda keras, d: [
         _replica_callback()(d, examples_every=1)
     ],
+    # The fail-fast check after every step (docs/halting.md): compare with the default.
+    "replica_callback_halt_on": lambda keras, d: [_replica_callback()(d, halt_on="error")],
+    # The culprit capture off: its cost on clean steps is the default minus this.
+    "replica_callback_capture_off": lambda keras, d: [_replica_callback()(d, capture_limit=0)],
 }
 DEFAULT_VARIANTS = (
     "no_callback",

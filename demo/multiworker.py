@@ -27,6 +27,12 @@ are 2 global replicas.
   copy of the kernel (as a corrupted all-reduce result on one worker would): cross-worker weight
   drift on worker 1's replica only, seen from the fingerprints each worker writes.
 
+Not in `SCENARIOS` (run on its own by tests/test_multiworker.py):
+
+- `mw_halt`: tf_keras `fit` with `ReplicaCallback(halt_on="error")`; worker 1's data holds one
+  NaN example at step 5. The fault flag is all-reduced in the step, so both workers stop after
+  step 5; each writes what stopped it to `LOGDIR/mw_halt/stopped_worker_<i>.json`.
+
 Every custom-loop scenario records, at every step, each replica's example fingerprints
 (`observe_examples`), its local gradients before the all-reduce (`observe_gradients`) and every
 variable's per-copy fingerprints after the update (`observe_variables`), so the clean jobs show
@@ -52,6 +58,10 @@ SCENARIOS = (
     "mw_drift",
     "mw_fit_tf_keras",
 )
+EXTRA_SCENARIOS = ("mw_halt",)
+# The step and local example of worker 1's NaN in `mw_halt` (global batch 8, 4 per worker).
+HALT_STEP = 5
+HALT_EXAMPLE = 1
 # The workers run with `tf.keras` = tf_keras (Keras 2): Keras 3 `fit` cannot run under
 # MultiWorkerMirroredStrategy, tf_keras `fit` can. The custom loops import Keras 3 directly.
 WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1"}
@@ -254,6 +264,47 @@ def fit_tf_keras(strategy, run_dir, x, y, epochs=2):
     model.fit(dataset, epochs=epochs, verbose=0, callbacks=[callback])
 
 
+def fit_halt(strategy, logdir, x, y):
+    """`mw_halt`: tf_keras `fit` with `halt_on="error"`, a NaN in worker 1's batch at step 5."""
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+
+    from tb_replica_plugin import ReplicaCallback
+
+    task = strategy.cluster_resolver.task_id
+    x = x.copy()
+    if task == 1:
+        # Without auto-sharding every worker reads its own copy of the data, rebatched to its
+        # local batch of 4: its step s is rows 4s..4s+3. Only worker 1's copy holds the NaN.
+        x[HALT_STEP * 4 + HALT_EXAMPLE, 2] = np.nan
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).with_options(options)
+    with strategy.scope():
+        model = tf_keras.Sequential(
+            [
+                tf_keras.Input((4,)),
+                tf_keras.layers.Dense(4, activation="relu"),
+                tf_keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer=tf_keras.optimizers.SGD(0.01), loss="mse")
+    callback = ReplicaCallback(os.path.join(logdir, "mw_halt"), update_freq=1, halt_on="error")
+    start = time.monotonic()
+    model.fit(dataset, epochs=1, verbose=0, callbacks=[callback])
+    result = {
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "seconds": time.monotonic() - start,
+        "stopped_by": [
+            {"kind": f.kind, "replicas": f.replicas, "first_step": f.first_step}
+            for f in callback.stopped_by
+        ],
+    }
+    with open(os.path.join(logdir, "mw_halt", f"stopped_worker_{task}.json"), "w") as out:
+        json.dump(result, out)
+
+
 def run_scenario(name, logdir, strategy):
     """Runs one scenario on this worker (every worker runs the same scenarios in order)."""
     import tensorflow as tf
@@ -287,6 +338,8 @@ def run_scenario(name, logdir, strategy):
         custom_loop(strategy, run_dir, dataset, 8, after_step=perturb)
     elif name == "mw_fit_tf_keras":
         fit_tf_keras(strategy, run_dir, x, y)
+    elif name == "mw_halt":
+        fit_halt(strategy, logdir, x, y)
     elif name == "mw_uneven_shard":
 
         def dataset_fn(context):
@@ -309,7 +362,9 @@ def run_scenario(name, logdir, strategy):
         dataset = strategy.distribute_datasets_from_function(dataset_fn)
         custom_loop(strategy, run_dir, dataset, 8)
     else:
-        raise ValueError(f"unknown scenario {name!r}; expected one of {SCENARIOS}")
+        raise ValueError(
+            f"unknown scenario {name!r}; expected one of {SCENARIOS + EXTRA_SCENARIOS}"
+        )
 
 
 def worker_main(logdir, scenarios):

@@ -31,12 +31,17 @@ Every scenario trains (or inspects) on logical CPU replicas and writes `LOGDIR/<
   only every 4th step is logged; `TerminateOnNaN` stops training there, before the NaN weights
   reach the other replicas' next step), and its clean twin (run `clean`).
 
+- `gather_mismatch` and `ragged_text`: the watch family and ragged inputs
+  (`demo/watch_scenarios.py`).
+
 Call `configure_devices(n)` before anything else touches TensorFlow devices.
 """
 
 import os
 
 import numpy as np
+
+from demo import watch_scenarios
 
 SCENARIOS = (
     "balanced",
@@ -50,6 +55,8 @@ SCENARIOS = (
     "weight_drift",
     "gradient_outlier",
     "nan_replica",
+    "gather_mismatch",
+    "ragged_text",
 )
 
 
@@ -457,6 +464,11 @@ def run_scenario(name, logdir, strategy):
         gradient_outlier_runs(strategy, run_dir)
     elif name == "nan_replica":
         nan_replica_runs(strategy, run_dir)
+    elif name == "gather_mismatch":
+        watch_scenarios.gather_mismatch_run(strategy, run_dir, mismatch=True)
+        watch_scenarios.gather_mismatch_run(strategy, run_dir, mismatch=False)
+    elif name == "ragged_text":
+        watch_scenarios.ragged_text_run(strategy, run_dir)
     else:
         raise ValueError(f"unknown scenario {name!r}; expected one of {SCENARIOS}")
 

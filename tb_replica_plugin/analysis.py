@@ -112,7 +112,7 @@ class Finding:
       value: the measured value (e.g. imbalance ratio), threshold: what it was compared with.
       message: one or two sentences with the likely cause and the fix.
       view: the part of the tab that shows it ("batch", "shapes", "gradients", "rng", "data",
-        "step_time", "drift" or "placement").
+        "step_time", "drift", "placement" or "watch").
       cause: a key naming the cause within the kind (e.g. "bn_moving_statistics"), or None.
         Findings of one run, kind and cause are grouped into one (see `group_findings`).
       items: for a grouped finding, the findings it stands for (as JSON dicts without `run`,

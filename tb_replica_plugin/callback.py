@@ -32,6 +32,12 @@ import warnings
 import tensorflow as tf
 
 from tb_replica_plugin import keras_compat
+from tb_replica_plugin.core import halt
+from tb_replica_plugin.families.gradients.capture import (
+    DEFAULT_CAPTURE_BYTES,
+    DEFAULT_CAPTURE_LIMIT,
+    check_capture,
+)
 from tb_replica_plugin.families.gradients.record import SCALING_AS_GIVEN, SCALING_REPLICA_LOSS
 from tb_replica_plugin.families.inputs import record as inputs_record
 from tb_replica_plugin.families.rng import record as rng_record
@@ -59,7 +65,8 @@ def _set_instance_attribute(obj, name, value):
 
 
 class LossCapture:
-    """The last loss computed on each replica thread (replica functions run in threads)."""
+    """The last loss (or `y_pred`) computed on each replica thread (replica functions run in
+    threads)."""
 
     def __init__(self):
         self._local = threading.local()
@@ -71,7 +78,10 @@ class LossCapture:
         """The captured loss if it belongs to `graph` (the current step's graph), else None."""
         loss = getattr(self._local, "loss", None)
         self._local.loss = None
-        if loss is None or getattr(loss, "graph", graph) is not graph:
+        if loss is None:
+            return None
+        first = (tf.nest.flatten(loss) or [None])[0]  # y_pred may be a dict of outputs
+        if getattr(first, "graph", graph) is not graph:
             return None
         return loss
 
@@ -94,6 +104,40 @@ def hook_compute_loss(model, capture):
         return loss
 
     return _set_instance_attribute(model, "compute_loss", compute_loss)
+
+
+def hook_model_outputs(model, capture):
+    """Wraps `model.compute_loss` (instance attribute) to hand each replica's `y_pred` to
+    `capture` (Keras 3 and tf_keras pass it as the third argument or `y_pred=`).
+
+    Returns:
+      A function that undoes the hook.
+    """
+    original = model.compute_loss
+
+    def compute_loss(*args, **kwargs):
+        y_pred = kwargs["y_pred"] if "y_pred" in kwargs else (args[2] if len(args) > 2 else None)
+        if y_pred is not None:
+            capture.put(y_pred)
+        return original(*args, **kwargs)
+
+    return _set_instance_attribute(model, "compute_loss", compute_loss)
+
+
+def watch_outputs(probe, capture):
+    """Watches the outputs this replica's train step computed (`y_pred`) as `outputs`.
+
+    Called after the original step, in replica context; outputs captured in another graph (a
+    validation step of the same fit) are ignored.
+    """
+    try:
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        y_pred = capture.take(graph)
+    except Exception as error:  # noqa: BLE001 - never break training
+        probe.warn_failed("watch", error, "model outputs")
+        return
+    if y_pred is not None:
+        probe.watch("outputs", y_pred)
 
 
 def hook_optimizer(optimizer, observe):
@@ -173,7 +217,7 @@ def uses_keras_compute_loss(model):
     return getattr(type(model), "compute_loss", None) is getattr(module.Model, "compute_loss", 0)
 
 
-def gradient_observer(probe, model, optimizer, capture):
+def gradient_observer(probe, model, optimizer, capture, batches=None):
     """The `observe` function of `hook_optimizer` for a Keras 3 or tf_keras model.
 
     Recorded norms are of the gradient of each replica's own loss when the model uses Keras's
@@ -181,7 +225,8 @@ def gradient_observer(probe, model, optimizer, capture):
     callback multiplies by the replica count and, where the gradients reaching the optimizer
     still carry a loss scale (Keras 3's `LossScaleOptimizer`), divides by it
     (`keras_compat.optimizer_info`). With an overridden `compute_loss`, or no loss seen,
-    gradients are recorded as given (divided by that loss scale).
+    gradients are recorded as given (divided by that loss scale). `batches` (a `LossCapture`
+    fed the step's named batch) gives the batch captured at a fault.
     """
     recorder = probe.recorder("gradients")
     keras_loss = uses_keras_compute_loss(model)
@@ -194,6 +239,7 @@ def gradient_observer(probe, model, optimizer, capture):
         try:
             graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
             loss = capture.take(graph)
+            batch = batches.take(graph) if batches is not None else None
             loss_scale = (
                 info.loss_scale() if info.grads_scaled_at_apply else tf.constant(1.0, tf.float32)
             )
@@ -208,6 +254,7 @@ def gradient_observer(probe, model, optimizer, capture):
                 loss_scale=divide,
                 scaling=SCALING_REPLICA_LOSS if replica_loss else SCALING_AS_GIVEN,
                 loss_scaled=info.loss_scaled,
+                batch=batch,
             )
         except Exception as error:  # noqa: BLE001 - never break training
             recorder.warn(error)
@@ -268,6 +315,24 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         replica 0's at logged steps (copies each variable to replica 0's device; default False).
       flush_secs: seconds between background flushes of the event file (default 5). The file
         is also flushed at every epoch end, at the end of training and when `fit` raises.
+      outputs: record each replica's model outputs (`y_pred`, as the model's `compute_loss`
+        receives it; a dict of outputs per output name) as the watched value `outputs`
+        (default True): shapes at every change, NaN/Inf at every step, small stats at sampled
+        steps. See `ReplicaProbe.watch`.
+      halt_on: None (default: record only), "error" (every finding of severity error) or a list
+        of finding kinds (docs/findings.md): such a finding stops `fit` like Keras's
+        `EarlyStopping` (`model.stop_training`), printed once with replica, step and cause
+        (and kept in `callback.stopped_by`, a list of `analysis.Finding`).
+        `nonfinite_gradients` stops at the end of the step where it happens; the other kinds
+        at their checks (each logged step with an integer `update_freq`, else each epoch end).
+        Costs a read of a small host variable after each step (and keeps Keras from
+        dispatching batch-end callbacks asynchronously). See docs/halting.md.
+      capture_limit: at most this many faulty steps have their culprit batches captured
+        (default 3; 0: none): at the first step of a run of steps where some replica's
+        gradients or loss are not finite, the local batch of each such replica is written
+        (`tb-replica export-batch`). Clean steps pay nothing.
+      capture_bytes: bytes kept per captured replica batch (default 4 MB, shared evenly by its
+        input leaves; a larger leaf keeps its first rows and the header says so).
 
     Nothing here can stop training: a failure to trace the collectors, to create or write the log
     dir (unwritable, removed while training, full disk) warns once (`RuntimeWarning`) and
@@ -275,7 +340,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
 
     Raises:
       ValueError: if `update_freq` is not "epoch", "batch" or a positive integer, `flush_secs`
-        is not a positive number or `examples_every` not a positive integer.
+        is not a positive number, `examples_every` not a positive integer, `halt_on` not None,
+        "error" or a list of known finding kinds, or `capture_limit`/`capture_bytes` invalid.
 
     Example:
       ```python
@@ -302,8 +368,19 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         variables=True,
         variables_exact=False,
         examples_every=DEFAULT_EXAMPLES_EVERY,
+        outputs=True,
+        halt_on=None,
+        capture_limit=DEFAULT_CAPTURE_LIMIT,
+        capture_bytes=DEFAULT_CAPTURE_BYTES,
     ):
         super().__init__()
+        self.halt_on = halt.resolve_halt_on(halt_on)
+        check_capture(capture_limit, capture_bytes)
+        self.capture_limit = capture_limit
+        self.capture_bytes = capture_bytes
+        if self.halt_on is not None:
+            # Only then a batch-end hook (Keras dispatches batch ends synchronously for it).
+            self.on_train_batch_end = self._halt_at_batch_end
         if update_freq == "batch":
             update_freq = 1
         if update_freq != "epoch" and (
@@ -331,12 +408,16 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         self.examples = examples
         self.variables = bool(variables)
         self.variables_exact = bool(variables_exact)
+        self.outputs = bool(outputs)
         self._probe = None
         self._patched = None
         self._undo_hooks = []
         self._armed = False  # set_model ran: the next make_train_function is this fit's
         self._training = False
         self._traced = None  # (what it depends on, the instrumented train function)
+        self._outputs_capture = None
+        self._batches = LossCapture()  # the step's named batch, for the culprit capture
+        self.stopped_by = []  # the findings that stopped the last fit (halt_on)
 
     @property
     def probe(self):
@@ -399,6 +480,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             if self.update_freq == "epoch" and self.variables and self._patched is not None:
                 _observe_variables_at_epoch_end(self._probe, self.model, self.variables_exact)
             self._probe.flush(window=self.update_freq == "epoch")
+            if self.halt_on is not None and self._patched is not None:
+                self._halt(at_check=True)
 
     def on_train_end(self, logs=None):
         self._finish(self.model)
@@ -412,6 +495,30 @@ class ReplicaCallback(*keras_compat.callback_bases()):
     def on_predict_end(self, logs=None):
         if not self._training:
             self._restore(self.model)
+
+    def _halt_at_batch_end(self, batch, logs=None):
+        """After each step (only with `halt_on`): stop on a fault of this step or check."""
+        probe = self._probe
+        if probe is None or self._patched is None or self.model.stop_training:
+            return
+        at_check = False
+        if isinstance(self.update_freq, int) and probe.watches_checks:
+            step = probe.last_step()
+            at_check = step is not None and step % self.update_freq == 0
+        self._halt(at_check)
+
+    def _halt(self, at_check):
+        """Stops `fit` (`model.stop_training`) when the probe's run holds a watched fault."""
+        try:
+            found = self._probe.faults(check=at_check)
+        except Exception as error:  # noqa: BLE001 - never break the training it watches
+            self._probe.warn_failed("halt", error, "the halt_on check")
+            return
+        if found:
+            self.model.stop_training = True
+            self.stopped_by = found
+            for finding in found:
+                print(f"ReplicaCallback: stopping training: {halt.describe(finding)}")
 
     def _finish(self, model):
         """Restores the model and writes what was recorded: at train end, or when a step raised.
@@ -472,6 +579,9 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                 source="fit",
                 flush_secs=self.flush_secs,
                 examples_every=self.examples_every,
+                halt_on=self.halt_on,
+                capture_limit=self.capture_limit,
+                capture_bytes=self.capture_bytes,
             )
         # The probe's state exists before Keras traces the step: variables created during a
         # first trace would make TensorFlow trace the step twice.
@@ -487,6 +597,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                 stacklevel=3,
             )
             model.jit_compile = False
+        self._outputs_capture = self._hook_outputs(model)
         model.train_step = self._instrumented_step(model, model.train_step)
         self._hook_gradients(model, self._probe)
         self._armed = True
@@ -541,6 +652,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             observers.extend(_rng_observer(probe, model, self.generators))
         per_step_variables = self.variables and self.update_freq != "epoch"
         exact = self.variables_exact
+        outputs = self._outputs_capture
+        batches = self._batches
 
         def train_step(data):
             try:
@@ -548,9 +661,12 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             except Exception as error:  # noqa: BLE001 - never break the training it watches
                 probe.warn_failed("inputs", error)
             else:
+                batches.put(batch)
                 for observe in observers:
                     observe(batch)
-            outputs = original(data)
+            logs = original(data)
+            if outputs is not None:
+                watch_outputs(probe, outputs)
             if per_step_variables:
                 # Replica context: a merge_call, then the check under a tf.cond (every N steps).
                 try:
@@ -559,9 +675,17 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                     probe.warn_variables_failed(error)
                 else:
                     probe.observe_variables(variables, exact=exact)
-            return outputs
+            return logs
 
         return train_step
+
+    def _hook_outputs(self, model):
+        """Captures `y_pred` at `compute_loss` (the `LossCapture` of the outputs), or None."""
+        if not self.outputs or not callable(getattr(model, "compute_loss", None)):
+            return None
+        capture = LossCapture()
+        self._undo_hooks.append(hook_model_outputs(model, capture))
+        return capture
 
     def _hook_gradients(self, model, probe):
         if not self.gradients:
@@ -571,7 +695,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             return
         capture = LossCapture()
         self._undo_hooks.append(hook_compute_loss(model, capture))
-        observe = gradient_observer(probe, model, optimizer, capture)
+        observe = gradient_observer(probe, model, optimizer, capture, self._batches)
         self._undo_hooks.append(hook_optimizer(optimizer, observe))
 
     def _restore(self, model):

@@ -3,6 +3,7 @@
     tb-replica report LOGDIR [--json] [--run PATTERN] [--fail-on error|warning|info]
                       [--threshold NAME=VALUE ...]
     tb-replica inspect MODULE:FUNCTION --logdir LOGDIR [--replicas N] [--steps N]
+    tb-replica export-batch LOGDIR --run RUN --step S --replica R OUT.npz
 
 Exit status: 0 on success, 1 when `--fail-on` is given and a finding at or above that severity
 exists, 2 on bad arguments or an unreadable log dir.
@@ -59,6 +60,16 @@ def _build_parser():
     inspect.add_argument("--steps", type=int, default=10, help="batches to read (>= 1)")
     inspect.add_argument("--run", default="inspect_dataset", help="run name to write")
     inspect.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    export = commands.add_parser(
+        "export-batch",
+        help="write a replica's captured culprit batch (a step with NaN/Inf) to a .npz file",
+    )
+    export.add_argument("logdir", help="log directory, as given to tensorboard --logdir")
+    export.add_argument("--run", required=True, help="the run (or multi-worker job) name")
+    export.add_argument("--step", type=int, required=True, help="the step of the capture")
+    export.add_argument("--replica", type=int, required=True, help="the global replica id")
+    export.add_argument("out", help="the .npz file to write")
     return parser
 
 
@@ -102,6 +113,39 @@ def _report(args):
         limit = analysis.SEVERITY_RANK[args.fail_on]
         if any(analysis.SEVERITY_RANK[f.severity] <= limit for f in report.all_findings()):
             return 1
+    return 0
+
+
+def _export_batch(args):
+    from tb_replica_plugin import report as report_lib
+
+    try:
+        report = report_lib.load(args.logdir)
+    except report_lib.LogDirError as error:
+        print(f"tb-replica: error: {error}", file=sys.stderr)
+        return 2
+    run_data = report.runs.get(args.run)
+    if run_data is None:
+        runs = ", ".join(report.runs) or "none"
+        print(f"tb-replica: error: no run {args.run!r} (runs: {runs})", file=sys.stderr)
+        return 2
+    series = run_data.gradients
+    try:
+        if series is None:
+            raise KeyError(f"run {args.run!r} recorded no gradients, so no batch was captured")
+        captured = series.batch(args.step, args.replica)
+    except KeyError as error:
+        print(f"tb-replica: error: {error.args[0]}", file=sys.stderr)
+        return 2
+    import numpy as np
+
+    np.savez(args.out, **captured.arrays)
+    print(f"wrote {args.out}: step {captured.step}, replica {captured.replica}")
+    for entry in captured.to_json()["inputs"]:
+        kept = "" if not entry["truncated"] else f" (first {entry['kept_rows']} rows kept)"
+        bad = entry["nonfinite_examples"]
+        note = f"; non-finite examples {bad}" if bad else ""
+        print(f"  {entry['name']}: {entry['dtype']} {entry['shape']}{kept}{note}")
     return 0
 
 
@@ -166,10 +210,10 @@ def main(argv=None):
     # TensorFlow (imported by TensorBoard's event reader) logs device set-up noise otherwise.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = _build_parser().parse_args(argv)
-    if args.command == "report":
+    if args.command in ("report", "export-batch"):
         if "://" not in args.logdir:
             _read_without_tensorflow()
-        return _report(args)
+        return _report(args) if args.command == "report" else _export_batch(args)
     return _inspect(args)
 
 

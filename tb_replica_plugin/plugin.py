@@ -1,24 +1,29 @@
 """The TensorBoard plugin: thin HTTP routes over the data provider and the analysis.
 
-Routes are documented in `http_api.md`: the static files, `/runs`, `/findings`, and one route
-per registered family (`Family.route`), whose body comes from the family's present module
-(`present.ARGS` parses the arguments, `present.body(run, run_data, args)` builds the JSON).
+Routes are documented in `http_api.md`: the static files, `/runs`, `/findings`, `/overview` and
+one route per registered family (`Family.route`), whose body comes from the family's present
+module (`present.ARGS` parses the arguments, `present.body(run, run_data, args)` builds the JSON).
+Reads go through `store.RunStore`: a family route reads only its family's tags and keeps its
+encoded answer; findings and `/runs` entries are computed once per run and data version.
 Errors are exceptions handled in one place (`_handling_errors`): `BadRequestError` → 400,
 `reader.RunNotFoundError` and `NotFoundError` → 404. No TensorFlow import: TensorBoard may run
 without it.
 """
 
 import functools
+import gzip
+import json
 import os
 
-from tensorboard.backend import http_util
+from tensorboard.backend import http_util, json_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from tb_replica_plugin import analysis, metadata, reader, registry
+from tb_replica_plugin import analysis, metadata, reader, registry, store
 from tb_replica_plugin.core import overview
 from tb_replica_plugin.core.args import (
     BadRequestError,
+    Download,
     NotFoundError,
     parse_max_points,
     parse_step,
@@ -46,6 +51,18 @@ def _error(request, status, message):
 
 def _json(request, body):
     return http_util.Respond(request, body, "application/json")
+
+
+def encode_json(body):
+    """`body` as gzip-compressed JSON bytes, encoded the way `http_util.Respond` encodes it
+    (non-finite floats as the strings "NaN", "Infinity", "-Infinity"), so a cached answer is
+    neither serialised nor compressed again."""
+    text = json.dumps(json_util.Cleanse(body, "utf-8"), ensure_ascii=True)
+    return gzip.compress(text.encode("utf-8"), compresslevel=3, mtime=0)
+
+
+def _encoded_json(request, encoded):
+    return http_util.Respond(request, encoded, "application/json", content_encoding="gzip")
 
 
 def _handling_errors(handler):
@@ -83,6 +100,11 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         context: the `base_plugin.TBContext` given by TensorBoard.
         """
         self._provider = context.data_provider
+        hint = (getattr(context, "sampling_hints", None) or {}).get(metadata.PLUGIN_NAME)
+        # Reads scoped to each route's families, cached per run and data version.
+        self.store = store.RunStore(
+            context.data_provider, downsample=store.downsample_from_hint(hint)
+        )
 
     def get_plugin_apps(self):
         apps = {
@@ -90,6 +112,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             "/static/*": self._serve_static,
             "/runs": self._serve_runs,
             "/findings": self._serve_findings,
+            "/overview": self._serve_overview,
         }
         for family in registry.families():
             if family.route:
@@ -132,31 +155,37 @@ class ReplicasPlugin(base_plugin.TBPlugin):
 
     # -------------------------------------------------------------------- data
 
-    def _read_runs(self, request, run=None):
-        """`{run: reader.RunData}` of every run, or of `run` only.
+    @staticmethod
+    def _request_context(request):
+        from tensorboard import plugin_util
+
+        return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+
+    def _summaries(self, request, run=None):
+        """`{name: {"entry", "findings"}}` of every run and job (or of `run`), from the cache.
 
         Raises:
           reader.RunNotFoundError: if `run` is given and has no data of this plugin.
         """
-        from tensorboard import plugin_util
-
-        ctx = plugin_util.context(request.environ)
-        experiment_id = plugin_util.experiment_id(request.environ)
+        ctx, experiment_id = self._request_context(request)
         # The workers of a multi-worker job are read and merged as one job named after it.
-        return reader.read_runs(self._provider, ctx, experiment_id, run=run)
+        return self.store.summaries(ctx, experiment_id, runs_entry, run=run)
 
     @_handling_errors
     def _serve_runs(self, request):
-        return _json(
-            request,
-            {"runs": [runs_entry(run_data) for run_data in self._read_runs(request).values()]},
-        )
+        summaries = self._summaries(request).values()
+        return _json(request, {"runs": [summary["entry"] for summary in summaries]})
 
     @_handling_errors
     def _serve_findings(self, request):
-        runs = self._read_runs(request, request.args.get("run"))
-        findings = [f for run_data in runs.values() for f in analysis.find_run(run_data)]
+        summaries = self._summaries(request, request.args.get("run")).values()
+        findings = [f for summary in summaries for f in summary["findings"]]
         return _json(request, {"findings": [f.to_json() for f in analysis.sort_findings(findings)]})
+
+    @_handling_errors
+    def _serve_overview(self, request):
+        entries = [summary["entry"] for summary in self._summaries(request).values()]
+        return _json(request, {"runs": overview.worst_first(entries)})
 
     def _family_app(self, family):
         """The route of one family: the run named by `run`, the family's arguments, its body.
@@ -172,18 +201,35 @@ class ReplicasPlugin(base_plugin.TBPlugin):
                 raise BadRequestError("missing argument 'run'")
             present = family.present
             parsed = {name: parse(request.args.get(name)) for name, parse in present.ARGS.items()}
-            run_data = self._read_runs(request, run)[run]
-            return _json(request, present.body(run, run_data, parsed))
+            ctx, experiment_id = self._request_context(request)
+
+            def make_body(run_data):
+                result = present.body(run, run_data, parsed)
+                return result if isinstance(result, Download) else encode_json(result)
+
+            # Only this family's tags (and those of the families it needs) are read; the answer
+            # is kept, encoded, until the run has new data.
+            answer = self.store.body(ctx, experiment_id, run, family.name, parsed, make_body)
+            if isinstance(answer, Download):
+                disposition = f'attachment; filename="{answer.filename}"'
+                return http_util.Respond(
+                    request,
+                    answer.data,
+                    answer.content_type,
+                    headers=[("Content-Disposition", disposition)],
+                )
+            return _encoded_json(request, answer)
 
         serve.__name__ = f"_serve_{family.name}"
         return functools.partial(_handling_errors(serve), self)
 
 
-def runs_entry(run_data):
+def runs_entry(run_data, findings=None):
     """The `/runs` entry of one run (documented in `http_api.md`).
 
     Args:
       run_data: a `reader.RunData`.
+      findings: its findings (`analysis.find_run(run_data)`) if already computed.
 
     Returns:
       The JSON-ready dict: run, replicas, devices, source, first/last step, the fields families
@@ -203,7 +249,9 @@ def runs_entry(run_data):
         fields = getattr(family.present, "runs_fields", None)
         if fields is not None:
             entry.update(fields(run_data))
-    entry["findings"] = analysis.severity_counts(analysis.find_run(run_data))
+    if findings is None:
+        findings = analysis.find_run(run_data)
+    entry["findings"] = analysis.severity_counts(findings)
     entry["families"] = [family.attribute for family in families if _listed(family, run_data)]
     entry["notes"] = run_data.notes
     entry["workers"] = run_data.workers

@@ -6,7 +6,9 @@ warn-once, dispatch) plus the `observe_*` methods of every family in the registr
 directly.
 """
 
+from tb_replica_plugin.core import halt
 from tb_replica_plugin.core.distribute import worker_info  # noqa: F401 - public helper
+from tb_replica_plugin.core.halt import ReplicaFaultError  # noqa: F401 - public exception
 from tb_replica_plugin.core.probe import (  # noqa: F401 - public constants
     DEFAULT_EXAMPLES_EVERY,
     DEFAULT_FLUSH_SECS,
@@ -14,6 +16,11 @@ from tb_replica_plugin.core.probe import (  # noqa: F401 - public constants
     ProbeCore,
     check_examples_every,
     recording_mixins,
+)
+from tb_replica_plugin.families.gradients.capture import (
+    DEFAULT_CAPTURE_BYTES,
+    DEFAULT_CAPTURE_LIMIT,
+    check_capture,
 )
 
 
@@ -48,10 +55,17 @@ class ReplicaProbe(*recording_mixins(), ProbeCore):
         own `log_dir` then.
       examples_every: the examples family fingerprints and compares the examples every this
         many steps and at every logged step (default 16; 1: every step).
+      halt_on: which findings `faults()` returns: "error" (default when None: every finding of
+        severity error) or a list of finding kinds. Given explicitly in a multi-worker job, the
+        gradients family also all-reduces one fault flag per replica per step so that every
+        worker sees a fault at the same step (and so stops at the same step).
+      capture_limit, capture_bytes: culprit capture of `observe_gradients(..., batch=...)`, as
+        for `ReplicaCallback` (default 3 steps, 4 MB per replica batch).
 
     Raises:
-      ValueError: if `update_freq`, `source`, `flush_secs` or `examples_every` is invalid
-        (raised at construction, never during training).
+      ValueError: if `update_freq`, `source`, `flush_secs`, `examples_every`, `halt_on`,
+        `capture_limit` or `capture_bytes` is invalid (raised at construction, never during
+        training).
 
     Example:
       ```python
@@ -71,9 +85,84 @@ class ReplicaProbe(*recording_mixins(), ProbeCore):
 
     Methods:
       observe_inputs, observe_gradients, observe_rng, observe_examples, observe_variables: one
-      per stat family (see each); set_step, flush, write_window, close: the step axis and the
-      event file.
+      per stat family (see each); watch: any tensor per replica (dense, ragged or sparse leaves,
+      e.g. what `strategy.run` returns); set_step, flush, write_window, close: the step axis and
+      the event file; faults, raise_faults: fail fast on a replica fault.
     """
+
+    def __init__(
+        self,
+        log_dir,
+        *args,
+        halt_on=None,
+        capture_limit=DEFAULT_CAPTURE_LIMIT,
+        capture_bytes=DEFAULT_CAPTURE_BYTES,
+        **kwargs,
+    ):
+        check_capture(capture_limit, capture_bytes)
+        watch = halt.Watch(self, "error" if halt_on is None else halt_on)
+        super().__init__(log_dir, *args, **kwargs)
+        self._watch = watch
+        self._sync_requested = halt_on is not None and watch.watches_every_step
+        gradients = self._recorders.get("gradients")
+        if gradients is not None:
+            gradients.capture_limit = capture_limit
+            gradients.capture_bytes = capture_bytes
+
+    def build(self):
+        built = super().build()
+        gradients = self._recorders.get("gradients")
+        if built and gradients is not None and self.worker is not None:
+            # A job: every worker must learn of a fault at the step it happens.
+            gradients.sync_faults = self._sync_requested
+        return built
+
+    @property
+    def watches_checks(self):
+        """Whether `halt_on` names kinds seen at checks (beyond the every-step NaN/Inf)."""
+        return self._watch.watches_checks
+
+    def faults(self, check=False):
+        """The findings that should stop training now (host side; empty list when none).
+
+        Call it after each step of a custom loop. Without `check` it reads only the small fault
+        state the gradients family updates at a step whose gradients or loss are not finite
+        (no extra work in the step); a `nonfinite_gradients` finding comes back after the step
+        it happened in. With `check=True` (at a logged step, every few hundred steps, ...) it
+        also flushes the event file and runs every rule on the run, so check-time findings
+        (`variable_drift`, `identical_rng_streams`, `duplicate_examples`, ...) come back too.
+        Each finding is returned once.
+
+        Args:
+          check: also run the check-time rules (reads the run back; costs milliseconds).
+
+        Returns:
+          A list of `analysis.Finding` matching `halt_on`.
+
+        Example:
+          ```python
+          for step, batch in enumerate(dist_dataset):
+              train_step(batch)
+              found = probe.faults(check=step % 100 == 0)
+              if found:
+                  print(found[0].message)
+                  break
+          probe.close()
+          ```
+        """
+        if self._core is None:
+            return []
+        return self._watch.check(at_check=check)
+
+    def raise_faults(self, check=False):
+        """Raises `ReplicaFaultError` when `faults(check)` finds something (after a flush).
+
+        Raises:
+          ReplicaFaultError: holding the findings (`error.findings`).
+        """
+        found = self.faults(check=check)
+        if found:
+            raise ReplicaFaultError(found)
 
 
 def _not_converted(cls):
@@ -84,10 +173,14 @@ def _not_converted(cls):
     """
     import tensorflow as tf
 
-    for klass in cls.__mro__[:-1]:
-        for name, member in vars(klass).items():
-            if callable(member) and not name.startswith("__") and not isinstance(member, type):
-                setattr(cls, name, tf.autograph.experimental.do_not_convert(member))
+    # Resolved as attribute lookup does (the most derived class wins), before any is replaced:
+    # a method a class overrides (e.g. `build`) keeps its override.
+    members = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        members.update(vars(klass))
+    for name, member in members.items():
+        if callable(member) and not name.startswith("__") and not isinstance(member, type):
+            setattr(cls, name, tf.autograph.experimental.do_not_convert(member))
     return cls
 
 

@@ -28,6 +28,9 @@ __all__ = [
     "RunData",
     "RunNotFoundError",
     "candidate_jobs",
+    "family_tags",
+    "group_runs",
+    "groups",
     "job_of_run",
     "list_runs",
     "local_provider",
@@ -35,7 +38,9 @@ __all__ = [
     "read_inputs",
     "read_log_dir",
     "read_run",
+    "read_group",
     "read_runs",
+    "with_needs",
 ]
 
 # More samples than any run writes: read_tensors must return every sample it kept.
@@ -137,7 +142,6 @@ def list_runs(provider, ctx, experiment_id):
 
 def _readable_tags(tags_of_run, notes):
     """Tags whose metadata this version can read; the others get a note."""
-    kinds = registry.tag_kinds()
     readable = []
     for tag, series in tags_of_run.items():
         try:
@@ -145,15 +149,18 @@ def _readable_tags(tags_of_run, notes):
         except metadata.UnsupportedSchemaError as error:
             notes.append(f"Series {tag!r} skipped: {error}")
             continue
-        if kinds.get(tag) == content.get("kind"):
+        if registry.tag_kind(tag) == content.get("kind"):
             readable.append(tag)
     return readable
 
 
-def read_run(provider, ctx, experiment_id, run, tags_of_run=None):
-    """Reads every family of one run with a single `read_tensors` call.
+def read_run(
+    provider, ctx, experiment_id, run, tags_of_run=None, families=None, downsample=ALL_SAMPLES
+):
+    """Reads the families of one run with a single `read_tensors` call.
 
     Families are built in registry order; each gets the series of the families it `needs`.
+    Only the tags of `families` are asked of the provider (`RunTagFilter`).
 
     Args:
       provider: a TensorBoard `DataProvider`.
@@ -161,9 +168,16 @@ def read_run(provider, ctx, experiment_id, run, tags_of_run=None):
       experiment_id: the experiment id.
       run: the run name.
       tags_of_run: `{tag: TensorTimeSeries}` of the run if already listed.
+      families: names of the families to read (`with_needs` adds what they need), or None for
+        every registered family; the others are None in the `RunData`.
+      downsample: at most this many samples per tag (`ALL_SAMPLES`: every sample kept).
 
     Returns:
       A `RunData`.
+
+    Example:
+      >>> read_run(provider, ctx, "", "balanced/replicas", families=["variables"]).inputs
+      None
 
     Raises:
       RunNotFoundError: if the run has no data of this plugin.
@@ -175,6 +189,9 @@ def read_run(provider, ctx, experiment_id, run, tags_of_run=None):
     if not tags_of_run:
         raise RunNotFoundError(run)
     notes = []
+    wanted = None if families is None else family_tags(families)
+    if wanted is not None:
+        tags_of_run = {tag: ts for tag, ts in tags_of_run.items() if _matches(tag, wanted)}
     readable = _readable_tags(tags_of_run, notes)
     data = {}
     if readable:
@@ -182,7 +199,7 @@ def read_run(provider, ctx, experiment_id, run, tags_of_run=None):
             ctx,
             experiment_id=experiment_id,
             plugin_name=metadata.PLUGIN_NAME,
-            downsample=ALL_SAMPLES,
+            downsample=downsample,
             run_tag_filter=provider_lib.RunTagFilter(runs=[run], tags=readable),
         ).get(run, {})
     samples = {
@@ -191,24 +208,62 @@ def read_run(provider, ctx, experiment_id, run, tags_of_run=None):
         )
         for tag in readable
     }
-    return build_run(run, samples, notes)
+    return build_run(run, samples, notes, families)
 
 
-def build_run(run, samples, notes=None):
+def with_needs(names):
+    """The family names `names` and every family they need, transitively (a frozenset).
+
+    Raises:
+      KeyError: if a name is not a registered family.
+    """
+    result = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name not in result:
+            result.add(name)
+            todo.extend(registry.family(name).needs)
+    return frozenset(result)
+
+
+def family_tags(names):
+    """The tags of the families `names` and of the families they need (a set).
+
+    A family whose tags depend on what was written (watch: `watch/<name>/stats`) gives a tag
+    pattern (`watch/*/stats`); `_matches` tells whether a written tag is among them.
+    """
+    needed = with_needs(names)
+    return {tag for f in registry.families() if f.name in needed for tag in f.tags}
+
+
+def _matches(tag, wanted):
+    """Whether the written `tag` is one of `wanted` (exact tags and `fnmatch` patterns)."""
+    return tag in wanted or any(
+        "*" in pattern and fnmatch.fnmatchcase(tag, pattern) for pattern in wanted
+    )
+
+
+def build_run(run, samples, notes=None, families=None):
     """A `RunData` from decoded samples (pure: no data provider needed).
 
     Args:
       run: the run name.
       samples: `{tag: [(step, numpy value)]}` sorted by step.
       notes: notes met so far (the run's notes list; every family appends to it).
+      families: names of the families to build (and those they need), or None for all.
 
     Returns:
-      A `RunData` with every registered family's series (None for families without data).
+      A `RunData` with the series of those families (None for families without data and for
+      families not asked for).
     """
     notes = [] if notes is None else notes
     run_data = RunData(run=run, samples=samples, notes=notes)
+    wanted = None if families is None else with_needs(families)
     by_name = {}
     for family in registry.families():
+        if wanted is not None and family.name not in wanted:
+            continue
         needed = {name: by_name[name] for name in family.needs}
         series = family.read.from_samples(run, samples, notes, needed)
         by_name[family.name] = series
@@ -225,16 +280,18 @@ def read_inputs(provider, ctx, experiment_id, run, tags_of_run=None):
     return read_run(provider, ctx, experiment_id, run, tags_of_run).inputs
 
 
-def merge_job(job, member_runs):
+def merge_job(job, member_runs, families=None):
     """One `RunData` for the runs of the workers of one job (see `RunData`).
 
     Args:
       job: the job name.
       member_runs: the `RunData` of its workers' runs, each with `inputs.worker` set.
+      families: names of the families to merge (they and their needs must have been read), or
+        None for every registered family.
 
     Returns:
-      The job's `RunData`, replica axis in global replica order: every registered family merged
-      by its `read.merge`, in registry order.
+      The job's `RunData`, replica axis in global replica order: each family merged by its
+      `read.merge`, in registry order (families not asked for are None).
     """
     members = sorted(member_runs, key=lambda m: (m.inputs.worker["worker"], m.run))
     notes = []
@@ -269,19 +326,23 @@ def merge_job(job, member_runs):
     data = RunData(
         run=job, samples={}, notes=notes, workers=workers, worker_runs={m.run: m for m in members}
     )
+    wanted = None if families is None else with_needs(families)
     for family in registry.families():
-        setattr(data, family.attribute, family.read.merge(job, members, workers, notes))
+        if wanted is None or family.name in wanted:
+            setattr(data, family.attribute, family.read.merge(job, members, workers, notes))
     return data
 
 
-def read_runs(provider, ctx, experiment_id, run=None, runs=None):
+def read_runs(
+    provider, ctx, experiment_id, run=None, runs=None, families=None, downsample=ALL_SAMPLES
+):
     """Reads runs and multi-worker jobs: `{name: RunData}`, the workers of a job as one entry.
 
     Runs named `<job>/<task_type>_<index>` whose data says they are workers of one job are read
     and merged into one `RunData` named `<job>` (they are not listed on their own).
 
     Args:
-      provider, ctx, experiment_id: as for `read_run`.
+      provider, ctx, experiment_id, families, downsample: as for `read_run`.
       run: a run or job name to read alone (a worker's own run can be read by its name too).
       runs: `list_runs(...)` if already listed.
 
@@ -293,33 +354,70 @@ def read_runs(provider, ctx, experiment_id, run=None, runs=None):
     """
     if runs is None:
         runs = list_runs(provider, ctx, experiment_id)
-    jobs = {job: members for job, members in candidate_jobs(runs).items() if job not in runs}
-
-    def read(name):
-        return read_run(provider, ctx, experiment_id, name, runs[name])
-
-    def read_job(job):
-        members = [read(name) for name in jobs[job]]
-        if all(m.inputs.worker is not None for m in members):
-            return {job: merge_job(job, members)}
-        return {m.run: m for m in members}
-
+    jobs = job_groups(runs)
     if run is not None:
         if run in runs:
-            return {run: read(run)}
+            return read_group(provider, ctx, experiment_id, run, runs, families, downsample)
         if run in jobs:
-            result = read_job(run)
+            result = read_group(provider, ctx, experiment_id, run, runs, families, downsample)
             if run in result:
                 return result
         raise RunNotFoundError(run)
     result = {}
-    in_jobs = {name for members in jobs.values() for name in members}
-    for name in runs:
-        if name not in in_jobs:
-            result[name] = read(name)
-    for job in jobs:
-        result.update(read_job(job))
+    for name in groups(runs):
+        result.update(read_group(provider, ctx, experiment_id, name, runs, families, downsample))
     return {name: result[name] for name in sorted(result)}
+
+
+def job_groups(runs):
+    """`{job: [worker runs]}` of the runs that may be the workers of a job (`candidate_jobs`)."""
+    return {job: members for job, members in candidate_jobs(runs).items() if job not in runs}
+
+
+def groups(runs):
+    """The names read one by one by `read_group`: runs outside any job, then candidate jobs."""
+    jobs = job_groups(runs)
+    in_jobs = {name for members in jobs.values() for name in members}
+    return [name for name in runs if name not in in_jobs] + list(jobs)
+
+
+def group_runs(runs, name):
+    """The runs whose data `read_group(..., name, ...)` reads (for their data version)."""
+    if name in runs:
+        return [name]
+    return job_groups(runs).get(name, [])
+
+
+def read_group(provider, ctx, experiment_id, name, runs, families=None, downsample=ALL_SAMPLES):
+    """Reads one run, or the worker runs of one candidate job (merged when they are workers).
+
+    Args:
+      provider, ctx, experiment_id, families, downsample: as for `read_run`.
+      name: a run of `runs`, or a job of `job_groups(runs)`.
+      runs: `list_runs(...)`.
+
+    Returns:
+      `{name: RunData}`: the run, the merged job, or (workers of no job) each worker run.
+
+    Raises:
+      RunNotFoundError: if `name` is neither.
+    """
+    if name in runs:
+        return {
+            name: read_run(provider, ctx, experiment_id, name, runs[name], families, downsample)
+        }
+    members_of = job_groups(runs).get(name)
+    if not members_of:
+        raise RunNotFoundError(name)
+    # Whether they are the workers of one job comes from the inputs family (their shapes events).
+    read_families = None if families is None else with_needs([*families, "inputs"])
+    members = [
+        read_run(provider, ctx, experiment_id, m, runs[m], read_families, downsample)
+        for m in members_of
+    ]
+    if all(m.inputs.worker is not None for m in members):
+        return {name: merge_job(name, members, read_families)}
+    return {m.run: m for m in members}
 
 
 def local_provider(logdir):

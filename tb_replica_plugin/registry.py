@@ -12,6 +12,7 @@ Imports no TensorFlow (nor anything else heavy): descriptors are loaded lazily, 
 """
 
 import dataclasses
+import fnmatch
 import importlib
 
 # One line per family, in dependency order.
@@ -22,6 +23,7 @@ FAMILY_MODULES = (
     "tb_replica_plugin.families.rng",
     "tb_replica_plugin.families.examples",
     "tb_replica_plugin.families.variables",
+    "tb_replica_plugin.families.watch",
 )
 
 
@@ -32,7 +34,8 @@ class Family:
     The entry points are resolved lazily, by convention, from the package's submodules:
 
     - `<package>.schema`: `TAGS = {tag: kind}` and the tensor layouts (imported by writer and
-      reader).
+      reader). A tag with `*` is a pattern (`fnmatch`), for a family that writes one tag per
+      user-chosen name (watch: `watch/*/stats`).
     - `<package>.read`: `from_samples(run, samples, notes, needed)` -> series or None, the
       family's series from one run's decoded samples (`needed`: `{name: series}` of the families
       in `needs`, already read); `merge(job, member_runs, workers, notes)` -> series or None, the
@@ -172,3 +175,21 @@ def tag_kinds():
     for descriptor in families():
         kinds.update(descriptor.tags)
     return kinds
+
+
+def tag_kind(tag):
+    """The kind of a written tag: its family's exact tag, else the first matching tag pattern.
+
+    Args:
+      tag: a tag as written, e.g. "inputs/shapes" or "watch/logits/stats".
+
+    Returns:
+      The kind (str), or None when no registered family writes such a tag.
+    """
+    kinds = tag_kinds()
+    if tag in kinds:
+        return kinds[tag]
+    for pattern, kind in kinds.items():
+        if "*" in pattern and fnmatch.fnmatchcase(tag, pattern):
+            return kind
+    return None

@@ -35,7 +35,7 @@ COMMON = (
     "one_device",
     "seeded_norms",
 )
-TF_KERAS_ONLY = ("first_batch_7", "steps_per_execution_2")
+TF_KERAS_ONLY = ("first_batch_7", "steps_per_execution_2", "ragged_text")
 # Adapter checks that write no run.
 ADAPTER = ("gradient_hook",)
 # Changes the process's cluster (eager context connected to a server): runs last, on its own.
@@ -299,6 +299,38 @@ def one_device(keras, tf, strategy, logdir):
     return _fit_facts(model, caught)
 
 
+def ragged_text(keras, tf, strategy, logdir):
+    """A text model on ragged token ids (tf_keras only: Keras 3.15 fit cannot distribute ragged
+    inputs): 17 sentences of 1 to 3 tokens, `ragged_batch(8)` on 2 replicas, so the last batch
+    is [1, 0] rows. Facts: each replica's rows and token counts per step, read by iterating the
+    distributed dataset the way `fit` distributes it."""
+    lengths = [i % 3 + 1 for i in range(17)]
+    tokens = tf.RaggedTensor.from_row_lengths(tf.range(sum(lengths)) % 50 + 1, lengths)
+    labels = np.array(lengths, "float32").reshape(17, 1)
+    dataset = tf.data.Dataset.from_tensor_slices((tokens, labels)).ragged_batch(8)
+    expected = []
+    for x, _ in strategy.experimental_distribute_dataset(dataset):
+        local = strategy.experimental_local_results(x)
+        expected.append(
+            {
+                "nrows": [int(t.nrows()) for t in local],
+                "values": [int(tf.size(t.flat_values)) for t in local],
+            }
+        )
+    with strategy.scope():
+        ids = keras.Input(shape=(None,), ragged=True, dtype="int32")
+        embedded = keras.layers.Embedding(64, 4)(ids)
+        pooled = keras.layers.Lambda(lambda t: tf.reduce_mean(t, axis=1))(embedded)
+        model = keras.Model(ids, keras.layers.Dense(1)(pooled))
+        model.compile(optimizer="sgd", loss="mse")
+    _, caught = _record(
+        lambda: model.fit(
+            dataset, epochs=1, verbose=0, callbacks=[_callback(logdir, "ragged_text")]
+        )
+    )
+    return dict(_fit_facts(model, caught), expected=expected)
+
+
 def first_batch_7(keras, tf, strategy, logdir):
     """15 examples, global batch 7 on 2 replicas: [4, 3], [4, 3], [1, 0] (tf_keras only)."""
     x, y = _xy(15)
@@ -509,6 +541,7 @@ SCENARIOS = {
         one_device,
         first_batch_7,
         steps_per_execution_2,
+        ragged_text,
         parameter_server,
         gradient_hook,
         seeded_norms,

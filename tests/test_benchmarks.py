@@ -78,3 +78,28 @@ def test_every_benchmark_runs_and_prints_its_figures():
     assert fingerprints["ops_alone_by_batch"]["256"]["fingerprints_us_per_example"] != 0
     workers = results["multiworker_load"]
     assert workers["workers"] == 2 and workers["bytes_per_worker_per_step"] > 0
+
+
+def test_job_scale_serves_the_whole_job_on_both_loaders():
+    """`benchmarks.job_scale` at a tiny size (run on its own, not by `python -m benchmarks`)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.job_scale"]
+        + ["--workers", "2", "--replicas", "2", "--steps", "4"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["workers"], result["replicas"], result["steps"]) == (2, 2, 4)
+    for loader in ("python", "rust"):
+        figures = result[loader]
+        # The job as the tab sees it: 2 workers of 2 replicas, every logged step.
+        assert figures["workers_served"] == 2 and figures["replicas_served"] == 4
+        assert figures["steps_served"] == 4
+        assert set(figures["findings"]) == {"error", "warning", "info"}
+        assert figures["first_load_s"] > 0 and figures["cached_load_s"] > 0
+        assert figures["peak_rss_mb"] > 50
+    assert result["report_replicas"] == 4 and result["report_s"] > 0
+    assert result["report_peak_rss_mb"] > 50

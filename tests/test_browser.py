@@ -252,6 +252,39 @@ def test_rng_and_data_sections(demo_server, browser):
     page.close()
 
 
+def test_watched_values_section(demo_server, browser):
+    page, frame, errors = open_tab(demo_server, browser)
+    frame.select_option("#run-select", "gather_mismatch/replicas")
+    wait_ready(frame)
+    kinds = frame.eval_on_selector_all(
+        '[data-view="findings"] .finding', "els => els.map(e => e.dataset.kind)"
+    )
+    assert kinds == ["gather_would_fail", "gather_would_fail", "per_replica_result"]
+    # text_content: sections below the fold are not rendered (content-visibility: auto).
+    logits = '[data-view="watch"] [data-watched="logits"]'
+    mismatch = frame.eval_on_selector_all(
+        f"{logits} table.shapes tr.mismatch td", "els => els.map(e => e.textContent)"
+    )
+    assert mismatch == ["[4, 12] float32", "[4, 10] float32"] * 2
+    stats = frame.eval_on_selector_all(
+        f'{logits} table.watch-stats tr[data-stat="nrows"] td',
+        "els => els.map(e => e.textContent)",
+    )
+    assert stats == ["nrows", "4", "4", "4", "4"]
+    frame.click('[data-view="findings"] .finding[data-kind="gather_would_fail"]')
+    frame.wait_for_selector('section[data-view="watch"].flash')
+
+    frame.select_option("#run-select", "ragged_text/replicas")
+    wait_ready(frame)
+    shapes = frame.eval_on_selector_all(
+        '[data-view="shapes"] table.shapes[data-step="1"] tbody tr:first-child td',
+        "els => els.map(e => e.textContent)",
+    )
+    assert shapes == ["[1, None] int32", "[1, None] int32", "[0, None] int32", "[0, None] int32"]
+    assert errors == []
+    page.close()
+
+
 def test_weight_drift_and_placement_sections(demo_server, browser):
     page, frame, errors = open_tab(demo_server, browser)
 
@@ -406,6 +439,15 @@ def test_gradients_tab_shows_the_outlier_replica_and_the_nan_step(demo_server, b
     row = frame.inner_text(f'{section} [data-part="nonfinite"] tr[data-step="5"]')
     assert "replica 1" in row and "loss NaN" in row
     assert "replica 0" not in row
+    # The culprit batch of replica 1 was captured: its label example 1 is the NaN.
+    cell = f'{section} [data-part="nonfinite"] tr[data-step="5"] [data-part="captured"]'
+    assert frame.get_attribute(cell, "data-replica") == "1"
+    assert "y: example 1" in frame.inner_text(cell)
+    head = frame.eval_on_selector(
+        f"{cell} a",
+        "a => fetch(a.href).then(r => r.arrayBuffer()).then(b => [...new Uint8Array(b, 0, 2)])",
+    )
+    assert bytes(head) == b"PK"  # a .npz (zip) file
     finding = frame.inner_text('[data-view="findings"] .finding[data-kind="nonfinite_gradients"]')
     assert "Replica 1" in finding and "step 5" in finding
     os.makedirs(ARTIFACTS, exist_ok=True)
@@ -413,5 +455,96 @@ def test_gradients_tab_shows_the_outlier_replica_and_the_nan_step(demo_server, b
     wait_ready(frame)
     frame.eval_on_selector(section, "el => el.scrollIntoView()")
     page.screenshot(path=os.path.join(ARTIFACTS, "gradients_tab.png"))
+    assert errors == []
+    page.close()
+
+
+def test_overview_lists_every_demo_run_and_job_with_its_severity_counts(demo_server, demo_logs):
+    from conftest import http_get
+
+    from tb_replica_plugin import analysis, reader
+
+    status, body, _ = http_get(demo_server.url + "/data/plugin/replicas/overview")
+    assert status == 200
+    rows = json.loads(body)["runs"]
+    # The same counts as the report's own read of the log dir (every run, jobs merged).
+    expected = {
+        name: analysis.severity_counts(analysis.find_run(run_data))
+        for name, run_data in reader.read_log_dir(demo_logs).items()
+    }
+    assert {row["run"]: row["findings"] for row in rows} == expected
+    assert len(rows) >= 22
+    assert sum(len(row["workers"]) == 2 for row in rows) == len(multiworker.SCENARIOS)
+    counts = {row["run"]: row["findings"] for row in rows}
+    assert counts["batch_not_divisible/replicas"] == {"error": 1, "warning": 1, "info": 0}
+    assert counts["balanced/replicas"] == {"error": 0, "warning": 0, "info": 0}
+    worst = [(-c["error"], -c["warning"], -c["info"]) for c in (row["findings"] for row in rows)]
+    assert worst == sorted(worst)
+
+
+def test_overview_filter_click_and_link_open_the_run(demo_server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors = []
+    # The page itself (no TensorBoard around it) has no favicon: only the plugin's answers count.
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on(
+        "response",
+        lambda r: (
+            errors.append(f"{r.status} {r.url}")
+            if r.status >= 400 and "/data/plugin/replicas/" in r.url
+            else None
+        ),
+    )
+    page.goto(demo_server.url + "/data/plugin_entry.html?name=replicas", wait_until="load")
+    wait_ready(page.main_frame)
+    rows = "table.overview tbody tr"
+    listed = page.eval_on_selector_all(rows, "els => els.map(e => e.dataset.run)")
+    assert len(listed) >= 22 and "balanced/replicas" in listed
+    assert page.is_visible("#overview") and not page.query_selector('section[data-view="batch"]')
+    # The worst runs come first: the first row has an error, a clean run comes after it.
+    assert page.get_attribute(f"{rows}:first-child", "data-severity") == "error"
+    assert listed.index("balanced/replicas") > 0
+
+    page.fill("#overview-filter", "^MW_")  # case-insensitive, like TensorBoard's run filter
+    shown = page.eval_on_selector_all(rows, "els => els.map(e => e.dataset.run)")
+    assert sorted(shown) == sorted(r for r in listed if r.startswith("mw_"))
+    assert len(shown) == len(multiworker.SCENARIOS)
+    assert f"{len(shown)} of {len(listed)} runs" in page.inner_text(".overview-count")
+    page.fill("#overview-filter", "(")
+    assert "Not a regular expression" in page.inner_text(".overview-count")
+    assert page.eval_on_selector_all(rows, "els => els.length") == 0
+    page.fill("#overview-filter", "straggler")
+
+    page.click('table.overview tr[data-run="mw_straggler/replicas"]')
+    wait_ready(page.main_frame)
+    assert "2 workers" in page.inner_text(".run-summary")
+    assert page.is_hidden("#overview")
+    assert page.url.endswith("#run=mw_straggler%2Freplicas")
+    assert page.is_visible('section[data-view="step_time"]')
+
+    # The URL keeps the run: reloading it opens the same run, not the overview.
+    page.reload(wait_until="load")
+    wait_ready(page.main_frame)
+    assert page.input_value("#run-select") == "mw_straggler/replicas"
+    assert page.is_hidden("#overview")
+    assert "2 workers" in page.inner_text(".run-summary")
+    # Back to the overview from the run picker.
+    page.select_option("#run-select", "")
+    wait_ready(page.main_frame)
+    assert page.is_visible("#overview") and "#run=" not in page.url
+    assert errors == []
+    page.close()
+
+
+def test_tensorboard_reload_refreshes_the_overview(demo_server, browser):
+    """Live: TensorBoard's reload (button or auto-reload) asks the tab to fetch fresh counts."""
+    page, frame, errors = open_tab(demo_server, browser)
+    assert frame.is_visible("#overview")
+    fetched = []
+    page.on("request", lambda r: fetched.append(r.url) if "/replicas/overview" in r.url else None)
+    page.click("button.reload-button, [aria-label*='eload']")
+    page.wait_for_timeout(2000)
+    assert len(fetched) >= 1
+    assert frame.eval_on_selector_all("table.overview tbody tr", "els => els.length") >= 22
     assert errors == []
     page.close()

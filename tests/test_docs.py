@@ -332,3 +332,28 @@ def test_compatibility_table_names_existing_tests():
     named = set(re.findall(r"`(?:[\w/]+\.py::)?(test_\w+)", _read("docs/compatibility.md")))
     assert named, "docs/compatibility.md names no test"
     assert named <= defined, f"docs/compatibility.md names missing tests: {named - defined}"
+
+
+def test_http_api_documents_every_route_and_argument():
+    """http_api.md has one `GET` heading per route of the plugin (and no other), and the heading
+    of each family route names every argument its present module parses."""
+    from tb_replica_plugin import plugin, registry
+
+    class Context:
+        data_provider = None
+
+    routes = set(plugin.ReplicasPlugin(Context()).get_plugin_apps())
+    headings = re.findall(r"^## `GET ([^`]+)`", _read("tb_replica_plugin/http_api.md"), re.M)
+    documented = {re.sub(r"\?.*$|\[.*$", "", h).replace("<file>", "*"): h for h in headings}
+    assert set(documented) == routes, (
+        f"routes without a heading: {sorted(routes - set(documented))}; "
+        f"headings without a route: {sorted(set(documented) - routes)}"
+    )
+    undocumented = [
+        f"{family.route} {name}"
+        for family in registry.families()
+        if family.route
+        for name in family.module("present").ARGS
+        if f"{name}=" not in documented[family.route]
+    ]
+    assert not undocumented, f"arguments missing from http_api.md headings: {undocumented}"

@@ -51,6 +51,16 @@ EXPECTED = {
     "gradient_outlier/clean": [],
     "nan_replica/replicas": [("nonfinite_gradients", "error", [1], 5)],
     "nan_replica/clean": [],
+    # Replicas return [4, 12] / [4, 10] (even / odd): the per-step logits from step 0, the
+    # returned PerReplica watched after the loop with explain=True; a tie names every replica.
+    "gather_mismatch/replicas": [
+        ("gather_would_fail", "warning", [0, 1, 2, 3], 0),
+        ("gather_would_fail", "warning", [0, 1, 2, 3], 3),
+        ("per_replica_result", "info", [0, 1, 2, 3], 3),
+    ],
+    "gather_mismatch/clean": [("per_replica_result", "info", [0, 1, 2, 3], 3)],
+    # 18 ragged sentences, global batch 16: the last batch gives [1, 1, 0, 0] rows.
+    "ragged_text/replicas": [("empty_shard", "warning", [2, 3], 1)],
 }
 
 

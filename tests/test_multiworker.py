@@ -568,3 +568,32 @@ def test_single_worker_probe_keeps_its_log_dir(tmp_path):
     assert list(data.runs) == ["run"]
     assert data.runs["run"].inputs.replicas == [0, 1] and not data.runs["run"].workers
     assert data.runs["run"].step_time is None
+
+
+def test_halt_on_stops_every_worker_at_the_same_step(tmp_path):
+    """tf_keras `fit`, `halt_on="error"`, one NaN example in worker 1's batch at step 5: the
+    fault flag is all-reduced in the step, so both workers stop after step 5 (2 processes)."""
+    logdir = str(tmp_path)
+    seconds = multiworker.launch(logdir, scenarios=("mw_halt",), timeout=240)
+    assert seconds < 240  # launch raises on a hang (timeout) or a failed worker
+    stopped = []
+    for task in (0, 1):
+        with open(os.path.join(logdir, "mw_halt", f"stopped_worker_{task}.json")) as result:
+            stopped.append(json.load(result))
+    step = multiworker.HALT_STEP
+    assert [s["iterations"] for s in stopped] == [step + 1, step + 1]  # steps 0..5, no more
+    # Worker 1 names its replica (global id 1); worker 0 stopped on the all-reduced flag.
+    assert stopped[1]["stopped_by"] == [
+        {"kind": "nonfinite_gradients", "replicas": [1], "first_step": step}
+    ]
+    assert stopped[0]["stopped_by"] == [
+        {"kind": "nonfinite_gradients", "replicas": [], "first_step": step}
+    ]
+    job = load(logdir).runs["mw_halt/replicas"]
+    assert job.inputs.steps.tolist() == list(range(step + 1))
+    for name in ("worker_0", "worker_1"):
+        assert job.worker_runs[f"mw_halt/replicas/{name}"].inputs.steps[-1] == step
+    # Only worker 1's replica is captured, with the NaN example at the injected index.
+    (captured,) = job.gradients.batches
+    assert (captured.step, captured.replica) == (step, 1)
+    assert captured.nonfinite_examples == {"x": [multiworker.HALT_EXAMPLE]}

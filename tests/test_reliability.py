@@ -25,7 +25,7 @@ import tensorflow as tf
 from conftest import REPO, mirrored, small_model
 
 import tb_replica_plugin
-from tb_replica_plugin import ReplicaCallback, ReplicaProbe
+from tb_replica_plugin import ReplicaCallback, ReplicaProbe, reader
 from tb_replica_plugin.families.inputs import record as inputs_collector
 
 CHILD = os.path.join(REPO, "tests", "reliability_child.py")
@@ -76,8 +76,10 @@ def test_collector_raising_while_tracing_warns_once(tmp_path, monkeypatch):
     model = small_model(mirrored(2), 3)
     _, caught = fit(model, str(tmp_path), examples=32, epochs=2)
     assert int(model.optimizer.iterations.numpy()) == 8
-    assert len(caught) == 1 and "could not record inputs" in caught[0]
-    assert "RuntimeError: collector bug" in caught[0]
+    # Once per family using the broken class: inputs, and the model outputs (watch family).
+    assert len(caught) == 2 and "could not record inputs" in caught[0]
+    assert "could not record watched values" in caught[1]
+    assert all("RuntimeError: collector bug" in message for message in caught)
 
 
 def test_batch_naming_raising_in_the_wrapped_step_warns_once(tmp_path, monkeypatch):
@@ -178,28 +180,37 @@ def test_jit_compile_is_turned_off_with_one_warning(tmp_path):
     assert read_run(str(tmp_path / "replicas")).batch_size.tolist() == [[8], [8]]
 
 
-def test_ragged_inputs_the_collector_cannot_read_warn_once(tmp_path):
+def test_ragged_and_sparse_inputs_are_recorded_without_warnings(tmp_path):
     strategy = mirrored(2)
     probe = ReplicaProbe(str(tmp_path / "replicas"), strategy, update_freq=1, flush_secs=NEVER)
     ragged = tf.ragged.constant([[1, 2], [3], [4, 5, 6], [7]])
+    sparse = tf.sparse.SparseTensor([[0, 1], [2, 0], [2, 3]], [1.0, 2.0, 3.0], [3, 4])
     seen = []
 
     @tf.function
-    def step(ids):
-        def step_fn(ids):
-            probe.observe_inputs({"ids": ids})
+    def step(ids, features):
+        def step_fn(ids, features):
+            probe.observe_inputs({"ids": ids, "features": features})
             return tf.reduce_sum(ids.flat_values)
 
-        return strategy.run(step_fn, args=(ids,))
+        return strategy.run(step_fn, args=(ids, features))
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
-            seen.append(strategy.reduce("SUM", step(ragged), axis=None).numpy())
+            seen.append(strategy.reduce("SUM", step(ragged, sparse), axis=None).numpy())
         probe.close()
     assert seen == [56, 56, 56]  # the step ran every time (28 per replica)
-    caught = plugin_warnings(caught)
-    assert len(caught) == 1 and "could not record inputs" in caught[0]
+    assert plugin_warnings(caught) == []
+    series = reader.read_log_dir(str(tmp_path))["replicas"].inputs
+    # The same ragged batch on both replicas (passed to strategy.run as it is): 4 rows each.
+    assert series.batch_size.tolist() == [[3, 3]] * 3  # features (sorted first): dense_shape[0]
+    (event,) = series.shape_events
+    features, ids = event["inputs"]
+    assert ids["kinds"] == ["ragged", "ragged"] and ids["shapes"] == [[4, -1], [4, -1]]
+    assert ids["structure"] == [[7, 1, 3], [7, 1, 3]]  # values, shortest, longest row
+    assert features["kinds"] == ["sparse", "sparse"] and features["shapes"] == [[3, 4], [3, 4]]
+    assert features["structure"] == [[3, -1, -1], [3, -1, -1]]  # nnz
 
 
 def test_closed_probe_inside_a_traced_step_writes_nothing_and_fails_nothing(tmp_path):

@@ -41,10 +41,20 @@ export async function fetchJson(url, { signal } = {}) {
 
 const q = (params) => new URLSearchParams(params).toString();
 
-/** The runs that hold replica data. */
+/** The runs that hold replica data, by name. */
 export async function fetchRuns(opts) {
   const body = await fetchJson('./runs', opts);
-  return list(body.runs).map((r) => ({
+  return list(body.runs).map(runEntry);
+}
+
+/** The runs overview: every run and job, worst first (the /runs fields). */
+export async function fetchOverview(opts) {
+  const body = await fetchJson('./overview', opts);
+  return list(body.runs).map(runEntry);
+}
+
+function runEntry(r) {
+  return {
     run: String(r.run),
     replicas: list(r.replicas),
     devices: list(r.devices),
@@ -55,7 +65,7 @@ export async function fetchRuns(opts) {
     families: list(r.families),
     notes: list(r.notes),
     workers: workerList(r.workers),
-  }));
+  };
 }
 
 /** Per-worker grouping of a multi-worker job's replica axis ([] for a single-worker run). */
@@ -258,6 +268,40 @@ export async function fetchGradients(run, maxPoints, step, opts) {
       loss_nan: numbers(e.loss_nan),
       loss_inf: numbers(e.loss_inf),
     })),
+    batches: list(body.batches).map((b) => ({
+      step: toNumber(b.step),
+      replica: toNumber(b.replica),
+      inputs: list(b.inputs).map((i) => ({
+        name: String(i.name),
+        dtype: String(i.dtype),
+        shape: list(i.shape),
+        truncated: Boolean(i.truncated),
+        kept_rows: i.kept_rows == null ? null : toNumber(i.kept_rows),
+        nonfinite_examples: numbers(i.nonfinite_examples),
+      })),
+    })),
     notes: list(body.notes),
+  };
+}
+
+/** Watched values (`/watch`): shape events and stats per leaf and replica. */
+export async function fetchWatch(run, maxPoints, opts) {
+  const body = await fetchJson(`./watch?${q({ run, max_points: maxPoints })}`, opts);
+  const points = (p) => ({
+    steps: numbers(p?.steps),
+    values: list(p?.values).map((step) => list(step).map((leaf) => list(leaf).map(numbers))),
+  });
+  return {
+    run: String(body.run ?? run),
+    replicas: list(body.replicas),
+    devices: list(body.devices),
+    stat_rows: list(body.stat_rows).map(String),
+    values: list(body.values).map((v) => ({
+      name: String(v.name),
+      leaves: list(v.leaves).map(String),
+      shape_events: list(v.shape_events).map((e) => ({ step: toNumber(e.step), explain: Boolean(e.explain), leaves: list(e.leaves) })),
+      stats: points(v.stats),
+      nonfinite: points(v.nonfinite),
+    })),
   };
 }

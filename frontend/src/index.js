@@ -2,12 +2,32 @@
 import uplotCss from 'uplot/dist/uPlot.min.css';
 import appCss from './style.css';
 import { h } from './dom.js';
-import { fetchRuns, fetchGradients } from './data.js';
+import { fetchOverview, fetchGradients } from './data.js';
 import { createZoom } from './zoom.js';
+import { createOverview } from './views/overview.js';
+import { connectHost, onHost } from './host.js';
 import { MAX_POINTS, SECTIONS, deviceNamer, routeLoaders } from './sections.js';
 
 const setState = (s) => (document.body.dataset.state = s);
 let onResize = null;
+let refreshTimer = null;
+let onHash = null;
+/** How often the overview asks for fresh counts when no TensorBoard host tells of reloads. */
+const REFRESH_MS = 30000;
+
+/** The run the URL names (`#run=NAME`), or null. */
+function runInHash() {
+  const m = /(?:^#|&)run=([^&]*)/.exec(location.hash);
+  return m ? decodeURIComponent(m[1]) : null;
+}
+
+/** Keeps the chosen run in the URL, so a link (or a reload) opens it again. */
+function setHash(run) {
+  const hash = run ? `#run=${encodeURIComponent(run)}` : '';
+  if (location.hash !== hash) history.replaceState(null, '', location.pathname + location.search + hash);
+}
+
+const byName = (runs) => [...runs].sort((a, b) => (a.run < b.run ? -1 : a.run > b.run ? 1 : 0));
 
 function section(view, title, description) {
   const body = h('div', { class: 'section-body' });
@@ -20,14 +40,16 @@ export async function render() {
     document.head.appendChild(h('style', { id: 'replicas-style' }, uplotCss + '\n' + appCss));
   }
   setState('loading');
+  const hosted = connectHost();
   const status = h('div', { class: 'status', role: 'status' });
   const main = h('main', { id: 'run-view' });
-  const app = h('div', { class: 'replicas-app' }, [h('h1', {}, 'Replicas'), status, main]);
+  const overviewBox = h('section', { id: 'overview', dataset: { view: 'overview' } });
+  const app = h('div', { class: 'replicas-app' }, [h('h1', {}, 'Replicas'), status, overviewBox, main]);
   document.body.replaceChildren(app);
 
   let runs;
   try {
-    runs = await fetchRuns();
+    runs = await fetchOverview(); // worst first
   } catch (e) {
     showError(status, e);
     return;
@@ -43,7 +65,8 @@ export async function render() {
     return;
   }
 
-  const select = h('select', { id: 'run-select' }, runs.map((r) => h('option', { value: r.run }, r.run)));
+  const option = (r) => h('option', { value: r.run }, r.run);
+  const select = h('select', { id: 'run-select' }, [h('option', { value: '' }, 'All runs (overview)'), ...byName(runs).map(option)]);
   const summary = h('span', { class: 'run-summary muted' });
   const runNotes = h('div', { class: 'run-notes' });
   status.append(h('div', { class: 'run-picker' }, [h('label', { for: 'run-select' }, 'Run'), select, summary]), runNotes);
@@ -53,9 +76,56 @@ export async function render() {
   onResize = debounce(() => current?.views.forEach((v) => v.resize?.(widthOf(main))), 150);
   window.addEventListener('resize', onResize);
 
-  async function show(runName) {
+  const overview = createOverview(overviewBox, {
+    runs,
+    onOpen: (name) => {
+      select.value = name;
+      show(name);
+    },
+  });
+
+  function close() {
     current?.abort.abort();
     current?.views.forEach((v) => v.destroy?.());
+    current = null;
+  }
+
+  function showOverview() {
+    close();
+    main.replaceChildren();
+    summary.textContent = '';
+    runNotes.replaceChildren();
+    select.value = '';
+    overviewBox.hidden = false;
+    setHash(null);
+    setState('ready');
+  }
+
+  // Live: fresh counts (and new runs) at each reload of TensorBoard (every REFRESH_MS when the
+  // tab is opened on its own); the open run's summary too.
+  async function refresh() {
+    if (document.hidden) return;
+    let fresh;
+    try {
+      fresh = await fetchOverview();
+    } catch {
+      return; // the next refresh tries again
+    }
+    const known = new Set(runs.map((r) => r.run));
+    runs = fresh;
+    for (const r of byName(fresh)) if (!known.has(r.run)) select.append(option(r));
+    overview.update(fresh);
+    const open = fresh.find((r) => r.run === select.value);
+    if (open) summary.textContent = runSummary(open);
+  }
+  clearInterval(refreshTimer); // render() may be called again
+  if (hosted) onHost('experimental.DataReloaded', () => void refresh());
+  else refreshTimer = setInterval(refresh, REFRESH_MS);
+
+  async function show(runName) {
+    close();
+    overviewBox.hidden = true;
+    setHash(runName);
     const abort = new AbortController();
     const views = [];
     current = { views, abort };
@@ -98,8 +168,22 @@ export async function render() {
     }
   }
 
-  select.addEventListener('change', () => show(select.value));
-  await show(runs[0].run);
+  const open = (name) => {
+    if (!name || !runs.some((r) => r.run === name)) return showOverview();
+    select.value = name;
+    return show(name);
+  };
+  select.addEventListener('change', () => open(select.value));
+  window.removeEventListener('hashchange', onHash);
+  onHash = () => {
+    const name = runInHash();
+    if (name !== (select.value || null)) {
+      select.value = name ?? '';
+      open(name);
+    }
+  };
+  window.addEventListener('hashchange', onHash);
+  await open(runInHash());
 }
 
 /** The worker name of each global replica id of a job (null for a single-worker run). */

@@ -7,7 +7,7 @@
 // `view(body, ctx, el)` (draws it and returns its view object: `{resize?, destroy?}`).
 // `ctx` holds the run, every loaded route body (`ctx.data[route]`), the shared zoom and namers.
 import { h } from './dom.js';
-import { fetchInputs, fetchFindings, fetchRng, fetchData, fetchStepTime, fetchVariables, fetchGradients } from './data.js';
+import { fetchInputs, fetchFindings, fetchRng, fetchData, fetchStepTime, fetchVariables, fetchGradients, fetchWatch } from './data.js';
 import { createFindings } from './views/findings.js';
 import { createBatchChart } from './views/batch_chart.js';
 import { createImbalanceChart } from './views/imbalance_chart.js';
@@ -19,6 +19,7 @@ import { createGradients } from './views/gradients.js';
 import { createStepTime } from './views/step_time.js';
 import { createDriftChart, createDeviationChart } from './views/drift_charts.js';
 import { createPlacementTable } from './views/placement_table.js';
+import { createWatchView } from './views/watch_view.js';
 
 /** Steps asked of every route: exact up to this many, bucketed (with min/max) beyond. */
 export const MAX_POINTS = 10000;
@@ -213,6 +214,15 @@ export const SECTIONS = [
       'Every variable, and which replica devices hold a copy of it. Highlighted: variables not mirrored on every replica, and variables whose copies drift beyond the tolerance.',
     show: hasVariables,
     view: (body, ctx) => timed('placement', () => createPlacementTable(body, drift(ctx))),
+  },
+  {
+    name: 'watch',
+    route: 'watch',
+    load: (run, opts) => (run.families.includes('watch') ? fetchWatch(run.run, MAX_POINTS, opts) : null),
+    title: 'Watched values',
+    description: () =>
+      "Values recorded with probe.watch (in fit: the model's outputs), per replica: each leaf's local shape and dtype at every change (highlighted: strategy.gather(axis=0) would fail on them; a ragged dimension is None), and min, max, mean, L2, NaN/Inf and sizes at the latest sampled step.",
+    view: (body, ctx) => timed('watch', () => createWatchView(body, { watch: ctx.data.watch, deviceName: ctx.deviceName })),
   },
 ];
 

@@ -15,6 +15,19 @@ class NotFoundError(LookupError):
     """What a route was asked for does not exist (answered with 404 and this message)."""
 
 
+class Download:
+    """A route body that is a file to download rather than JSON (e.g. a captured batch).
+
+    Attributes:
+      data: the bytes; filename: the name offered to the browser; content_type: its MIME type.
+    """
+
+    def __init__(self, data, filename, content_type="application/octet-stream"):
+        self.data = data
+        self.filename = filename
+        self.content_type = content_type
+
+
 def parse_int(name, raw, default, bounds=None):
     """An integer query argument: `default` when absent.
 
@@ -30,6 +43,15 @@ def parse_int(name, raw, default, bounds=None):
     if bounds is not None and not bounds[0] <= value <= bounds[1]:
         raise BadRequestError(f"{name} must be between {bounds[0]} and {bounds[1]}, got {value}")
     return value
+
+
+def parse_optional_int(name):
+    """A parser of an optional integer argument `name` (absent or empty: None).
+
+    Raises (the parser):
+      BadRequestError: if the argument is not an integer.
+    """
+    return lambda raw: None if raw in (None, "") else parse_int(name, raw, None)
 
 
 def parse_step(raw):

@@ -305,13 +305,29 @@ class ProbeCore:
 
         self.strategy.run(replica_fn, args=args)
 
-    def local_values(self, strategy, value):
+    def local_values(self, strategy, value, composite=False):
         """The per-replica tensors of `value`, checked against this probe's replica count.
+
+        Args:
+          strategy: the strategy (cross-replica context).
+          value: a `PerReplica` value (or one value for every replica).
+          composite: keep `tf.RaggedTensor` and `tf.SparseTensor` values as they are (else
+            every value is converted to a dense tensor).
 
         Raises:
           ValueError: if `value` has another number of replicas than the probe was built for.
         """
-        values = [tf.convert_to_tensor(t) for t in strategy.experimental_local_results(value)]
+        kept = (tf.RaggedTensor, tf.SparseTensor) if composite else ()
+        values = [
+            t if isinstance(t, kept) else tf.convert_to_tensor(t)
+            for t in strategy.experimental_local_results(value)
+        ]
+        count = len(self._static["devices"])
+        distributed = isinstance(value, tf.distribute.DistributedValues)
+        if len(values) == 1 and count > 1 and not distributed:
+            # One object given to every replica (e.g. a tensor passed to `strategy.run` as it
+            # is): `merge_call` regroups identical objects into that one value.
+            values = values * count
         self.check_replicas(len(values))
         return values
 

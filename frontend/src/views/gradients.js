@@ -219,6 +219,23 @@ export function peakRatio(grads) {
   return best;
 }
 
+/** The captured culprit batches of one NaN/Inf step: which examples hold NaN/Inf, a .npz link. */
+export function batchCell(run, captured, workerOf = () => null) {
+  if (!captured.length) return '–';
+  return captured.map((b) => {
+    const bad = b.inputs.filter((i) => i.nonfinite_examples.length);
+    const what = bad.length
+      ? bad.map((i) => `${i.name}: example${i.nonfinite_examples.length > 1 ? 's' : ''} ${i.nonfinite_examples.join(', ')}`).join('; ')
+      : 'no NaN/Inf in the inputs (look at the labels, the model or the loss)';
+    const cut = b.inputs.filter((i) => i.truncated).map((i) => `${i.name}: first ${i.kept_rows} of ${i.shape[0]} rows kept`);
+    const href = `./gradients?run=${encodeURIComponent(run)}&batch_step=${b.step}&batch_replica=${b.replica}`;
+    return h('div', { class: 'captured', dataset: { replica: String(b.replica), part: 'captured' } }, [
+      `${replicaText(b.replica, workerOf)}: ${what}${cut.length ? ` (${cut.join('; ')})` : ''} `,
+      h('a', { href, download: '', dataset: { part: 'batch-link' } }, 'batch .npz'),
+    ]);
+  });
+}
+
 export function createGradients(target, { grads, zoom, width, threshold, onStep, workerOf = () => null }) {
   const { steps, replicas, nonfinite: events } = grads;
   const labels = replicas.map((id) => replicaText(id, workerOf));
@@ -306,14 +323,19 @@ export function createGradients(target, { grads, zoom, width, threshold, onStep,
     views.push(layerHeatmap(layers, { grads, width, threshold, workerOf }));
   }
 
+  const batches = grads.batches ?? [];
   const rows = events.map((e) =>
-    h('tr', { dataset: { step: String(e.step) } }, [h('td', {}, `step ${e.step}`), h('td', {}, eventText(e, replicas, workerOf))]),
+    h('tr', { dataset: { step: String(e.step) } }, [
+      h('td', {}, `step ${e.step}`),
+      h('td', {}, eventText(e, replicas, workerOf)),
+      h('td', {}, batchCell(grads.run, batches.filter((b) => b.step === e.step), workerOf)),
+    ]),
   );
   target.append(
     h('h3', {}, 'NaN / Inf'),
     events.length
       ? h('table', { class: 'shapes nonfinite', dataset: { part: 'nonfinite' } }, [
-          h('thead', {}, h('tr', {}, [h('th', {}, 'step'), h('th', {}, 'replicas with NaN/Inf (gradient values, loss)')])),
+          h('thead', {}, h('tr', {}, [h('th', {}, 'step'), h('th', {}, 'replicas with NaN/Inf (gradient values, loss)'), h('th', {}, 'captured batch')])),
           h('tbody', {}, rows),
         ])
       : h('p', { class: 'note ok', dataset: { part: 'nonfinite' } }, 'No NaN or Inf in any replica\'s gradients or loss (checked at every step).'),

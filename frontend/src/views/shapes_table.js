@@ -3,7 +3,8 @@ import { h } from '../dom.js';
 
 const MAX_TABLES = 200;
 
-const dimText = (d) => (d == null ? '?' : String(d));
+// -1: a ragged dimension (its row lengths vary).
+const dimText = (d) => (d == null ? '?' : d === -1 ? 'None' : String(d));
 
 /** Cell key restricted to the mismatching dimensions, to find the odd replicas out. */
 function signature(shape, dtype, dims) {

@@ -58,7 +58,13 @@ def example_fingerprints(leaves):
       >>> example_fingerprints([tf.constant([[1.0], [1.0], [2.0]])]).numpy()[0] == _[1]
       True
     """
-    tensors = [tf.convert_to_tensor(leaf) for leaf in leaves]
+    tensors = []
+    for leaf in leaves:
+        if isinstance(leaf, tf.SparseTensor):
+            continue  # its dense form may be huge (e.g. [batch, vocabulary]): not fingerprinted
+        # A ragged leaf is fingerprinted padded to its longest row (a row's padding is zeros).
+        tensors.append(leaf.to_tensor() if isinstance(leaf, tf.RaggedTensor) else leaf)
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
     tensors = [t for t in tensors if t.shape.rank is None or t.shape.rank >= 1]
     if not tensors:
         return tf.zeros([0], tf.int64)
@@ -138,7 +144,7 @@ class Recorder(RecorderBase):
     def merge(self, strategy, leaves, *, step):
         probe = self.probe
         try:
-            per_replica = [probe.local_values(strategy, leaf) for leaf in leaves]
+            per_replica = [probe.local_values(strategy, leaf, composite=True) for leaf in leaves]
             devices = probe.static["devices"]
             counters = self.state["counters"]
             if step is None:

@@ -4,13 +4,20 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 (JSON and text). Pure Python and numpy, no TensorFlow.
 """
 
+import io
+
 import numpy as np
 
 from tb_replica_plugin.core import args
 from tb_replica_plugin.core.downsample import bucket_max, json_floats
 from tb_replica_plugin.families.gradients import rules
 
-ARGS = {"max_points": args.parse_max_points, "step": args.parse_step}
+ARGS = {
+    "max_points": args.parse_max_points,
+    "step": args.parse_step,
+    "batch_step": args.parse_optional_int("batch_step"),
+    "batch_replica": args.parse_optional_int("batch_replica"),
+}
 
 
 def gradients_body(series, max_points, step=None):
@@ -75,6 +82,7 @@ def gradients_body(series, max_points, step=None):
             }
             for event_step, counts in zip(series.nonfinite_steps, series.nonfinite, strict=True)
         ],
+        "batches": [captured.to_json() for captured in series.batches],
     }
 
 
@@ -86,9 +94,34 @@ def body(run, run_data, parsed):
     """
     if run_data.gradients is None:
         raise args.NotFoundError(f"no gradient data for run {run!r}")
+    if parsed.get("batch_step") is not None or parsed.get("batch_replica") is not None:
+        return batch_download(
+            run, run_data.gradients, parsed["batch_step"], parsed["batch_replica"]
+        )
     result = gradients_body(run_data.gradients, parsed["max_points"], parsed["step"])
     result["notes"] = run_data.notes
     return result
+
+
+def batch_download(run, series, step, replica):
+    """A captured culprit batch as a `.npz` download (`/gradients?batch_step=S&batch_replica=R`).
+
+    Raises:
+      args.BadRequestError: if only one of the two arguments is given (400).
+      args.NotFoundError: if no batch was captured there (404, naming the captured ones).
+    """
+    if step is None or replica is None:
+        raise args.BadRequestError("batch_step and batch_replica go together")
+    try:
+        captured = series.batch(step, replica)
+    except KeyError as error:
+        raise args.NotFoundError(error.args[0]) from None
+    buffer = io.BytesIO()
+    np.savez(buffer, **captured.arrays)
+    name = "".join(c if c.isalnum() else "_" for c in run).strip("_") or "run"
+    return args.Download(
+        buffer.getvalue(), f"{name}_step{step}_replica{replica}.npz", "application/octet-stream"
+    )
 
 
 def recorded_steps(run_data):
@@ -131,6 +164,7 @@ def gradients_json(series):
             }
             for step, counts in zip(series.nonfinite_steps, series.nonfinite, strict=True)
         ],
+        "batches": [captured.to_json() for captured in series.batches],
     }
 
 
@@ -182,4 +216,14 @@ def gradients_text(series, max_events=20):
             lines.append(f"    step {int(step)}: " + "; ".join(parts))
         if series.nonfinite_steps.size > max_events:
             lines.append(f"    … {series.nonfinite_steps.size - max_events} more (see --json)")
+    for captured in series.batches:
+        bad = "; ".join(
+            f"{name} examples {rows}" for name, rows in captured.nonfinite_examples.items()
+        )
+        lines.append(
+            f"  captured batch: step {captured.step}, replica {captured.replica}"
+            + (f" (non-finite: {bad})" if bad else "")
+            + f" — tb-replica export-batch LOGDIR --run {series.run} --step {captured.step} "
+            f"--replica {captured.replica} out.npz"
+        )
     return lines

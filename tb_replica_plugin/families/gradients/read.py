@@ -13,6 +13,99 @@ from tb_replica_plugin.families.gradients import schema
 
 
 @dataclasses.dataclass
+class CapturedBatch:
+    """One replica's local batch, captured at a step where its gradients or loss turned non-finite.
+
+    Attributes:
+      step: the step.
+      replica: the global replica id.
+      arrays: `{input name: numpy array}` (e.g. "x", "y", "x/image"), the kept rows.
+      shapes: `{input name: full shape}` of each input in the step (before any truncation).
+      truncated: names of the inputs of which only the first rows were kept (`capture_bytes`).
+      nonfinite_examples: `{input name: [example indices]}`: rows holding a NaN or an Inf
+        (floating inputs only; indices into the replica's local batch).
+    """
+
+    step: int
+    replica: int
+    arrays: dict
+    shapes: dict
+    truncated: list
+    nonfinite_examples: dict
+
+    def to_json(self):
+        """The JSON-ready summary (no arrays): step, replica, shapes, dtypes, non-finite rows."""
+        return {
+            "step": self.step,
+            "replica": self.replica,
+            "inputs": [
+                {
+                    "name": name,
+                    "dtype": str(array.dtype),
+                    "shape": list(self.shapes[name]),
+                    "kept_rows": int(array.shape[0]) if array.ndim else None,
+                    "truncated": name in self.truncated,
+                    "nonfinite_examples": self.nonfinite_examples.get(name, []),
+                }
+                for name, array in self.arrays.items()
+            ],
+        }
+
+
+def _tensor(data):
+    from tensorboard.compat.proto import tensor_pb2
+    from tensorboard.util import tensor_util
+
+    return tensor_util.make_ndarray(tensor_pb2.TensorProto.FromString(bytes(data)))
+
+
+def nonfinite_rows(array):
+    """Indices of the rows (examples) of `array` holding a NaN or an Inf ([] unless floating)."""
+    if array.ndim == 0 or not np.issubdtype(array.dtype, np.floating) or array.shape[0] == 0:
+        return []
+    bad = ~np.isfinite(array.reshape(array.shape[0], -1))
+    return np.flatnonzero(bad.any(axis=1)).tolist()
+
+
+def parse_batches(step, value):
+    """The `CapturedBatch`es of one `gradients/batch` event (see `schema.TAG_GRAD_BATCH`).
+
+    Raises:
+      ValueError: if the event is not of that layout.
+    """
+    parts = list(np.asarray(value, dtype=object).reshape(-1))
+    batches = []
+    at = 0
+    while at < len(parts):
+        head = parts[at]
+        header = json.loads(head.decode("utf-8") if isinstance(head, bytes) else head)
+        count = int(header["leaves"])
+        names = [str(n) for n in header["names"]]
+        if len(names) != count or at + 1 + 2 * count > len(parts):
+            raise ValueError("a captured batch block is incomplete")
+        arrays, shapes, truncated = {}, {}, []
+        for index, name in enumerate(names):
+            shape = [int(d) for d in _tensor(parts[at + 1 + 2 * index]).tolist()]
+            array = _tensor(parts[at + 2 + 2 * index])
+            arrays[name], shapes[name] = array, shape
+            if array.ndim and shape and array.shape[0] < shape[0]:
+                truncated.append(name)
+        found = {name: nonfinite_rows(a) for name, a in arrays.items()}
+        batches.append(
+            CapturedBatch(
+                step=int(step),
+                replica=int(header["replica"]),
+                arrays=arrays,
+                shapes=shapes,
+                truncated=truncated,
+                nonfinite_examples={name: rows for name, rows in found.items() if rows},
+            )
+        )
+        at += 1 + 2 * count
+    return batches
+
+
+@dataclasses.dataclass
 class GradientsSeries:
     """The gradients family of one run: local (pre all-reduce) gradient health per replica.
 
@@ -35,6 +128,7 @@ class GradientsSeries:
         values in gradients, loss is NaN (0/1), loss is Inf (0/1).
       loss_scaled: whether a loss-scale optimizer was in use (`fit` with mixed precision): its
         overflow steps are expected and skipped by the optimizer.
+      batches: the captured culprit batches (`CapturedBatch`), by step then replica.
     """
 
     run: str
@@ -50,10 +144,25 @@ class GradientsSeries:
     nonfinite_steps: np.ndarray
     nonfinite: np.ndarray
     loss_scaled: bool = False
+    batches: list = dataclasses.field(default_factory=list)
 
     @property
     def num_replicas(self):
         return len(self.replicas)
+
+    def batch(self, step, replica):
+        """The `CapturedBatch` of `replica` at `step`.
+
+        Raises:
+          KeyError: naming the captured (step, replica) pairs when there is no such batch.
+        """
+        for captured in self.batches:
+            if captured.step == int(step) and captured.replica == int(replica):
+                return captured
+        pairs = ", ".join(f"step {b.step} replica {b.replica}" for b in self.batches) or "none"
+        raise KeyError(
+            f"no batch captured at step {step} for replica {replica} (captured: {pairs})"
+        )
 
 
 def from_samples(run, samples, notes, needed=None):
@@ -68,9 +177,20 @@ def from_samples(run, samples, notes, needed=None):
     Returns:
       A `GradientsSeries`, or None when the run has no gradient tags.
     """
-    tags = (schema.TAG_GRAD_NORMS, schema.TAG_GRAD_NONFINITE, schema.TAG_GRAD_VARIABLES)
+    tags = (
+        schema.TAG_GRAD_NORMS,
+        schema.TAG_GRAD_NONFINITE,
+        schema.TAG_GRAD_VARIABLES,
+        schema.TAG_GRAD_BATCH,
+    )
     if not any(samples.get(tag) for tag in tags):
         return None
+    batches = []
+    for step, value in samples.get(schema.TAG_GRAD_BATCH, []):
+        try:
+            batches.extend(parse_batches(step, value))
+        except Exception:  # noqa: BLE001 - a bad event must not hide the rest of the run
+            notes.append(f"An unreadable gradients/batch event at step {step} was skipped.")
     documents = []
     for step, value in samples.get(schema.TAG_GRAD_VARIABLES, []):
         try:
@@ -137,6 +257,7 @@ def from_samples(run, samples, notes, needed=None):
             else np.zeros((0, 4, num_replicas), np.int64)
         ),
         loss_scaled=bool(last.get("loss_scaled", False)),
+        batches=batches,
     )
 
 
@@ -203,6 +324,7 @@ def merge_gradients(job, member_runs, workers, notes):
         nonfinite_steps=event_steps,
         nonfinite=events,
         loss_scaled=any(s.loss_scaled for s in series),
+        batches=sorted((b for s in series for b in s.batches), key=lambda b: (b.step, b.replica)),
     )
 
 

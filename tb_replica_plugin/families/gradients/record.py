@@ -23,7 +23,8 @@ import json
 import tensorflow as tf
 
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.families.gradients import schema
+from tb_replica_plugin.families.gradients import capture, schema
+from tb_replica_plugin.families.inputs.record import flatten_with_names
 
 # What the recorded gradient norms are the norms of (stored in the `gradients/variables` event).
 SCALING_REPLICA_LOSS = "replica_loss"  # the gradient of the replica's own loss (fit, Keras losses)
@@ -195,6 +196,11 @@ def variables_document(names, shapes, static_fields):
 # Slots of the packed int64 counters (one assign per step): next step, names written, names
 # fingerprint, step of `last`, `last` not written yet.
 _STEP, _HAS_NAMES, _NAMES_FP, _LAST_STEP, _PENDING = range(5)
+# Slots of the int64 fault state, assigned only at steps with a fault (so never on clean steps):
+# steps with a fault, first such step, last such step, captured steps, and whether the last
+# fault was on a local replica (1) or only on another worker's (0, `sync_faults`).
+# The last slot: whether the last fault was a stopping fault of the job (`sync_faults` only).
+FAULT_STEPS, FAULT_FIRST, FAULT_LAST, FAULT_CAPTURES, FAULT_LOCAL, FAULT_JOB = range(6)
 
 
 class Recorder(RecorderBase):
@@ -206,17 +212,40 @@ class Recorder(RecorderBase):
         self.variable("counters", [int(self._start_step), 0, 0, -1, 0], tf.int64)
         # Last raw rows (loss, sums of squares), for host-side writes (update_freq=None).
         self.variable("last", tf.zeros([0, 0]), shape=tf.TensorShape(None))
+        self.variable("fault", [0, -1, -2, 0, 0, 0], tf.int64)
+
+    # Culprit capture and the job-wide fault flag (set by the probe's owner before tracing).
+    capture_limit = capture.DEFAULT_CAPTURE_LIMIT
+    capture_bytes = capture.DEFAULT_CAPTURE_BYTES
+    # True: every replica of every worker learns of a fault at the step it happens (one scalar
+    # all-reduce per step, in replica context), so all workers can stop at the same step.
+    sync_faults = False
+
+    def fault_state(self):
+        """Host side: the int64 fault slots (`FAULT_*`) as a numpy array, or None before build."""
+        fault = self.state.get("fault")
+        return None if fault is None else fault.numpy()
 
     def warn(self, error):
         self.probe.warn_failed("gradients", error)
 
     def observe(
-        self, grads, variables, loss, step, grad_scale, loss_scale, scaling, loss_scaled=False
+        self,
+        grads,
+        variables,
+        loss,
+        step,
+        grad_scale,
+        loss_scale,
+        scaling,
+        loss_scaled=False,
+        batch=None,
     ):
         """`observe_gradients` with separate divisors for gradients and loss (used by fit).
 
         `loss_scaled` tells readers that a loss-scale optimizer is in use (its overflow steps
-        are expected and skipped by the rules).
+        are expected and skipped by the rules). `batch` (the replica's input structure, or
+        None) is captured at the first step of a fault.
         """
         probe = self.probe
         if not probe.build():
@@ -230,6 +259,13 @@ class Recorder(RecorderBase):
                 return
             names = variable_names(variables)
             shapes = [variable_shape(v) for v in variables]
+            pairs = [
+                (name, leaf)
+                for name, leaf in (flatten_with_names(batch) if self.capture_limit > 0 else [])
+                if not isinstance(leaf, (tf.SparseTensor, tf.RaggedTensor))
+            ]
+            batch_names = [name for name, _ in pairs]
+            batch_leaves = [leaf for _, leaf in pairs]
             merge = functools.partial(
                 self._merge,
                 names=names,
@@ -238,6 +274,7 @@ class Recorder(RecorderBase):
                 has_loss=loss is not None,
                 scaling=scaling,
                 loss_scaled=bool(loss_scaled),
+                batch_names=batch_names,
             )
             distributed = isinstance(loss, tf.distribute.DistributedValues) or any(
                 isinstance(g, tf.distribute.DistributedValues) for g in grads
@@ -247,7 +284,20 @@ class Recorder(RecorderBase):
                 # Stats on this replica's device; they (and the gradients, for the exact
                 # NaN/Inf counts at a step that has some) go through merge_call, no copy.
                 stats = replica_stats(grads, loss, grad_scale, loss_scale)
-                replica_context.merge_call(merge, args=stats)
+                bad = None
+                if self.sync_faults:
+                    # Every worker sees the same count of replicas with a stopping fault at
+                    # this step: any NaN/Inf, or only a NaN/Inf loss under a loss-scale
+                    # optimizer (whose gradient overflows are expected).
+                    if loss_scaled and loss is not None:
+                        stop = tf.logical_not(tf.math.is_finite(stats[1]))
+                    else:
+                        stop = tf.logical_not(stats[2])
+                    flag = tf.cast(stop, tf.float32)
+                    bad = replica_context.all_reduce(tf.distribute.ReduceOp.SUM, flag)
+                replica_context.merge_call(
+                    merge, args=stats, kwargs={"batch_leaves": batch_leaves, "job_bad": bad}
+                )
             else:
                 strategy = probe.strategy
                 per_grad = [strategy.experimental_local_results(g) for g in grads]
@@ -269,17 +319,29 @@ class Recorder(RecorderBase):
                                 loss_scale,
                             )
                         )
+                per_leaf = [strategy.experimental_local_results(leaf) for leaf in batch_leaves]
+                if any(len(leaf) != count for leaf in per_leaf):
+                    probe.warn_once(
+                        "capture_batch",
+                        "tb_replica_plugin: observe_gradients got a `batch` that is not "
+                        "per-replica in cross-replica context; pass the PerReplica batch to "
+                        "capture it. Gradients are recorded without it.",
+                    )
+                    per_leaf = []
                 self._write(
                     [s[0] for s in stats],
                     [s[1] for s in stats],
                     [s[2] for s in stats],
                     [s[3] for s in stats],
+                    batch=[list(r) for r in zip(*per_leaf, strict=True)] if per_leaf else None,
                     **merge.keywords,
                 )
         except Exception as error:  # noqa: BLE001 - must never break training
             self.warn(error)
 
-    def _merge(self, strategy, sq, loss, healthy, values, **keywords):
+    def _merge(
+        self, strategy, sq, loss, healthy, values, batch_leaves=(), job_bad=None, **keywords
+    ):
         """Cross-replica part: gather the small stats, write."""
         try:
 
@@ -288,12 +350,36 @@ class Recorder(RecorderBase):
 
             per_variable = [local(v) for v in values]  # [V][R]; V >= 1
             per_replica = [list(v) for v in zip(*per_variable, strict=True)]
-            self._write(local(sq), local(loss), local(healthy), per_replica, **keywords)
+            per_leaf = [local(leaf) for leaf in batch_leaves]  # [L][R], no copy
+            batch = [list(r) for r in zip(*per_leaf, strict=True)] if per_leaf else None
+            self._write(
+                local(sq),
+                local(loss),
+                local(healthy),
+                per_replica,
+                batch=batch,
+                job_bad=None if job_bad is None else local(job_bad)[0],
+                **keywords,
+            )
         except Exception as error:  # noqa: BLE001 - must never break training
             self.warn(error)
 
     def _write(
-        self, sq, loss, healthy, values, *, names, shapes, step, has_loss, scaling, loss_scaled
+        self,
+        sq,
+        loss,
+        healthy,
+        values,
+        *,
+        names,
+        shapes,
+        step,
+        has_loss,
+        scaling,
+        loss_scaled,
+        batch_names=(),
+        batch=None,
+        job_bad=None,
     ):
         probe = self.probe
         static = probe.static
@@ -331,27 +417,29 @@ class Recorder(RecorderBase):
         )
         devices = static["devices"]
 
+        local_fault = tf.logical_not(tf.reduce_all(tf.stack(healthy)))
+        any_fault = local_fault if job_bad is None else tf.logical_or(local_fault, job_bad > 0)
+
         def write_nonfinite():
-            # Only at a step where some replica's squared norm or loss is not finite.
+            # Only at a step where some replica's squared norm or loss is not finite (on this
+            # worker, or on another one with `sync_faults`).
             per_replica = []
             for replica, device in enumerate(devices):
                 with tf.device(device):
                     per_replica.append(nonfinite_counts(values[replica], loss[replica], has_loss))
             counts = tf.stack(per_replica, axis=1)  # [4, R]
             probe.write(
-                tf.reduce_any(counts > 0),
+                tf.logical_and(tf.reduce_any(counts > 0), recording),
                 schema.TAG_GRAD_NONFINITE,
                 lambda: counts,
                 step_value,
                 schema.KIND_GRAD_NONFINITE,
             )
+            job = tf.constant(False) if job_bad is None else job_bad > 0
+            self._update_fault(step_value, local_fault, job, healthy, batch_names, batch, recording)
             return tf.constant(True)
 
-        tf.cond(
-            tf.logical_and(tf.logical_not(tf.reduce_all(tf.stack(healthy))), recording),
-            write_nonfinite,
-            lambda: tf.constant(False),
-        )
+        tf.cond(any_fault, write_nonfinite, lambda: tf.constant(False))
         if probe.update_freq is None:
             # Every step keeps its raw stats (2 ops); the norms are taken at the host write.
             state["last"].assign(raw_rows(sq, loss))
@@ -367,6 +455,64 @@ class Recorder(RecorderBase):
             last_step, pending = counters[_LAST_STEP], counters[_PENDING]
         state["counters"].assign(
             tf.stack([next_step, tf.constant(1, tf.int64), fingerprint, last_step, pending])
+        )
+
+    def _update_fault(self, step, local_fault, job, healthy, batch_names, batch, recording):
+        """At a step with a fault: capture the culprit batches, then update the fault state.
+
+        A batch is captured at the first step of a run of faulty steps (the step before was
+        clean), for every local replica whose gradients or loss are not finite, while fewer than
+        `capture_limit` steps were captured.
+        """
+        fault = self.state["fault"]
+        before = fault.read_value()
+        fresh = tf.not_equal(before[FAULT_LAST], step - 1)
+        captured = tf.constant(0, tf.int64)
+        if batch is not None and self.capture_limit > 0:
+            take = tf.logical_and(
+                tf.logical_and(fresh, local_fault),
+                tf.logical_and(before[FAULT_CAPTURES] < self.capture_limit, recording),
+            )
+            replicas = self.probe.static["replicas"]
+            devices = self.probe.static["devices"]
+
+            def block(index):
+                with tf.device(devices[index]):
+                    return capture.capture_block(
+                        replicas[index], batch_names, batch[index], self.capture_bytes
+                    )
+
+            def blocks():
+                # One block per unhealthy replica (the healthy ones' batches are not touched).
+                parts = [
+                    tf.cond(
+                        healthy[index],
+                        lambda: tf.zeros([0], tf.string),
+                        lambda index=index: block(index),
+                    )
+                    for index in range(len(devices))
+                ]
+                return tf.concat(parts, 0)
+
+            try:
+                written = self.probe.write(
+                    take, schema.TAG_GRAD_BATCH, blocks, step, schema.KIND_GRAD_BATCH
+                )
+                captured = tf.cast(written, tf.int64)
+            except Exception as error:  # noqa: BLE001 - the NaN/Inf record goes on without it
+                self.probe.warn_failed("capture", error, "the culprit batch")
+        first = tf.where(before[FAULT_FIRST] < 0, step, before[FAULT_FIRST])
+        fault.assign(
+            tf.stack(
+                [
+                    before[FAULT_STEPS] + 1,
+                    first,
+                    step,
+                    before[FAULT_CAPTURES] + captured,
+                    tf.cast(local_fault, tf.int64),
+                    tf.cast(job, tf.int64),
+                ]
+            )
         )
 
     def write_window(self):
@@ -389,7 +535,7 @@ class Recorder(RecorderBase):
 class Recording:
     """`ReplicaProbe` methods of the gradients family."""
 
-    def observe_gradients(self, grads, variables, loss=None, step=None, scale=1.0):
+    def observe_gradients(self, grads, variables, loss=None, step=None, scale=1.0, batch=None):
         """Records each replica's local gradient norms, loss and NaN/Inf counts, before all-reduce.
 
         Call it in replica context (inside `strategy.run`) with the gradients this replica
@@ -414,6 +560,12 @@ class Recording:
             E.g. with `loss = tf.nn.compute_average_loss(per_example, global_batch_size=B)` over
             R replicas, `scale=1 / R` records the gradient of each replica's own mean loss, which
             is comparable across replicas and runs of any size.
+          batch: this replica's input batch (a tensor or nested dict/tuple of tensors), or None.
+            At the first step of a fault (a replica's gradients or loss turn non-finite) the
+            batch of every faulty replica is written (`gradients/batch`, at most
+            `capture_limit` steps, `capture_bytes` per replica): `tb-replica export-batch`
+            writes it to a `.npz`. Clean steps pay nothing (it sits under the fault's
+            `tf.cond`).
 
         Example:
           ```python
@@ -427,5 +579,5 @@ class Recording:
           ```
         """
         self.recorder("gradients").observe(
-            grads, variables, loss, step, scale, scale, SCALING_AS_GIVEN
+            grads, variables, loss, step, scale, scale, SCALING_AS_GIVEN, batch=batch
         )

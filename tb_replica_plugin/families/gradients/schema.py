@@ -14,12 +14,21 @@ TAG_GRAD_NONFINITE = "gradients/nonfinite"
 # string tensor holding JSON {"variables", "shapes", "loss", "scaling", "replicas", "source"}.
 TAG_GRAD_VARIABLES = "gradients/variables"
 
+# Sparse, written at the first step of a run of steps where some replica's gradients or loss turn
+# non-finite (at most `capture_limit` times): the local batch of every such replica. A string
+# vector of blocks, one per captured replica: a JSON header {"replica", "names", "dtypes",
+# "leaves"} then, per input leaf, the serialized TensorProto of its full shape (int64) and of its
+# kept rows (the first rows that fit the leaf's share of `capture_bytes`).
+TAG_GRAD_BATCH = "gradients/batch"
+
 KIND_GRAD_NORMS = "grad_norms"
 KIND_GRAD_NONFINITE = "grad_nonfinite"
 KIND_GRAD_VARIABLES = "grad_variables"
+KIND_GRAD_BATCH = "grad_batch"
 
 TAGS = {
     TAG_GRAD_NORMS: KIND_GRAD_NORMS,
     TAG_GRAD_NONFINITE: KIND_GRAD_NONFINITE,
     TAG_GRAD_VARIABLES: KIND_GRAD_VARIABLES,
+    TAG_GRAD_BATCH: KIND_GRAD_BATCH,
 }

@@ -57,9 +57,15 @@ class InputsSeries:
         return len(self.replicas)
 
 
-def _mismatch_dims(dtypes, shapes):
-    """Which parts of one input disagree across replicas ("dtype", "rank", dim indices)."""
+def _mismatch_dims(dtypes, shapes, kinds=None):
+    """Which parts of one input disagree across replicas ("kind", "dtype", "rank", dim indices).
+
+    A ragged dimension is recorded as -1 on every replica (`record.shape_vector`), so ragged
+    leaves disagree only in their structure (kind, ragged rank, uniform inner dimensions).
+    """
     dims = []
+    if kinds and len(set(kinds)) > 1:
+        dims.append("kind")
     if len(set(dtypes)) > 1:
         dims.append("dtype")
     ranks = {len(shape) for shape in shapes}
@@ -69,6 +75,35 @@ def _mismatch_dims(dtypes, shapes):
         rank = ranks.pop() if ranks else 0
         dims.extend(d for d in range(1, rank) if len({shape[d] for shape in shapes}) > 1)
     return dims
+
+
+def parse_leaf_entries(entries):
+    """Parses the leaf entries of a shapes event (`name`, `dtypes`, `shapes`, for a ragged or
+    sparse leaf `kinds` and `structure`), adding `mismatch` and `mismatch_dims`.
+
+    Raises:
+      KeyError, TypeError, ValueError: if an entry is malformed.
+    """
+    inputs = []
+    for entry in entries:
+        dtypes = [str(d) for d in entry["dtypes"]]
+        shapes = [[int(d) for d in shape] for shape in entry["shapes"]]
+        kinds = [str(k) for k in entry["kinds"]] if "kinds" in entry else None
+        dims = _mismatch_dims(dtypes, shapes, kinds)
+        parsed_entry = {
+            "name": str(entry["name"]),
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "mismatch": bool(dims),
+            "mismatch_dims": dims,
+        }
+        if kinds is not None:
+            # Ragged or sparse: per replica its kind and (values, shortest row, longest row) or
+            # (nnz, -1, -1) at this step.
+            parsed_entry["kinds"] = kinds
+            parsed_entry["structure"] = [[int(v) for v in row] for row in entry["structure"]]
+        inputs.append(parsed_entry)
+    return inputs
 
 
 def parse_shape_event(step, document):
@@ -90,20 +125,7 @@ def parse_shape_event(step, document):
     parsed = json.loads(document)
     if not isinstance(parsed, dict) or not isinstance(parsed.get("inputs"), list):
         raise ValueError("not a shapes event")
-    inputs = []
-    for entry in parsed["inputs"]:
-        dtypes = [str(d) for d in entry["dtypes"]]
-        shapes = [[int(d) for d in shape] for shape in entry["shapes"]]
-        dims = _mismatch_dims(dtypes, shapes)
-        inputs.append(
-            {
-                "name": str(entry["name"]),
-                "dtypes": dtypes,
-                "shapes": shapes,
-                "mismatch": bool(dims),
-                "mismatch_dims": dims,
-            }
-        )
+    inputs = parse_leaf_entries(parsed["inputs"])
     worker = parsed.get("worker")
     return {
         "step": int(step),
@@ -301,26 +323,33 @@ def merge_inputs(job, members, workers, notes):
                     names.append(entry["name"])
         inputs = []
         for name in names:
-            dtypes, shapes = [], []
+            dtypes, shapes, kinds, structure = [], [], [], []
             for member, event in zip(members, in_force, strict=True):
                 entries = (event or {}).get("inputs", [])
                 entry = next((e for e in entries if e["name"] == name), None)
+                count = member.num_replicas
                 if entry is None:
-                    dtypes += ["missing"] * member.num_replicas
-                    shapes += [[]] * member.num_replicas
+                    dtypes += ["missing"] * count
+                    shapes += [[]] * count
+                    kinds += ["missing"] * count
+                    structure += [[-1, -1, -1]] * count
                 else:
                     dtypes += entry["dtypes"]
                     shapes += entry["shapes"]
-            dims = _mismatch_dims(dtypes, shapes)
-            inputs.append(
-                {
-                    "name": name,
-                    "dtypes": dtypes,
-                    "shapes": shapes,
-                    "mismatch": bool(dims),
-                    "mismatch_dims": dims,
-                }
-            )
+                    kinds += entry.get("kinds", ["dense"] * count)
+                    structure += entry.get("structure", [[-1, -1, -1]] * count)
+            composite = any(k not in ("dense", "missing") for k in kinds)
+            dims = _mismatch_dims(dtypes, shapes, kinds if composite else None)
+            merged = {
+                "name": name,
+                "dtypes": dtypes,
+                "shapes": shapes,
+                "mismatch": bool(dims),
+                "mismatch_dims": dims,
+            }
+            if composite:
+                merged.update(kinds=kinds, structure=structure)
+            inputs.append(merged)
         events.append({"step": step, "inputs": inputs})
 
     dense_sets = [set(m.dense_steps.tolist()) for m in members]

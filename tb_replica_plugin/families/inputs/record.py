@@ -23,6 +23,83 @@ from tb_replica_plugin.families.step_time import schema as step_time_schema
 # Names Keras gives to the parts of a `fit` batch, in `unpack_x_y_sample_weight` order.
 FIT_BATCH_NAMES = ("x", "y", "sample_weight")
 
+# Kinds of leaf: a dense tensor, a `tf.RaggedTensor`, a `tf.SparseTensor`.
+DENSE, RAGGED, SPARSE = "dense", "ragged", "sparse"
+# The size recorded for a ragged dimension (its row lengths vary within the leaf).
+RAGGED_DIM = -1
+
+
+def leaf_kind(value):
+    """ "dense", "ragged" (`tf.RaggedTensor`) or "sparse" (`tf.SparseTensor`)."""
+    if isinstance(value, tf.RaggedTensor):
+        return RAGGED
+    if isinstance(value, tf.SparseTensor):
+        return SPARSE
+    return DENSE
+
+
+def as_leaf(value):
+    """`value` as a tensor, a `tf.RaggedTensor` or a `tf.SparseTensor` (others converted)."""
+    if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
+        return value
+    return tf.convert_to_tensor(value)
+
+
+def leaf_rank(value):
+    """The static rank of a leaf (None when only known at run time)."""
+    if isinstance(value, tf.RaggedTensor):
+        inner = value.flat_values.shape.rank
+        return None if inner is None else value.ragged_rank + inner
+    return value.shape.rank
+
+
+def shape_vector(value):
+    """int64 [rank]: the shape of one leaf as recorded.
+
+    Dense: `tf.shape`. Sparse: `dense_shape`. Ragged: `[nrows, -1 for each ragged dimension,
+    the uniform inner dimensions of flat_values]`, so a ragged leaf's shape changes only when its
+    row count or structure does, not with its row lengths.
+
+    Example:
+      >>> shape_vector(tf.ragged.constant([[1, 2], [3]])).numpy()
+      array([ 2, -1])
+    """
+    if isinstance(value, tf.RaggedTensor):
+        return tf.concat(
+            [
+                tf.reshape(value.nrows(out_type=tf.int64), [1]),
+                tf.fill([value.ragged_rank], tf.constant(RAGGED_DIM, tf.int64)),
+                tf.shape(value.flat_values, out_type=tf.int64)[1:],
+            ],
+            axis=0,
+        )
+    if isinstance(value, tf.SparseTensor):
+        return tf.cast(value.dense_shape, tf.int64)
+    return tf.shape(value, out_type=tf.int64)
+
+
+def structure_vector(value):
+    """int64 [3]: what one leaf holds at this step, besides its shape.
+
+    Ragged: (total values in `flat_values`, shortest row, longest row) of the outermost ragged
+    dimension (0, 0 without rows). Sparse: (nnz, -1, -1). Dense: (size, -1, -1).
+
+    Example:
+      >>> structure_vector(tf.ragged.constant([[1, 2], [3]])).numpy()
+      array([3, 1, 2])
+    """
+    none = tf.constant(-1, tf.int64)
+    if isinstance(value, tf.RaggedTensor):
+        lengths = tf.cast(value.row_lengths(), tf.int64)
+        has_rows = tf.size(lengths) > 0
+        zero = tf.constant(0, tf.int64)
+        shortest = tf.where(has_rows, tf.reduce_min(lengths), zero)
+        longest = tf.where(has_rows, tf.reduce_max(lengths), zero)
+        return tf.stack([tf.size(value.flat_values, out_type=tf.int64), shortest, longest])
+    if isinstance(value, tf.SparseTensor):
+        return tf.stack([tf.shape(value.indices, out_type=tf.int64)[0], none, none])
+    return tf.stack([tf.size(value, out_type=tf.int64), none, none])
+
 
 def flatten_with_names(structure, prefix=""):
     """Flattens nested dicts/lists/tuples of tensors into `(name, leaf)` pairs.
@@ -103,18 +180,21 @@ class InputsStats:
     def __init__(self, names, per_replica_leaves, devices=None):
         self.names = list(names)
         self.num_replicas = len(per_replica_leaves[0]) if per_replica_leaves else 0
+        self.leaves = per_replica_leaves
         self.dtypes = [[t.dtype.name for t in leaf] for leaf in per_replica_leaves]
+        self.kinds = [[leaf_kind(t) for t in leaf] for leaf in per_replica_leaves]
         devices = list(devices or [None] * self.num_replicas)
+        self._devices = devices
         # ranks[r][l]: static rank, or None when only known at run time.
         self._ranks = [
-            [leaf[r].shape.rank for leaf in per_replica_leaves] for r in range(self.num_replicas)
+            [leaf_rank(leaf[r]) for leaf in per_replica_leaves] for r in range(self.num_replicas)
         ]
         vectors = []
         for replica in range(self.num_replicas):
             with tf.device(devices[replica]):
                 pieces = []
                 for leaf, rank in zip(per_replica_leaves, self._ranks[replica], strict=True):
-                    shape = tf.shape(leaf[replica], out_type=tf.int64)
+                    shape = shape_vector(leaf[replica])
                     if rank is None:  # the rank goes in front, so [4, 3] and [43] cannot collide
                         pieces.append(tf.reshape(tf.size(shape, out_type=tf.int64), [1]))
                     pieces.append(shape)
@@ -152,34 +232,54 @@ class InputsStats:
         return tf.ones([self.num_replicas], tf.int32)
 
     def _fingerprint(self):
-        static = json.dumps([self.names, self.dtypes, self._ranks]).encode("utf-8")
+        static = json.dumps([self.names, self.dtypes, self.kinds, self._ranks]).encode("utf-8")
         static_hash = int.from_bytes(hashlib.blake2b(static, digest_size=7).digest(), "little")
         lengths = [tf.reshape(tf.size(v, out_type=tf.int64), [1]) for v in self._vectors]
         signature = tf.concat([tf.constant([static_hash], tf.int64), *lengths, *self._vectors], 0)
         digest = tf.fingerprint(tf.expand_dims(tf.bitcast(signature, tf.uint8), 0))
         return tf.reshape(tf.bitcast(digest, tf.int64), [])
 
-    def shapes_json(self, static_fields):
+    def shapes_json(self, static_fields, key="inputs"):
         """Builds the JSON document of a shapes event as a scalar string tensor.
 
         Args:
           static_fields: dict of JSON-serialisable fields known when tracing (devices, replica
             ids, source) merged into the document.
+          key: the document's key of the list of leaves.
 
         Returns:
           A scalar tf.string tensor, e.g. `{"inputs": [{"name": "x", "dtypes": ["float32"],
-          "shapes": [[4, 3]]}], "devices": [...], ...}`.
+          "shapes": [[4, 3]]}], "devices": [...], ...}`. A ragged or sparse leaf also has
+          `kinds` (per replica) and `structure` (per replica, `structure_vector`: total values
+          and row-length range, or nnz).
         """
-        pieces = [json.dumps(static_fields, sort_keys=True)[:-1], ', "inputs": [']
+        pieces = [json.dumps(static_fields, sort_keys=True)[:-1], f', "{key}": [']
         for index, (name, dtypes) in enumerate(zip(self.names, self.dtypes, strict=True)):
-            head = json.dumps({"name": name, "dtypes": dtypes})[:-1] + ', "shapes": ['
+            fields = {"name": name, "dtypes": dtypes}
+            kinds = self.kinds[index]
+            if any(kind != DENSE for kind in kinds):
+                fields["kinds"] = kinds
+            head = json.dumps(fields)[:-1] + ', "shapes": ['
             pieces.append(("" if index == 0 else ", ") + head)
             for replica in range(self.num_replicas):
                 shape = self._leaf_shape(replica, index)
                 pieces.append("[" if replica == 0 else ", [")
                 pieces.append(tf.strings.reduce_join(tf.strings.as_string(shape), separator=", "))
                 pieces.append("]")
-            pieces.append("]}")
+            pieces.append("]")
+            if "kinds" in fields:
+                # What each replica's ragged or sparse leaf holds at this step.
+                pieces.append(', "structure": [')
+                for replica in range(self.num_replicas):
+                    with tf.device(self._devices[replica]):
+                        vector = structure_vector(self.leaves[index][replica])
+                    pieces.append("[" if replica == 0 else ", [")
+                    pieces.append(
+                        tf.strings.reduce_join(tf.strings.as_string(vector), separator=", ")
+                    )
+                    pieces.append("]")
+                pieces.append("]")
+            pieces.append("}")
         pieces.append("]}")
         return tf.strings.join(pieces)
 
@@ -215,7 +315,7 @@ class Recorder(RecorderBase):
         """Cross-replica part of `observe_inputs`: stats, change detection, summary writes."""
         probe = self.probe
         try:
-            per_replica = [probe.local_values(strategy, leaf) for leaf in leaves]
+            per_replica = [probe.local_values(strategy, leaf, composite=True) for leaf in leaves]
             stats = InputsStats(names, per_replica, probe.static["devices"])
             now = None
             if probe.worker is not None:

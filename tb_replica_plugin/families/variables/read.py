@@ -127,9 +127,9 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
     steps = np.array(sorted(set(hashes) & set(fingerprints)), dtype=np.int64)
     width = next(iter(fingerprints.values())).shape[2] if fingerprints else 4
     hash_arr = np.stack([hashes[s] for s in steps]) if steps.size else np.zeros((0, num_v, num_r))
-    hash_arr = hash_arr.astype(np.int64)
+    hash_arr = hash_arr.astype(np.int64, copy=False)
     fp = (
-        np.stack([fingerprints[s] for s in steps]).astype(np.float64)
+        np.stack([fingerprints[s] for s in steps]).astype(np.float64, copy=False)
         if steps.size
         else np.zeros((0, num_v, num_r, width))
     )

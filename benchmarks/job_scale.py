@@ -1,0 +1,371 @@
+"""The tab and the report at job scale: a synthetic multi-worker job on a real `tensorboard`.
+
+Writes a job of `--workers` workers × `--replicas` replicas × `--steps` logged steps, then, for
+each loader (TensorBoard's Python loader and RustBoard, `--load_fast=true`), starts a real
+`tensorboard --samples_per_plugin replicas=0` on it, waits until it has loaded the data (every
+worker run listed and the server idle), and times what the tab asks: `/overview`, then the run
+view of the job (`/findings` and every family route, 6 at a time like a browser). Then
+`tb-replica report --json` on the same log dir. Prints one JSON line.
+
+The job: worker 0 is written by the real write path, a Keras `fit` with `ReplicaCallback`
+(every family: inputs, step time, gradients, rng from a Dropout layer, examples, variables; the
+default `update_freq="epoch"`, one step per epoch so every step is a logged step) on `--replicas`
+logical CPU devices, with the worker's identity of a multi-worker job. The other workers' runs
+are copies of worker 0's events with their own identity (worker index, global replica ids,
+devices): a 2-core machine cannot run hundreds of workers, and the readers cost the same.
+
+    python -m benchmarks.job_scale --workers 256 --replicas 8 --steps 1000
+
+Figures: `first_load_s` / `cached_load_s` (wall seconds of the requests, first and repeated) and
+`first_load_cpu_s` / `cached_load_cpu_s` (CPU seconds of the tensorboard processes meanwhile),
+`peak_rss_mb` (high-water mark of the tensorboard process and its data server), and for the
+report `report_s`, `report_cpu_s` and `report_peak_rss_mb`.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+PLUGIN = "/data/plugin/replicas"
+# What the tab's run view asks (frontend/src/sections.js: MAX_POINTS, TOP_VARIABLES).
+RUN_VIEW = (
+    "/findings?run={run}",
+    "/inputs?run={run}&max_points=10000",
+    "/step_time?run={run}&max_points=10000",
+    "/gradients?run={run}&max_points=10000",
+    "/rng?run={run}&max_points=10000",
+    "/data?run={run}&max_points=10000",
+    "/variables?run={run}&max_points=10000&top=8",
+)
+JOB = "job"
+
+
+def write_worker0(logdir, workers, replicas, steps):
+    """Worker 0's run `logdir/job/worker_0`, by `ReplicaCallback` in a Keras fit."""
+    import numpy as np
+    import tensorflow as tf
+
+    from benchmarks.common import mlp_model
+    from demo.scenarios import configure_devices
+    from tb_replica_plugin import ReplicaCallback
+    from tb_replica_plugin.core import distribute
+
+    devices = configure_devices(replicas)
+    strategy = tf.distribute.MirroredStrategy(devices)
+    identity = {
+        "task_type": "worker",
+        "task_index": 0,
+        "worker": 0,
+        "num_workers": workers,
+        "job": "bench",
+    }
+    distribute.worker_info = lambda strategy: dict(identity)  # this process plays worker 0
+    model = mlp_model(strategy, dropout=0.1)
+    rng = np.random.default_rng(0)
+    batch = 4 * replicas
+    x = rng.normal(size=(batch * 64, 64)).astype("float32")
+    y = rng.normal(size=(batch * 64, 1)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(batch * 64).batch(batch).repeat()
+    model.fit(
+        data,
+        steps_per_epoch=1,
+        epochs=steps,
+        verbose=0,
+        callbacks=[ReplicaCallback(logdir, run_name=JOB)],
+    )
+    return os.path.join(logdir, JOB, "worker_0")
+
+
+def _retarget(value, worker, replicas):
+    """A JSON value of worker 0 with worker `worker`'s identity, global ids and devices."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key == "worker" and isinstance(item, dict):
+                out[key] = {**item, "task_index": worker, "worker": worker}
+            elif key == "replicas" and isinstance(item, list):
+                out[key] = [r + worker * replicas if isinstance(r, int) else r for r in item]
+            else:
+                out[key] = _retarget(item, worker, replicas)
+        return out
+    if isinstance(value, list):
+        return [_retarget(item, worker, replicas) for item in value]
+    if isinstance(value, str):
+        return re.sub(
+            r"/job:[^/]+/replica:0/task:0/", f"/job:worker/replica:0/task:{worker}/", value
+        )
+    return value
+
+
+def worker0_records(source_dir):
+    """`{file name: [(serialized event, [string tensor values] or None)]}` of worker 0's run."""
+    import tensorflow as tf
+    from tensorboard.compat.proto import event_pb2
+
+    files = {}
+    for name in sorted(os.listdir(source_dir)):
+        if "tfevents" not in name:
+            continue
+        records = []
+        for raw in tf.compat.v1.io.tf_record_iterator(os.path.join(source_dir, name)):
+            event = event_pb2.Event.FromString(raw)
+            strings = [list(v.tensor.string_val) for v in event.summary.value]
+            records.append((raw, event if any(strings) else None))
+        files[name] = records
+    return files
+
+
+def copy_worker(records, target_dir, worker, replicas):
+    """Writes worker 0's events (`worker0_records`) into `target_dir` as worker `worker`'s."""
+    import tensorflow as tf
+
+    os.makedirs(target_dir, exist_ok=True)
+    for name, events in records.items():
+        with tf.io.TFRecordWriter(os.path.join(target_dir, name)) as writer:
+            for raw, event in events:
+                if event is None:  # no string tensor: the same bytes on every worker
+                    writer.write(raw)
+                    continue
+                copy = type(event)()
+                copy.CopyFrom(event)
+                for value in copy.summary.value:
+                    strings = value.tensor.string_val
+                    for i, text in enumerate(strings):
+                        try:
+                            document = json.loads(text)
+                        except (UnicodeDecodeError, ValueError):
+                            continue
+                        strings[i] = json.dumps(_retarget(document, worker, replicas)).encode()
+                writer.write(copy.SerializeToString())
+
+
+def write_job(logdir, workers, replicas, steps):
+    """The job's worker runs; returns the seconds spent writing worker 0 and copying."""
+    start = time.perf_counter()
+    source = write_worker0(logdir, workers, replicas, steps)
+    written = time.perf_counter() - start
+    records = worker0_records(source)
+    for worker in range(1, workers):
+        copy_worker(records, os.path.join(logdir, JOB, f"worker_{worker}"), worker, replicas)
+    return written, time.perf_counter() - start - written
+
+
+# ------------------------------------------------------------------------------- processes
+
+
+def _tree(pid):
+    """`pid` and its descendants (from /proc)."""
+    pids = [pid]
+    for current in pids:
+        try:
+            threads = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for thread in threads:  # a child started by any thread (RustBoard's data server)
+            try:
+                with open(f"/proc/{current}/task/{thread}/children") as handle:
+                    pids.extend(int(child) for child in handle.read().split())
+            except OSError:
+                pass
+    return pids
+
+
+def _cpu_s(pid):
+    """User + system CPU seconds of `pid` and its descendants."""
+    total = 0
+    for current in _tree(pid):
+        try:
+            with open(f"/proc/{current}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _peak_rss_mb(pid):
+    """Sum of the peak resident sets (VmHWM) of `pid` and its descendants, in MiB."""
+    total = 0
+    for current in _tree(pid):
+        try:
+            with open(f"/proc/{current}/status") as handle:
+                for line in handle:
+                    if line.startswith("VmHWM:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def _get(url, timeout=3600):
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body = response.read()
+    return json.loads(body)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_loaded(url, process, workers, timeout):
+    """Waits until TensorBoard lists every worker run and its CPU use has settled."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"tensorboard exited with status {process.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError("tensorboard did not load the job in time")
+        try:
+            runs = _get(url + "/data/runs", timeout=30)
+            if sum(run.startswith(JOB + "/worker_") for run in runs) >= workers:
+                break
+        except OSError:
+            pass
+        time.sleep(0.5)
+    # Loaded: the process (and RustBoard's data server) stops using CPU.
+    previous = _cpu_s(process.pid)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = _cpu_s(process.pid)
+        if now - previous < 0.05:
+            return
+        previous = now
+    raise TimeoutError("tensorboard kept loading")
+
+
+def _run_view(url):
+    """`/overview`, then the job's run view (6 requests at a time); checks what they answer."""
+    overview = _get(url + PLUGIN + "/overview")
+    names = [entry["run"] for entry in overview["runs"]]
+    if names != [JOB]:
+        raise RuntimeError(f"/overview lists {names}, not the job")
+    paths = [PLUGIN + path.format(run=JOB) for path in RUN_VIEW]
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        bodies = list(pool.map(lambda path: _get(url + path), paths))
+    return overview["runs"][0], bodies
+
+
+def measure_tensorboard(logdir, workers, load_fast, timeout):
+    """The figures of one loader: load, first and cached run view, peak RSS."""
+    port = _free_port()
+    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    command = [
+        tensorboard,
+        *("--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)),
+        f"--load_fast={'true' if load_fast else 'false'}",
+        *("--samples_per_plugin", "replicas=0"),
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        start = time.perf_counter()
+        _wait_loaded(url, process, workers, timeout)
+        loaded_s = time.perf_counter() - start
+        figures = {"tensorboard_load_s": round(loaded_s, 2)}
+        for name in ("first", "cached"):
+            cpu, wall = _cpu_s(process.pid), time.perf_counter()
+            entry, bodies = _run_view(url)
+            figures[f"{name}_load_s"] = round(time.perf_counter() - wall, 3)
+            figures[f"{name}_load_cpu_s"] = round(_cpu_s(process.pid) - cpu, 3)
+        figures["peak_rss_mb"] = round(_peak_rss_mb(process.pid), 1)
+        figures["replicas_served"] = len(entry["replicas"])
+        figures["workers_served"] = len(entry["workers"])
+        figures["steps_served"] = len(bodies[1]["steps"])
+        figures["findings"] = entry["findings"]
+        return figures
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def measure_report(logdir):
+    """`tb-replica report --json` on the log dir: wall and CPU seconds, peak RSS, its job."""
+    command = [os.path.join(os.path.dirname(sys.executable), "tb-replica"), "report", "--json"]
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as out:
+        process = subprocess.Popen(
+            [*command, logdir], stdout=out, stderr=subprocess.DEVNULL, env=os.environ.copy()
+        )
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        text = out.read().decode()
+    code = os.waitstatus_to_exitcode(status)
+    if code not in (0, 1):  # 1: findings at or above --fail-on
+        raise RuntimeError(f"tb-replica report exited with status {code}")
+    report = json.loads(text)
+    runs = report["runs"] if isinstance(report, dict) else report
+    job = runs[JOB] if isinstance(runs, dict) else next(r for r in runs if r["run"] == JOB)
+    return {
+        "report_s": round(wall, 2),
+        "report_cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "report_peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+        "report_replicas": len(job.get("replicas", [])),
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=256)
+    parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=1000, help="logged steps")
+    parser.add_argument("--loaders", default="python,rust", help="python, rust or both")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds to load, per loader")
+    parser.add_argument(
+        "--logdir",
+        help="keep the job here and reuse it when already written (default: a temporary dir)",
+    )
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        logdir = args.logdir or scratch
+        job_dir = os.path.join(logdir, JOB)
+        if args.logdir and os.path.isdir(job_dir) and len(os.listdir(job_dir)) == args.workers:
+            write_s = copy_s = 0.0  # the job written by an earlier run with the same --logdir
+        else:
+            write_s, copy_s = write_job(logdir, args.workers, args.replicas, args.steps)
+        result = {
+            "benchmark": "job_scale",
+            "workers": args.workers,
+            "replicas": args.replicas,
+            "steps": args.steps,
+            "write_worker0_s": round(write_s, 1),
+            "copy_workers_s": round(copy_s, 1),
+            "logdir_mb": round(
+                sum(
+                    os.path.getsize(os.path.join(root, name))
+                    for root, _, names in os.walk(logdir)
+                    for name in names
+                )
+                / 2**20,
+                1,
+            ),
+        }
+        for loader in args.loaders.split(","):
+            figures = measure_tensorboard(
+                logdir, args.workers, load_fast=loader == "rust", timeout=args.timeout
+            )
+            result[loader] = figures
+        result.update(measure_report(logdir))
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""The watch family read side: `WatchSeries` (one `WatchedValue` per name) from the samples.
+
+Imports no TensorFlow.
+"""
+
+import dataclasses
+import json
+
+import numpy as np
+
+from tb_replica_plugin.families.inputs.read import parse_leaf_entries
+from tb_replica_plugin.families.watch import schema
+
+
+@dataclasses.dataclass
+class WatchedValue:
+    """One watched name of a run.
+
+    Attributes:
+      name: the watched name (e.g. "logits"; "outputs" for model outputs in `fit`).
+      shape_events: one dict per step where kinds, dtypes or shapes changed, in step order:
+        `{"step", "explain", "leaves": [{"name", "dtypes", "shapes", "mismatch",
+        "mismatch_dims"}, and for a ragged or sparse leaf "kinds", "structure"]}`.
+      stats: `[(step, float64 array [L, len(STAT_ROWS), R])]` at sampled steps, step order.
+      nonfinite: the same layout at every step where some replica held a NaN or Inf.
+    """
+
+    name: str
+    shape_events: list
+    stats: list
+    nonfinite: list
+
+    @property
+    def leaves(self):
+        """Leaf names of the latest shape event (the order of the stats' leaf axis)."""
+        if not self.shape_events:
+            return []
+        return [entry["name"] for entry in self.shape_events[-1]["leaves"]]
+
+    def leaves_at(self, step):
+        """Leaf names in force at `step` (the last shape event at or before it)."""
+        names = []
+        for event in self.shape_events:
+            if event["step"] > step:
+                break
+            names = [entry["name"] for entry in event["leaves"]]
+        return names or self.leaves
+
+
+@dataclasses.dataclass
+class WatchSeries:
+    """The watch family of one run.
+
+    Attributes:
+      run: the run name.
+      replicas: global replica ids (the per-replica axis of every array and list).
+      devices: device of each replica.
+      values: `{name: WatchedValue}`, sorted by name.
+      source: "fit", "custom_loop" or "inspect_dataset" ("" when unknown).
+    """
+
+    run: str
+    replicas: list
+    devices: list
+    values: dict
+    source: str = ""
+
+    def steps(self):
+        """Every step any watched value recorded (events, stats, NaN/Inf), sorted."""
+        steps = set()
+        for value in self.values.values():
+            steps.update(e["step"] for e in value.shape_events)
+            steps.update(s for s, _ in value.stats + value.nonfinite)
+        return sorted(steps)
+
+
+def parse_watch_event(step, document):
+    """Parses one `watch/<name>/shapes` document.
+
+    Returns:
+      `{"step", "name", "explain", "leaves", "replicas", "devices", "source"}`.
+
+    Raises:
+      ValueError, KeyError, TypeError: if the document is not a watch shapes event.
+    """
+    if isinstance(document, bytes):
+        document = document.decode("utf-8")
+    parsed = json.loads(document)
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("leaves"), list):
+        raise ValueError("not a watch shapes event")
+    return {
+        "step": int(step),
+        "name": str(parsed.get("name", "")),
+        "explain": bool(parsed.get("explain", False)),
+        "leaves": parse_leaf_entries(parsed["leaves"]),
+        "replicas": [int(r) for r in parsed.get("replicas", [])],
+        "devices": [str(d) for d in parsed.get("devices", [])],
+        "source": str(parsed.get("source", "")),
+    }
+
+
+def _points(samples, tag, rows, notes):
+    points = []
+    bad = 0
+    for step, value in samples:
+        array = np.asarray(value, dtype=np.float64)
+        if array.ndim == 3 and array.shape[1] == rows:
+            points.append((int(step), array))
+        else:
+            bad += 1
+    if bad:
+        notes.append(f"{bad} sample(s) of {tag!r} of an unexpected layout skipped.")
+    return points
+
+
+def from_samples(run, samples, notes, needed=None):
+    """Builds the `WatchSeries` of a run from its raw samples (see `RunData.samples`).
+
+    Args:
+      run: the run name.
+      samples: `{tag: [(step, numpy value)]}` sorted by step.
+      notes: the run's notes list (problems are appended).
+      needed: unused (watch needs no other family).
+
+    Returns:
+      A `WatchSeries`, or None when the run watched nothing.
+    """
+    by_name = {}
+    rows = len(schema.STAT_ROWS)
+    last_event = None
+    bad = 0
+    for tag, tag_samples in samples.items():
+        for pattern, part in (
+            (schema.TAG_SHAPES, "events"),
+            (schema.TAG_STATS, "stats"),
+            (schema.TAG_NONFINITE, "nonfinite"),
+        ):
+            name = schema.name_of(pattern, tag)
+            if name is None:
+                continue
+            entry = by_name.setdefault(name, {"events": {}, "stats": [], "nonfinite": []})
+            if part == "events":
+                for step, value in tag_samples:
+                    try:
+                        event = parse_watch_event(step, value.item())
+                    except (ValueError, KeyError, TypeError, AttributeError):
+                        bad += 1
+                        continue
+                    entry["events"][event["step"]] = event  # a later write at a step wins
+                    if last_event is None or event["step"] >= last_event["step"]:
+                        last_event = event
+            else:
+                entry[part] = _points(tag_samples, tag, rows, notes)
+            break
+    if bad:
+        notes.append(f"{bad} unreadable watch shapes event(s) skipped.")
+    if not by_name:
+        return None
+    values = {}
+    for name in sorted(by_name):
+        entry = by_name[name]
+        events = [entry["events"][step] for step in sorted(entry["events"])]
+        values[name] = WatchedValue(
+            name=name,
+            shape_events=[
+                {"step": e["step"], "explain": e["explain"], "leaves": e["leaves"]} for e in events
+            ],
+            stats=entry["stats"],
+            nonfinite=entry["nonfinite"],
+        )
+    count = 0
+    for value in values.values():
+        for _, array in value.stats + value.nonfinite:
+            count = max(count, array.shape[2])
+        for event in value.shape_events:
+            for leaf in event["leaves"]:
+                count = max(count, len(leaf["shapes"]))
+    replicas = (last_event or {}).get("replicas") or list(range(count))
+    devices = (last_event or {}).get("devices") or [""] * len(replicas)
+    source = (last_event or {}).get("source", "")
+    return WatchSeries(run=run, replicas=replicas, devices=devices, values=values, source=source)
+
+
+def merge(job, member_runs, workers, notes):
+    """Multi-worker jobs: watched values are not merged across workers (read each worker's run)."""
+    if any(getattr(m, "watch", None) is not None for m in member_runs):
+        notes.append(
+            "Watched values of a multi-worker job are shown per worker run, not merged: open a "
+            "worker's run (<job>/worker_<i>) to see them."
+        )
+    return None

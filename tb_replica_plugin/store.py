@@ -1,0 +1,222 @@
+"""The tab's reads, cached per run (or job) and data version.
+
+A route asks `RunStore` for what it shows: a family route's body (`body`, from one family's
+series of one run: `run_data`), or the findings and `/runs` entries (`summaries`). Each asks
+the data provider only for the tags it needs (`RunTagFilter`) with the plugin's sampling hint,
+and keeps the result in one `core.cache.ByteLRU` keyed by the run's data version: per tag, the
+largest step and wall time the provider lists (`list_tensors` metadata). A run is read again,
+its findings computed again and its bodies built again only when that version changes (new
+data) or the entry was evicted. Job merges are cached the same way (their version is their
+workers'). No TensorFlow.
+"""
+
+import collections
+import threading
+
+from tb_replica_plugin import analysis, reader
+from tb_replica_plugin.core.cache import ByteLRU
+
+__all__ = ["DEFAULT_CACHE_BYTES", "RunStore", "downsample_from_hint"]
+
+# The cache's budget: runs, merged jobs, findings and `/runs` entries of the tab.
+DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
+
+
+def downsample_from_hint(hint):
+    """Samples per tag to ask of the provider for a `--samples_per_plugin replicas=N` hint.
+
+    Args:
+      hint: the plugin's entry of `TBContext.sampling_hints` (None when not given).
+
+    Returns:
+      `hint` when positive, else `reader.ALL_SAMPLES` (0 or no hint: every sample it kept).
+
+    Example:
+      >>> downsample_from_hint(0) == reader.ALL_SAMPLES
+      True
+    """
+    return int(hint) if hint else reader.ALL_SAMPLES
+
+
+class RunStore:
+    """Cached, scoped reads of one data provider for the plugin's routes.
+
+    Attributes:
+      cache: the `ByteLRU` holding `RunData`, findings and `/runs` entries.
+      computed: `collections.Counter` of computations by kind (`"read"`: a run or job read
+        for a route, `"summary"`: a run or job read in full and its findings computed).
+
+    Example:
+      >>> store = RunStore(provider)
+      >>> store.findings(ctx, "", "balanced/replicas")
+      []
+    """
+
+    def __init__(self, provider, max_bytes=DEFAULT_CACHE_BYTES, downsample=reader.ALL_SAMPLES):
+        """Args:
+        provider: a TensorBoard `DataProvider`.
+        max_bytes: the cache budget.
+        downsample: samples per tag asked of the provider (see `downsample_from_hint`).
+        """
+        self._provider = provider
+        self._downsample = downsample
+        self.cache = ByteLRU(max_bytes)
+        self.computed = collections.Counter()
+        self._lock = threading.Lock()
+
+    def list_runs(self, ctx, experiment_id):
+        """`reader.list_runs`: the provider's metadata of this plugin's runs (never cached)."""
+        return reader.list_runs(self._provider, ctx, experiment_id)
+
+    @staticmethod
+    def version(runs, name):
+        """The data version of run or job `name`: per run and tag, its max step and wall time.
+
+        Args:
+          runs: `reader.list_runs(...)`.
+          name: a run or a candidate job of `runs`.
+
+        Returns:
+          A hashable tuple; it changes when the provider lists new data for the run.
+        """
+        return tuple(
+            (
+                run,
+                tuple(
+                    (tag, int(ts.max_step), float(ts.max_wall_time))
+                    for tag, ts in sorted(runs[run].items())
+                ),
+            )
+            for run in reader.group_runs(runs, name)
+        )
+
+    def _count(self, kind):
+        with self._lock:
+            self.computed[kind] += 1
+
+    def run_data(self, ctx, experiment_id, run, families=None, runs=None):
+        """The `RunData` of one run or job holding (at least) the families `families`.
+
+        Args:
+          ctx, experiment_id: as for `reader.read_run`.
+          run: a run or job name.
+          families: names of the families needed (None: every family).
+          runs: `list_runs(...)` if already listed.
+
+        Returns:
+          A `reader.RunData` (shared with other requests: do not modify it).
+
+        Raises:
+          reader.RunNotFoundError: if `run` is neither a run nor a job of this plugin.
+        """
+        if runs is None:
+            runs = self.list_runs(ctx, experiment_id)
+        if run not in runs and run not in reader.job_groups(runs):
+            raise reader.RunNotFoundError(run)
+        version = self.version(runs, run)
+        full = self.cache.get(("data", experiment_id, run, None, version))
+        if full is not None:
+            return full
+        scope = None if families is None else reader.with_needs(families)
+
+        def read():
+            self._count("read")
+            return reader.read_runs(
+                self._provider,
+                ctx,
+                experiment_id,
+                run=run,
+                runs=runs,
+                families=scope,
+                downsample=self._downsample,
+            )[run]
+
+        return self.cache.get_or_compute(
+            ("data", experiment_id, run, scope, version),
+            read,
+            slot=("data", experiment_id, run, scope),
+        )
+
+    def body(self, ctx, experiment_id, run, family, args, make_body):
+        """A family route's JSON body for `run` and its arguments, cached per data version.
+
+        Args:
+          ctx, experiment_id: as for `reader.read_run`.
+          run: a run or job name.
+          family: the family's name (its tags, and those of its needs, are read).
+          args: the route's parsed arguments, `{name: value}` (hashable values).
+          make_body: `fn(run_data)`, the route's answer from the run's data (the plugin gives
+            its JSON body, encoded).
+
+        Returns:
+          What `make_body` returned (shared with other requests: do not modify it).
+
+        Raises:
+          reader.RunNotFoundError: if `run` is neither a run nor a job of this plugin.
+        """
+        runs = self.list_runs(ctx, experiment_id)
+        if run not in runs and run not in reader.job_groups(runs):
+            raise reader.RunNotFoundError(run)
+        version = self.version(runs, run)
+        key = ("body", experiment_id, run, family, tuple(sorted(args.items())))
+
+        def compute():
+            return make_body(self.run_data(ctx, experiment_id, run, [family], runs=runs))
+
+        return self.cache.get_or_compute((*key, version), compute, slot=key)
+
+    def _summaries(self, ctx, experiment_id, runs, group, make_entry):
+        """`{name: {"entry", "findings"}}` of one group of `reader.groups(runs)`, cached."""
+        version = self.version(runs, group)
+
+        def compute():
+            self._count("summary")
+            read = reader.read_group(
+                self._provider, ctx, experiment_id, group, runs, downsample=self._downsample
+            )
+            result = {}
+            for name, run_data in read.items():
+                # Kept for the routes too (they look for a full read before reading their scope).
+                own = version if name == group else self.version(runs, name)
+                self.cache.put(
+                    ("data", experiment_id, name, None, own),
+                    run_data,
+                    slot=("data", experiment_id, name, None),
+                )
+                findings = analysis.find_run(run_data)
+                result[name] = {"entry": make_entry(run_data, findings), "findings": findings}
+            return result
+
+        return self.cache.get_or_compute(
+            ("summary", experiment_id, group, version),
+            compute,
+            slot=("summary", experiment_id, group),
+        )
+
+    def summaries(self, ctx, experiment_id, make_entry, run=None):
+        """The findings and `/runs` entry of every run and job, or of `run` only.
+
+        Args:
+          ctx, experiment_id: as for `reader.read_run`.
+          make_entry: `fn(run_data, findings) -> dict`, the `/runs` entry of one run.
+          run: a run or job name, or None for all.
+
+        Returns:
+          `{name: {"entry": dict, "findings": [Finding]}}` sorted by name (shared: do not
+          modify).
+
+        Raises:
+          reader.RunNotFoundError: if `run` is given and is neither a run nor a job.
+        """
+        runs = self.list_runs(ctx, experiment_id)
+        if run is not None:
+            if run not in runs and run not in reader.job_groups(runs):
+                raise reader.RunNotFoundError(run)
+            found = self._summaries(ctx, experiment_id, runs, run, make_entry)
+            if run not in found:
+                raise reader.RunNotFoundError(run)
+            return {run: found[run]}
+        result = {}
+        for group in reader.groups(runs):
+            result.update(self._summaries(ctx, experiment_id, runs, group, make_entry))
+        return {name: result[name] for name in sorted(result)}

@@ -1,0 +1,291 @@
+"""Fail fast (`halt_on`) and culprit capture, on a real MirroredStrategy (2 logical CPUs).
+
+Replica 1 is fed one NaN example at step 5 (MLP Dense→ReLU→Dense, plain SGD, so the NaN reaches
+every replica's weights through the all-reduce): with `halt_on="error"` fit stops after step 5,
+the finding names replica 1 and step 5, and the exported `.npz` holds replica 1's batch of step 5
+with the NaN example at the injected index; replica 0's batch is never captured.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import mirrored
+
+import tb_replica_plugin
+from tb_replica_plugin import ReplicaCallback, ReplicaProbe, cli
+from tb_replica_plugin.core import halt
+
+BATCH = 8  # 4 examples per replica
+STEPS = 10
+NAN_STEP = 5
+NAN_INDEX = 1  # index in replica 1's local batch
+
+
+def nan_data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(STEPS * BATCH, 3)).astype("float32")
+    y = rng.normal(size=(STEPS * BATCH, 1)).astype("float32")
+    x[NAN_STEP * BATCH + BATCH // 2 + NAN_INDEX, 2] = np.nan
+    return x, y
+
+
+def mlp(strategy):
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((3,)),
+                keras.layers.Dense(4, activation="relu"),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+def fit_nan(logdir, halt_on):
+    strategy = mirrored(2)
+    x, y = nan_data()
+    model = mlp(strategy)
+    callback = ReplicaCallback(logdir, halt_on=halt_on)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, callbacks=[callback])
+    return model, callback, x, y
+
+
+def test_halt_on_error_stops_after_the_nan_step_and_keeps_the_batch(tmp_path, capsys):
+    logdir = str(tmp_path)
+    model, callback, x, y = fit_nan(logdir, "error")
+    # Steps 0..5 ran, not one more.
+    assert int(model.optimizer.iterations.numpy()) == NAN_STEP + 1
+    assert callback.probe.next_step() == NAN_STEP + 1
+    (finding,) = callback.stopped_by
+    assert (finding.kind, finding.severity, finding.replicas, finding.first_step) == (
+        "nonfinite_gradients",
+        "error",
+        [1],
+        NAN_STEP,
+    )
+    printed = capsys.readouterr().out
+    assert printed.count("stopping training") == 1
+    assert "nonfinite_gradients (replica 1, step 5)" in printed
+    # Restored as on any other end.
+    assert "train_step" not in model.__dict__ and "compute_loss" not in model.__dict__
+    assert "apply_gradients" not in model.optimizer.__dict__
+
+    series = tb_replica_plugin.load(logdir).runs["replicas"].gradients
+    assert [(b.step, b.replica) for b in series.batches] == [(NAN_STEP, 1)]
+    out = str(tmp_path / "culprit.npz")
+    argv = ["export-batch", logdir, "--run", "replicas", "--step", "5", "--replica", "1", out]
+    assert cli.main(argv) == 0
+    with np.load(out) as exported:
+        start = NAN_STEP * BATCH + BATCH // 2
+        np.testing.assert_array_equal(exported["x"], x[start : start + BATCH // 2])
+        np.testing.assert_array_equal(exported["y"], y[start : start + BATCH // 2])
+        bad_rows = np.flatnonzero(np.isnan(exported["x"]).any(axis=1)).tolist()
+    assert bad_rows == [NAN_INDEX]
+    assert series.batch(NAN_STEP, 1).nonfinite_examples == {"x": [NAN_INDEX]}
+    # Replica 0's batch is not captured.
+    argv[-3:] = ["--replica", "0", str(tmp_path / "none.npz")]
+    assert cli.main(argv) == 2
+    assert "no batch captured at step 5 for replica 0" in capsys.readouterr().err
+
+
+def test_without_halt_on_training_runs_on_and_the_capture_is_kept(tmp_path):
+    logdir = str(tmp_path)
+    model, callback, x, _ = fit_nan(logdir, None)
+    assert int(model.optimizer.iterations.numpy()) == STEPS
+    assert callback.stopped_by == []
+    series = tb_replica_plugin.load(logdir).runs["replicas"].gradients
+    # The all-reduce wrote the NaN into the weights every replica shares (the fused
+    # MatMul+ReLU keeps the later steps' outputs, losses and gradients finite).
+    assert series.nonfinite_steps.tolist() == [NAN_STEP]
+    assert np.isnan(model.layers[0].kernel.numpy()).any()
+    assert [(b.step, b.replica) for b in series.batches] == [(NAN_STEP, 1)]
+    captured = series.batch(NAN_STEP, 1)
+    start = NAN_STEP * BATCH + BATCH // 2
+    np.testing.assert_array_equal(captured.arrays["x"], x[start : start + BATCH // 2])
+    assert captured.truncated == []
+
+    # The tab's link: the plugin route serves the same batch as a .npz download (and again
+    # from its cache).
+    import io
+
+    from test_store import PLUGIN, serve
+
+    client = serve(logdir)[0]
+    path = f"{PLUGIN}/gradients?run=replicas&batch_step={NAN_STEP}&batch_replica=1"
+    for _ in range(2):
+        response = client.get(path)
+        assert response.status_code == 200
+        assert "attachment" in response.headers["Content-Disposition"]
+        with np.load(io.BytesIO(response.get_data())) as served:
+            np.testing.assert_array_equal(served["x"], x[start : start + BATCH // 2])
+    assert client.get(path.replace("batch_replica=1", "batch_replica=0")).status_code == 404
+
+
+def test_halt_on_rejects_unknown_kinds():
+    with pytest.raises(ValueError, match="unknown finding kind.*'nan'.*nonfinite_gradients"):
+        ReplicaCallback("unused", halt_on=["nan"])
+    with pytest.raises(ValueError, match="`halt_on` must be None, 'error'"):
+        ReplicaCallback("unused", halt_on="warning")
+    with pytest.raises(ValueError, match="capture_bytes"):
+        ReplicaCallback("unused", capture_bytes=0)
+    assert halt.resolve_halt_on(["variable_drift"]) == frozenset({"variable_drift"})
+
+
+def test_custom_loop_faults_and_truncated_capture(tmp_path):
+    """A custom loop checks `probe.faults()` after each step; `capture_bytes` keeps first rows."""
+    strategy = mirrored(2)
+    x, y = nan_data()
+    x[NAN_STEP * BATCH + BATCH // 2 + NAN_INDEX, 2] = 0.0
+    x[NAN_STEP * BATCH + BATCH // 2, 0] = np.inf  # replica 1's first example
+    model = mlp(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1)
+    # 2 inputs share 40 bytes: x keeps 1 row of 12 bytes, y (4 bytes a row) all 4 rows.
+    probe = ReplicaProbe(str(tmp_path), strategy, update_freq=4, capture_bytes=40)
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    )
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(features, labels):
+            with tf.GradientTape() as tape:
+                per_example = tf.square(model(features) - labels)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
+            grads = tape.gradient(loss, model.trainable_variables)
+            probe.observe_gradients(
+                grads, model.trainable_variables, loss=loss, scale=0.5, batch=(features, labels)
+            )
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+        strategy.run(step_fn, args=batch)
+
+    stopped_at, found = None, []
+    for step, batch in enumerate(dataset):
+        train_step(batch)
+        found = probe.faults()
+        if found:
+            stopped_at = step
+            break
+    probe.close()
+    assert stopped_at == NAN_STEP
+    (finding,) = found
+    assert (finding.kind, finding.replicas, finding.first_step) == ("nonfinite_gradients", [1], 5)
+    series = tb_replica_plugin.load(str(tmp_path)).runs["."].gradients
+    (captured,) = series.batches
+    assert (captured.step, captured.replica) == (NAN_STEP, 1)
+    assert captured.shapes == {"0": [4, 3], "1": [4, 1]}
+    assert captured.truncated == ["0"]
+    start = NAN_STEP * BATCH + BATCH // 2
+    np.testing.assert_array_equal(captured.arrays["0"], x[start : start + 1])
+    np.testing.assert_array_equal(captured.arrays["1"], y[start : start + 4])
+    assert captured.nonfinite_examples == {"0": [0]}
+
+
+def test_custom_loop_check_time_fault_stops_at_the_check(tmp_path):
+    """duplicate_examples (an unsharded pipeline) is found at the first check, not before."""
+    strategy = mirrored(2)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 3)).astype("float32")
+
+    def dataset_fn(input_context):  # ignores input_context: every replica gets the same data
+        return tf.data.Dataset.from_tensor_slices(x).batch(4)
+
+    options = tf.distribute.InputOptions(
+        experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+        experimental_fetch_to_device=False,
+    )
+    dataset = strategy.distribute_datasets_from_function(dataset_fn, options)
+    probe = ReplicaProbe(
+        os.path.join(str(tmp_path), "run"),
+        strategy,
+        update_freq=4,
+        examples_every=1,
+        halt_on=["duplicate_examples"],
+    )
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(features):
+            probe.observe_inputs({"x": features})
+            probe.observe_examples({"x": features})
+
+        strategy.run(step_fn, args=(batch,))
+
+    checked = []
+    for step, batch in enumerate(dataset):
+        train_step(batch)
+        found = probe.faults(check=step % 4 == 3)
+        checked.append(step)
+        if found:
+            break
+    probe.close()
+    assert checked == [0, 1, 2, 3]
+    (finding,) = found
+    assert (finding.kind, finding.replicas, finding.first_step) == ("duplicate_examples", [0, 1], 0)
+    with pytest.raises(halt.ReplicaFaultError, match="duplicate_examples"):
+        raise halt.ReplicaFaultError(found)
+
+
+def test_fit_check_time_fault_stops_at_the_epoch_end_check(tmp_path):
+    """A stock Dropout draws the same mask on every replica (`identical_rng_streams`): with
+    `update_freq="epoch"` it is seen at the first epoch end, and fit stops there."""
+    strategy = mirrored(2)
+    x, y = nan_data()
+    x = np.nan_to_num(x)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((3,)),
+                keras.layers.Dense(8, activation="relu"),
+                keras.layers.Dropout(0.3),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    callback = ReplicaCallback(str(tmp_path), halt_on=["identical_rng_streams"])
+    history = model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, callbacks=[callback])
+    assert len(history.history["loss"]) == 1  # stopped at the end of epoch 0
+    assert int(model.optimizer.iterations.numpy()) == STEPS
+    (finding,) = callback.stopped_by
+    assert (finding.kind, finding.severity, finding.replicas) == (
+        "identical_rng_streams",
+        "warning",
+        [0, 1],
+    )
+    assert finding.last_step == STEPS - 1
+
+
+def test_cross_replica_capture_and_a_batch_that_is_not_per_replica(tmp_path):
+    """Cross-replica calls capture a PerReplica batch; a plain tensor batch warns once and the
+    gradients are recorded without it."""
+    strategy = mirrored(2)
+    with strategy.scope():
+        variable = tf.Variable([1.0, 2.0])
+
+    def bad_fn(ctx):
+        return tf.constant([np.inf, 0.0]) if ctx.replica_id_in_sync_group else tf.ones(2)
+
+    def batch_fn(ctx):
+        return tf.fill([3, 2], float(ctx.replica_id_in_sync_group))
+
+    good = str(tmp_path / "good")
+    with ReplicaProbe(good, strategy, update_freq=1) as probe:
+        bad = strategy.experimental_distribute_values_from_function(bad_fn)
+        batch = strategy.experimental_distribute_values_from_function(batch_fn)
+        probe.observe_gradients([bad], [variable], step=3, batch={"x": batch})
+    (captured,) = tb_replica_plugin.load(good).runs["."].gradients.batches
+    assert (captured.step, captured.replica) == (3, 1)
+    np.testing.assert_array_equal(captured.arrays["x"], np.ones((3, 2), np.float32))
+
+    plain = str(tmp_path / "plain")
+    probe = ReplicaProbe(plain, strategy, update_freq=1)
+    with pytest.warns(RuntimeWarning, match="not per-replica"), probe:
+        bad = strategy.experimental_distribute_values_from_function(bad_fn)
+        probe.observe_gradients([bad], [variable], step=3, batch=tf.ones([3, 2]))
+    series = tb_replica_plugin.load(plain).runs["."].gradients
+    assert series.nonfinite_steps.tolist() == [3] and series.batches == []

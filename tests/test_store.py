@@ -1,0 +1,206 @@
+"""Reads scoped to the view and findings computed once: the plugin in-process on a real loader."""
+
+import fnmatch
+import json
+import os
+import shutil
+
+import pytest
+from conftest import custom_loop_inputs, mirrored
+
+from tb_replica_plugin import analysis, metadata, reader, registry
+from tb_replica_plugin.core import cache as cache_lib
+
+PLUGIN = "/data/plugin/replicas"
+
+
+class RecordingProvider:
+    """A data provider passing every call on to a real one, recording the tags each read asks."""
+
+    def __init__(self, provider):
+        self._provider = provider
+        self.reads = []  # (runs, tags) of each read_tensors call
+        self.downsample = []  # the samples per tag each read asked for
+
+    def read_tensors(self, ctx, *, run_tag_filter, **kwargs):
+        self.reads.append((tuple(run_tag_filter.runs), frozenset(run_tag_filter.tags)))
+        self.downsample.append(kwargs.get("downsample"))
+        return self._provider.read_tensors(ctx, run_tag_filter=run_tag_filter, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._provider, name)
+
+
+def serve(logdir, hint=0):
+    """`(werkzeug client, recording provider, plugin, multiplexer)` over `logdir`; `hint`: the
+    `--samples_per_plugin replicas=N` hint (0: every sample)."""
+    from tensorboard.backend import application
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from werkzeug import test as werkzeug_test
+
+    from tb_replica_plugin.plugin import ReplicasPlugin
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(
+        tensor_size_guidance={metadata.PLUGIN_NAME: 0}, max_reload_threads=1
+    )
+    multiplexer.AddRunsFromDirectory(logdir)
+    multiplexer.Reload()
+    provider = RecordingProvider(data_provider.MultiplexerDataProvider(multiplexer, logdir))
+    context = base_plugin.TBContext(
+        logdir=logdir, data_provider=provider, sampling_hints={metadata.PLUGIN_NAME: hint}
+    )
+    plugin = ReplicasPlugin(context)
+    app = application.TensorBoardWSGI([plugin], data_provider=provider)
+    return werkzeug_test.Client(app), provider, plugin, multiplexer
+
+
+def get_json(client, path):
+    response = client.get(PLUGIN + path)
+    return response.status_code, json.loads(response.get_data())
+
+
+@pytest.mark.parametrize("family", [f.name for f in registry.families() if f.route])
+def test_a_family_route_reads_only_its_family_tags(unit_logs, family):
+    client, provider, _, _ = serve(unit_logs)
+    descriptor = registry.family(family)
+    status, body = get_json(client, f"{descriptor.route}?run=fit_17_8/replicas")
+    assert status in (200, 404), body
+    # A run without any of the family's tags is answered without a read.
+    assert provider.reads or family in ("rng", "examples", "step_time", "variables")
+    allowed = set(descriptor.tags)
+    for need in descriptor.needs:
+        allowed |= set(registry.family(need).tags)
+    for runs, tags in provider.reads:
+        assert runs == ("fit_17_8/replicas",)
+        outside = {t for t in tags if not any(fnmatch.fnmatchcase(t, a) for a in allowed)}
+        assert not outside, (family, sorted(outside))
+    if family == "watch":
+        # Its tags are patterns (one set per watched name): the run's model outputs match them.
+        assert provider.reads and provider.reads[0][1] >= {"watch/outputs/shapes"}
+        assert body["values"], body
+    if family == "inputs":
+        # The inputs route reads the two inputs tags and nothing of gradients or variables.
+        assert provider.reads[0][1] == frozenset(registry.family("inputs").tags)
+        assert body["batch_size"] == [[4, 4], [4, 4], [1, 0]]
+    if family == "gradients":
+        # Its tags this run has (no non-finite steps here): nothing of inputs.
+        assert len(provider.reads) == 1 and len(provider.reads[0][1]) >= 2
+        assert not provider.reads[0][1] & set(registry.family("inputs").tags)
+        assert body["steps"] == [2]
+
+
+def test_findings_computed_once_then_again_after_new_data(unit_logs, tmp_path, monkeypatch):
+    import numpy as np
+    import tensorflow as tf
+
+    logdir = str(tmp_path / "logs")
+    shutil.copytree(unit_logs, logdir)
+    calls = []
+    find_run = analysis.find_run
+
+    def counting(run_data, *args, **kwargs):
+        calls.append(run_data.run)
+        return find_run(run_data, *args, **kwargs)
+
+    monkeypatch.setattr(analysis, "find_run", counting)
+    client, provider, plugin, multiplexer = serve(logdir)
+
+    _, first = get_json(client, "/findings")
+    assert sorted(calls) == [
+        "dict_mismatch/replicas",
+        "fit_17_8/replicas",
+        "inspect_7/inspect_dataset",
+        "loop_15_7/replicas",
+    ]
+    reads = len(provider.reads)
+    _, second = get_json(client, "/findings")
+    _, runs = get_json(client, "/runs")
+    _, overview = get_json(client, "/overview")
+    assert second == first
+    assert len(calls) == 4 and len(provider.reads) == reads  # all three from the cache
+    assert {r["run"] for r in runs["runs"]} == {r["run"] for r in overview["runs"]}
+    loop_counts = {r["run"]: r["findings"] for r in runs["runs"]}["loop_15_7/replicas"]
+    assert loop_counts == {"error": 1, "warning": 2, "info": 0}  # first batch, uneven, empty
+
+    # New data for one run (a second probe appends 2 balanced steps): only it is computed again.
+    strategy = mirrored(2)
+    data = tf.data.Dataset.from_tensor_slices(
+        {"x": np.zeros((8, 2), "float32"), "y": np.zeros((8,), "int64")}
+    ).batch(4)
+    custom_loop_inputs(
+        strategy,
+        os.path.join(logdir, "loop_15_7", "replicas"),
+        strategy.experimental_distribute_dataset(data),
+    )
+    multiplexer.Reload()
+    _, third = get_json(client, "/findings")
+    assert calls[4:] == ["loop_15_7/replicas"]
+    get_json(client, "/findings?run=loop_15_7/replicas")
+    assert len(calls) == 5
+    assert plugin.store.computed["summary"] == 5
+
+
+def test_a_route_after_the_findings_reuses_the_full_read(unit_logs):
+    client, provider, plugin, _ = serve(unit_logs)
+    get_json(client, "/findings?run=fit_17_8/replicas")
+    reads = len(provider.reads)
+    status, body = get_json(client, "/gradients?run=fit_17_8/replicas")
+    assert status == 200 and body["steps"] == [2]
+    assert len(provider.reads) == reads and plugin.store.computed["read"] == 0
+
+
+def test_byte_lru_evicts_least_recently_used_and_replaces_a_slot():
+    import numpy as np
+
+    lru = cache_lib.ByteLRU(3 * 8_000 + 1_000)
+    for name in "abc":
+        lru.put(name, np.zeros(1000))  # 8,000 bytes each, plus overhead
+    assert lru.get("a") is not None  # "a" is now the most recently used
+    lru.put("d", np.zeros(1000))
+    assert lru.get("b") is None and lru.get("a") is not None and len(lru) == 3
+    assert lru.bytes <= lru.max_bytes
+    lru.put(("run", 2), [1], slot="run")
+    lru.put(("run", 3), [2], slot="run")
+    assert lru.get(("run", 2)) is None and lru.get(("run", 3)) == [2]
+    assert lru.put("huge", np.zeros(10_000)) is not None and lru.get("huge") is None
+    with pytest.raises(ValueError, match="must be positive"):
+        cache_lib.ByteLRU(0)
+
+
+def test_with_needs_and_family_tags():
+    assert reader.with_needs(["examples"]) == {"examples", "inputs"}
+    assert reader.family_tags(["step_time"]) == set(registry.family("step_time").tags) | set(
+        registry.family("inputs").tags
+    )
+
+
+def test_a_job_is_read_scoped_and_merged_once(tmp_path):
+    from benchmarks.multiworker_load import write_job
+
+    logdir = str(tmp_path)
+    write_job(logdir, workers=2, replicas=2, steps=5)
+    client, provider, plugin, _ = serve(logdir)
+    status, body = get_json(client, "/step_time?run=job")
+    assert status == 200 and [w["name"] for w in body["workers"]] == ["worker_0", "worker_1"]
+    assert body["steps"] == [0, 1, 2, 3, 4]
+    # One read per worker run, of the step-time and inputs tags only (inputs says who's who).
+    allowed = set(registry.family("step_time").tags) | set(registry.family("inputs").tags)
+    assert sorted(runs for runs, _ in provider.reads) == [("job/worker_0",), ("job/worker_1",)]
+    assert all(tags <= allowed for _, tags in provider.reads)
+    get_json(client, "/step_time?run=job&max_points=3")
+    assert plugin.store.computed["read"] == 1 and len(provider.reads) == 2
+    _, runs = get_json(client, "/runs")
+    get_json(client, "/findings?run=job")
+    assert [r["run"] for r in runs["runs"]] == ["job"] and len(runs["runs"][0]["workers"]) == 2
+    assert plugin.store.computed["summary"] == 1
+
+
+def test_reads_follow_the_sampling_hint(unit_logs):
+    client, provider, _, _ = serve(unit_logs)
+    get_json(client, "/inputs?run=fit_17_8/replicas")
+    assert provider.downsample == [reader.ALL_SAMPLES]  # replicas=0: every sample kept
+    client, provider, _, _ = serve(unit_logs, hint=2)
+    status, body = get_json(client, "/inputs?run=fit_17_8/replicas")
+    # At most 2 samples per tag asked, as TensorBoard's own plugins do with their hint.
+    assert provider.downsample == [2] and status == 200 and body["replicas"] == [0, 1]
