@@ -32,14 +32,19 @@ _STEP, _HAS_PREV, _PREV_FP = range(3)
 _NAN = float("nan")
 
 
+def _leaf_values(value):
+    """The stored values of a leaf: a ragged leaf's flat values, a sparse leaf's values, else
+    the leaf itself."""
+    if isinstance(value, tf.RaggedTensor):
+        return value.flat_values
+    if isinstance(value, tf.SparseTensor):
+        return value.values
+    return value
+
+
 def _numeric_values(value):
     """The scalar values of a leaf as a float64 vector, or None for strings and other dtypes."""
-    if isinstance(value, tf.RaggedTensor):
-        values = value.flat_values
-    elif isinstance(value, tf.SparseTensor):
-        values = value.values
-    else:
-        values = value
+    values = _leaf_values(value)
     dtype = values.dtype
     if not (dtype.is_floating or dtype.is_integer or dtype.is_bool):
         return None
@@ -107,12 +112,7 @@ def leaf_finite(value):
 
     False whenever a value is NaN or Inf (or the float sum overflows): the every-step check.
     """
-    if isinstance(value, tf.RaggedTensor):
-        values = value.flat_values
-    elif isinstance(value, tf.SparseTensor):
-        values = value.values
-    else:
-        values = value
+    values = _leaf_values(value)
     if not values.dtype.is_floating:
         return tf.constant(True)
     return tf.math.is_finite(tf.reduce_sum(tf.cast(values, tf.float32)))
