@@ -15,8 +15,8 @@ from tb_replica_plugin.core.probe import (  # noqa: F401 - public constants
     SOURCES,
     ProbeCore,
     check_examples_every,
-    recording_mixins,
 )
+from tb_replica_plugin.core.recorder import recording_mixins
 from tb_replica_plugin.families.gradients.capture import (
     DEFAULT_CAPTURE_BYTES,
     DEFAULT_CAPTURE_LIMIT,

@@ -1,6 +1,7 @@
 """Collection end to end in-process: real MirroredStrategy on logical CPUs, real Keras fit,
 summaries read back through TensorBoard's data provider (`tb_replica_plugin.load`)."""
 
+import json
 import os
 import warnings
 
@@ -251,3 +252,22 @@ def test_probe_rejects_bad_options_and_survives_unwritable_log_dir(tmp_path):
     messages = [str(w.message) for w in caught if "tb_replica_plugin" in str(w.message)]
     assert len(messages) == 1 and "cannot write summaries" in messages[0]
     assert int(model.optimizer.iterations.numpy()) == 2  # training went on
+
+
+def test_shapes_json_formats_every_replica_in_one_layout_or_replica_by_replica():
+    from tb_replica_plugin.families.inputs.record import InputsStats
+
+    uniform = InputsStats(
+        ["x", "w"], [[tf.zeros([4, 3]), tf.zeros([3, 3])], [tf.constant(1.0), tf.constant(2.0)]]
+    )
+    assert uniform.shapes_json({"source": "fit"}).numpy().decode() == (
+        '{"source": "fit", "inputs": [{"name": "x", "dtypes": ["float32", "float32"], '
+        '"shapes": [[4, 3], [3, 3]]}, {"name": "w", "dtypes": ["float32", "float32"], '
+        '"shapes": [[], []]}]}'
+    )
+    assert uniform.batch_size.numpy().tolist() == [4, 3]
+    # Ranks that differ across replicas: formatted replica by replica, the same layout.
+    mixed = InputsStats(["x"], [[tf.zeros([4, 3]), tf.zeros([2])]])
+    document = json.loads(mixed.shapes_json({"source": "fit"}).numpy())
+    assert document["inputs"][0]["shapes"] == [[4, 3], [2]]
+    assert mixed.batch_size.numpy().tolist() == [4, 2]

@@ -333,3 +333,30 @@ def test_report_json_and_text_have_both_families(demo_logs):
     text = tb_replica_plugin.load(demo_logs, run="*_pipeline/replicas").to_text()
     assert "0–1: 100% at 32 steps" in text
     assert "examples (8 steps): shared at the same step by replica pair: none" in text
+
+
+def test_joined_fingerprints_and_overlaps_equal_the_per_replica_ones():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(20, 5)).astype("float32")
+    y = rng.integers(0, 3, size=(20, 1))
+    # Replicas 0 and 1 share examples 4..7, replica 2 is empty, replica 3 repeats one example.
+    parts = [slice(0, 8), slice(4, 12), slice(0, 0), [1, 1, 1]]
+    per_leaf = [[tf.constant(x[p]) for p in parts], [tf.constant(y[p]) for p in parts]]
+    joined = data_collector.fingerprints_across(per_leaf)
+    each = [
+        data_collector.example_fingerprints([tf.constant(x[p]), tf.constant(y[p])]) for p in parts
+    ]
+    assert joined[0].numpy().tolist() == tf.concat(each, 0).numpy().tolist()
+    assert joined[1].numpy().tolist() == [0] * 8 + [1] * 8 + [3] * 3
+    assert joined[2].numpy().tolist() == [8, 8, 0, 3]
+    for sketch_size in (3, 16):
+        a = data_collector.OverlapStats(joined, sketch_size)
+        b = data_collector.OverlapStats(each, sketch_size)
+        for name in ("batch_size", "distinct", "shared", "duplicated", "sketch"):
+            assert getattr(a, name).numpy().tolist() == getattr(b, name).numpy().tolist(), name
+    stats = data_collector.OverlapStats(joined)
+    assert stats.distinct.numpy().tolist() == [8, 8, 0, 1]
+    assert stats.shared.numpy()[0].tolist() == [8, 4, 0, 1]
+    # Ragged leaves, or row shapes that differ across replicas, are hashed replica by replica.
+    assert data_collector.fingerprints_across([[tf.ragged.constant([[1], [2, 3]])] * 2]) is None
+    assert data_collector.fingerprints_across([[tf.zeros([2, 3]), tf.zeros([2, 4])]]) is None

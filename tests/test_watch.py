@@ -342,3 +342,29 @@ def test_a_job_keeps_the_kind_and_structure_of_its_workers_ragged_inputs():
     assert entry["kinds"] == ["ragged", "ragged"] and entry["structure"] == [[7, 1, 3], [5, 1, 3]]
     assert entry["shapes"] == [[4, -1], [3, -1]] and not entry["mismatch"]
     assert merged.batch_size.tolist() == [[4, 3]]
+
+
+def test_joined_stats_of_every_replica_equal_the_per_replica_stats():
+    import tensorflow as tf
+
+    from tb_replica_plugin.families.watch import record
+
+    x = np.arange(12, dtype="float32").reshape(3, 4)
+    x[1, 2], x[2, 0] = np.nan, np.inf
+    cases = [
+        [tf.constant(x), tf.constant(x[:0]), tf.constant(-x[:2])],  # an empty replica
+        [tf.constant([1, 5, 3]), tf.constant([7])],  # integers
+        [tf.constant([True, False]), tf.constant([True])],
+        [tf.constant(3.0), tf.constant(float("nan"))],  # scalars: nrows 1
+    ]
+    for values in cases:
+        assert record._vectorizable(values)
+        joined = record.dense_leaf_stats(values).numpy()
+        each = np.stack([record.leaf_stats(v).numpy() for v in values], axis=1)
+        np.testing.assert_allclose(joined, each, rtol=1e-12, equal_nan=True)
+    # Replica 0 of the first case: min 0, max 11 (Inf and NaN left out), 1 NaN, 1 Inf, 12 values.
+    first = record.dense_leaf_stats(cases[0]).numpy()[:, 0]
+    assert first[[0, 1, 4, 5, 6, 7]].tolist() == [0.0, 11.0, 1.0, 1.0, 12.0, 3.0]
+    ragged = [tf.ragged.constant([[1.0], [2.0, 3.0]]), tf.ragged.constant([[4.0]])]
+    assert not record._vectorizable(ragged)
+    assert not record._vectorizable([tf.constant([1.0]), tf.constant([1], tf.int32)])

@@ -15,7 +15,6 @@ is warned about once and turns recording off; it can never fail a training step.
 """
 
 import contextlib
-import importlib
 import logging
 import os
 import re
@@ -25,9 +24,10 @@ import warnings
 
 import tensorflow as tf
 
-from tb_replica_plugin import metadata, registry
+from tb_replica_plugin import metadata
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.flusher import FLUSHER
+from tb_replica_plugin.core.recorder import recorder_classes
 
 logger = logging.getLogger("tb_replica_plugin.probe")
 
@@ -54,32 +54,6 @@ def check_examples_every(examples_every):
         or examples_every < 1
     ):
         raise ValueError(f"`examples_every` must be an integer >= 1. Received: {examples_every!r}")
-
-
-def record_modules():
-    """The `record` modules (write sides) of the registered families, in registry order.
-
-    A family without one (e.g. step_time, recorded by inputs) is skipped; any other import
-    error is raised.
-    """
-    modules = []
-    for package in registry.FAMILY_MODULES:
-        try:
-            modules.append(importlib.import_module(f"{package}.record"))
-        except ModuleNotFoundError as error:
-            if error.name != f"{package}.record":
-                raise
-    return modules
-
-
-def recorder_classes():
-    """`[(family name, Recorder class)]` of every registered family with a write side."""
-    return [(module.Recorder.name, module.Recorder) for module in record_modules()]
-
-
-def recording_mixins():
-    """The `Recording` mixins (public `observe_*` methods) of every registered family."""
-    return tuple(m.Recording for m in record_modules() if hasattr(m, "Recording"))
 
 
 class ProbeCore:

@@ -15,7 +15,11 @@ Everything a recorder does in-graph goes through its probe: `probe.write(...)` q
 `probe.logged(step)` / `probe.sampled(step)` are the one step-level decision every family shares.
 """
 
+import importlib
+
 import tensorflow as tf
+
+from tb_replica_plugin import registry
 
 
 class Recorder:
@@ -76,3 +80,29 @@ class Recorder:
     def close(self):
         """Drops the state (the probe records nothing after closing)."""
         self.state = {}
+
+
+def record_modules():
+    """The `record` modules (write sides) of the registered families, in registry order.
+
+    A family without one (e.g. step_time, recorded by inputs) is skipped; any other import
+    error is raised.
+    """
+    modules = []
+    for package in registry.FAMILY_MODULES:
+        try:
+            modules.append(importlib.import_module(f"{package}.record"))
+        except ModuleNotFoundError as error:
+            if error.name != f"{package}.record":
+                raise
+    return modules
+
+
+def recorder_classes():
+    """`[(family name, Recorder class)]` of every registered family with a write side."""
+    return [(module.Recorder.name, module.Recorder) for module in record_modules()]
+
+
+def recording_mixins():
+    """The `Recording` mixins (public `observe_*` methods) of every registered family."""
+    return tuple(m.Recording for m in record_modules() if hasattr(m, "Recording"))

@@ -21,6 +21,7 @@ import functools
 
 import tensorflow as tf
 
+from tb_replica_plugin.core.joined import leading_dims, segment_ids
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.families.examples import schema
 
@@ -75,6 +76,64 @@ def example_fingerprints(leaves):
     return tf.reshape(tf.bitcast(combined, tf.int64), [-1])
 
 
+def _joinable(values):
+    """Whether one leaf's replica tensors can be hashed as one batch: dense, one dtype, rank >= 1
+    and one fully known row shape (`shape[1:]`)."""
+    first = values[0]
+    if any(isinstance(v, (tf.RaggedTensor, tf.SparseTensor)) for v in values):
+        return False
+    rank = first.shape.rank
+    if rank is None or rank < 1 or not first.shape[1:].is_fully_defined():
+        return False
+    return all(v.dtype == first.dtype and v.shape[1:] == first.shape[1:] for v in values)
+
+
+def fingerprints_across(per_leaf):
+    """Every replica's example fingerprints in one set of ops (cross-replica context).
+
+    The same per-example fingerprints as `example_fingerprints` on each replica, from the
+    replicas' batches concatenated on the host CPU (where `tf.fingerprint` runs anyway): one
+    set of ops to trace instead of one per replica. One difference: a leaf whose leading
+    dimension differs from the first leaf's on any replica contributes zeros on every replica.
+
+    Args:
+      per_leaf: `[leaf][replica]` tensors, the leaves in name order.
+
+    Returns:
+      `(fingerprints, owner, batch_size)`: int64 [N] fingerprints of every replica's examples,
+      replica after replica; int32 [N] the replica of each; int64 [R] examples per replica. None
+      when a leaf cannot be joined (ragged, sparse, unknown row shape, or differing dtypes or
+      row shapes across replicas): the caller hashes replica by replica then.
+    """
+    leaves = [values for values in per_leaf if values[0].shape.rank != 0]
+    if not leaves or not all(_joinable(values) for values in leaves):
+        return None
+    count = len(leaves[0])
+    with tf.device("/cpu:0"):
+        batch_size = leading_dims(leaves[0])
+        total = tf.reduce_sum(batch_size)
+        digests = []
+        for index, values in enumerate(leaves):
+            joined = tf.concat(values, 0) if count > 1 else values[0]
+            width = max(joined.shape[1:].num_elements(), 1)
+            if joined.dtype == tf.bool:
+                joined = tf.cast(joined, tf.uint8)
+            if joined.dtype not in (tf.string, tf.uint8, tf.int8):
+                width *= joined.dtype.size
+                joined = tf.bitcast(joined, tf.uint8)
+            digest = tf.fingerprint(tf.reshape(joined, [-1, width]))
+            if index:
+                # Zeros when the leaf's rows are not the first leaf's on every replica.
+                same = tf.reduce_all(tf.equal(leading_dims(values), batch_size))
+                kept = tf.where(same, total, tf.constant(0, tf.int64))
+                digest = tf.pad(digest[:kept], tf.stack([tf.stack([0, total - kept]), [0, 0]]))
+            digests.append(digest)
+        combined = tf.fingerprint(tf.concat(digests, axis=1))
+        fingerprints = tf.reshape(tf.bitcast(combined, tf.int64), [-1])
+        owner = segment_ids(batch_size)
+    return fingerprints, owner, batch_size
+
+
 class OverlapStats:
     """Cross-replica statistics of one step's example fingerprints (cross-replica context).
 
@@ -92,6 +151,9 @@ class OverlapStats:
     """
 
     def __init__(self, fingerprints, sketch_size=SKETCH_SIZE):
+        if isinstance(fingerprints, tuple):
+            self._joined(*fingerprints, sketch_size)
+            return
         num = len(fingerprints)
         uniques = [tf.unique(f).y for f in fingerprints]
         self.batch_size = tf.stack([tf.size(f, out_type=tf.int64) for f in fingerprints])
@@ -113,6 +175,31 @@ class OverlapStats:
             smallest = tf.sort(unique)[:sketch_size]
             rows.append(tf.pad(smallest, [[0, sketch_size - tf.size(smallest)]]))
         self.sketch = tf.stack(rows)
+
+    def _joined(self, fingerprints, owner, batch_size, sketch_size):
+        """The same statistics from `fingerprints_across`'s joined form, in one set of ops."""
+        num = int(batch_size.shape[0])
+        values, index = tf.unique(fingerprints, out_idx=tf.int64)
+        # presence[u, r]: replica r was fed the example with fingerprint values[u].
+        presence = tf.math.unsorted_segment_max(
+            tf.one_hot(owner, num, dtype=tf.int32), index, tf.size(values, out_type=tf.int64)
+        )
+        self.batch_size = batch_size
+        self.distinct = tf.reduce_sum(tf.cast(presence, tf.int64), 0)
+        as_float = tf.cast(presence, tf.float64)
+        self.shared = tf.cast(tf.matmul(as_float, as_float, transpose_a=True), tf.int64)
+        on_several = tf.cast(tf.reduce_sum(presence, axis=1) > 1, tf.int64)
+        self.duplicated = tf.reduce_sum(tf.cast(presence, tf.int64) * on_several[:, None], 0)
+        # Sketch: in ascending fingerprint order, each replica's first `sketch_size` examples.
+        order = tf.argsort(values)
+        present = tf.gather(presence, order)  # [U, R]
+        rank = tf.cumsum(present, axis=0) - 1
+        where = tf.where(tf.logical_and(present > 0, rank < sketch_size))  # [n, 2]: (u, r)
+        self.sketch = tf.scatter_nd(
+            tf.stack([where[:, 1], tf.cast(tf.gather_nd(rank, where), tf.int64)], 1),
+            tf.gather(tf.gather(values, order), where[:, 0]),
+            tf.constant([num, sketch_size], tf.int64),
+        )
 
 
 # Slots of the family's packed int64 counters: next step, step of the last sample, sampled steps
@@ -149,11 +236,15 @@ class Recorder(RecorderBase):
             counters = self.state["counters"]
             if step is None:
                 step_value = counters.read_value()[_STEP]
-                counters.assign(tf.tensor_scatter_nd_add(counters.read_value(), [[_STEP]], [1]))
+                counters.assign_add(tf.constant([1, 0, 0], tf.int64))
             else:
                 step_value = tf.cast(step, tf.int64)
 
             def sample():
+                joined = fingerprints_across(per_replica)
+                if joined is not None:
+                    self._record(OverlapStats(joined), step_value)
+                    return tf.constant(True)
                 fingerprints = []
                 for replica, device in enumerate(devices):
                     with tf.device(device):
@@ -171,7 +262,7 @@ class Recorder(RecorderBase):
         """Window sums, in-graph write and state of one sampled step."""
         probe = self.probe
         state = self.state
-        counters = state["counters"].read_value()
+        counters = tf.unstack(state["counters"].read_value())
         fresh = tf.equal(counters[_WIN_COUNT], 0)
 
         def accumulate(name, value):

@@ -36,9 +36,23 @@ def _leaf_bytes(leaf):
 
 
 def kept_rows(leaf, budget):
-    """The first rows of `leaf` that fit `budget` bytes (at least one row; rank 0: all of it)."""
+    """The first rows of `leaf` that fit `budget` bytes (at least one row; rank 0: all of it).
+
+    Args:
+      leaf: one replica's input tensor.
+      budget: the leaf's byte budget (int).
+
+    Returns:
+      The kept rows (a tensor).
+    """
     if leaf.shape.rank == 0:
         return leaf
+    row_shape = leaf.shape[1:]
+    if leaf.dtype != tf.string and row_shape.is_fully_defined():
+        # Known row size (the usual case): the row count is a constant, one slice to trace.
+        per_row = max(row_shape.num_elements() * leaf.dtype.size, 1)
+        return leaf[: max(budget // per_row, 1)]
+    budget = tf.constant(budget, tf.int64)
     rows = tf.cast(tf.shape(leaf, out_type=tf.int64)[0], tf.int64)
     per_row = tf.maximum(_leaf_bytes(leaf) // tf.maximum(rows, 1), 1)
     keep = tf.minimum(rows, tf.maximum(budget // per_row, 1))
@@ -68,7 +82,7 @@ def capture_block(replica, names, leaves, capture_bytes):
         },
         sort_keys=True,
     )
-    budget = tf.constant(max(int(capture_bytes) // max(len(leaves), 1), 1), tf.int64)
+    budget = max(int(capture_bytes) // max(len(leaves), 1), 1)
     parts = [tf.constant(header)]
     for leaf in leaves:
         parts.append(tf.io.serialize_tensor(tf.shape(leaf, out_type=tf.int64)))

@@ -385,7 +385,7 @@ class Recorder(RecorderBase):
         static = probe.static
         probe.check_replicas(len(sq), "gradients")
         state = self.state
-        counters = state["counters"].read_value()
+        counters = tf.unstack(state["counters"].read_value())  # one op, not one slice each
         if step is None:
             step_value = counters[_STEP]
             next_step = step_value + 1
@@ -465,7 +465,7 @@ class Recorder(RecorderBase):
         `capture_limit` steps were captured.
         """
         fault = self.state["fault"]
-        before = fault.read_value()
+        before = tf.unstack(fault.read_value())
         fresh = tf.not_equal(before[FAULT_LAST], step - 1)
         captured = tf.constant(0, tf.int64)
         if batch is not None and self.capture_limit > 0:
@@ -483,16 +483,11 @@ class Recorder(RecorderBase):
                     )
 
             def blocks():
-                # One block per unhealthy replica (the healthy ones' batches are not touched).
-                parts = [
-                    tf.cond(
-                        healthy[index],
-                        lambda: tf.zeros([0], tf.string),
-                        lambda index=index: block(index),
-                    )
-                    for index in range(len(devices))
-                ]
-                return tf.concat(parts, 0)
+                # One block per unhealthy replica. Every block has 1 + 2 * L strings, so the
+                # blocks are stacked and the healthy replicas' rows dropped: one mask instead of
+                # one `tf.cond` per replica to trace (this runs only at the first faulty step).
+                stacked = tf.stack([block(index) for index in range(len(devices))])
+                return tf.reshape(tf.boolean_mask(stacked, tf.logical_not(tf.stack(healthy))), [-1])
 
             try:
                 written = self.probe.write(

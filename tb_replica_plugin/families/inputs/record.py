@@ -200,6 +200,12 @@ class InputsStats:
                     pieces.append(shape)
                 vectors.append(tf.concat(pieces, axis=0) if pieces else tf.zeros([0], tf.int64))
         self._vectors = vectors
+        # Every replica's vector has one static layout (the usual case): the vectors stacked,
+        # so that a column (one dimension of one leaf) is one slice, not one per replica.
+        ranks = self._ranks[0] if self._ranks else []
+        uniform = bool(vectors) and None not in ranks and all(r == ranks for r in self._ranks)
+        self._matrix = tf.stack(vectors) if uniform else None  # int64 [R, D]
+        self._offsets = [sum(ranks[:index]) for index in range(len(ranks))] if uniform else None
         self.batch_size = self._batch_size()
         self.fingerprint = self._fingerprint()
 
@@ -224,6 +230,8 @@ class InputsStats:
         for leaf in range(len(self.names)):
             ranks = [self._ranks[r][leaf] for r in range(self.num_replicas)]
             if ranks and all(rank is None or rank >= 1 for rank in ranks):
+                if self._matrix is not None:
+                    return tf.cast(self._matrix[:, self._offsets[leaf]], tf.int32)
                 # A run-time rank of 0 would make [0] fail; such inputs are rare (scalars).
                 return tf.cast(
                     tf.stack([self._leaf_shape(r, leaf)[0] for r in range(self.num_replicas)]),
@@ -234,8 +242,15 @@ class InputsStats:
     def _fingerprint(self):
         static = json.dumps([self.names, self.dtypes, self.kinds, self._ranks]).encode("utf-8")
         static_hash = int.from_bytes(hashlib.blake2b(static, digest_size=7).digest(), "little")
-        lengths = [tf.reshape(tf.size(v, out_type=tf.int64), [1]) for v in self._vectors]
-        signature = tf.concat([tf.constant([static_hash], tf.int64), *lengths, *self._vectors], 0)
+        if self._matrix is not None:
+            # The same signature, with the vectors' lengths known when tracing.
+            head = [static_hash] + [sum(self._ranks[0])] * self.num_replicas
+            signature = tf.concat([tf.constant(head, tf.int64), tf.reshape(self._matrix, [-1])], 0)
+        else:
+            lengths = [tf.reshape(tf.size(v, out_type=tf.int64), [1]) for v in self._vectors]
+            signature = tf.concat(
+                [tf.constant([static_hash], tf.int64), *lengths, *self._vectors], 0
+            )
         digest = tf.fingerprint(tf.expand_dims(tf.bitcast(signature, tf.uint8), 0))
         return tf.reshape(tf.bitcast(digest, tf.int64), [])
 
@@ -254,6 +269,11 @@ class InputsStats:
           and row-length range, or nnz).
         """
         pieces = [json.dumps(static_fields, sort_keys=True)[:-1], f', "{key}": [']
+        # One static layout: every replica's shape of a leaf formatted in one set of ops.
+        uniform = self._matrix is not None
+        if uniform:
+            ranks, offsets = self._ranks[0], self._offsets
+            strings = tf.strings.as_string(self._matrix)  # [R, D]
         for index, (name, dtypes) in enumerate(zip(self.names, self.dtypes, strict=True)):
             fields = {"name": name, "dtypes": dtypes}
             kinds = self.kinds[index]
@@ -261,7 +281,16 @@ class InputsStats:
                 fields["kinds"] = kinds
             head = json.dumps(fields)[:-1] + ', "shapes": ['
             pieces.append(("" if index == 0 else ", ") + head)
-            for replica in range(self.num_replicas):
+            if uniform:
+                rank, offset = ranks[index], offsets[index]
+                if rank == 0:
+                    pieces.append(", ".join(["[]"] * self.num_replicas))
+                else:
+                    rows = tf.strings.reduce_join(
+                        strings[:, offset : offset + rank], axis=1, separator=", "
+                    )
+                    pieces.extend(["[", tf.strings.reduce_join(rows, separator="], ["), "]"])
+            for replica in range(self.num_replicas if not uniform else 0):
                 shape = self._leaf_shape(replica, index)
                 pieces.append("[" if replica == 0 else ", [")
                 pieces.append(tf.strings.reduce_join(tf.strings.as_string(shape), separator=", "))
@@ -328,8 +357,9 @@ class Recorder(RecorderBase):
 
     def _write(self, stats, step, now=None):
         probe = self.probe
-        counters = self.state["counters"].read_value()
-        window = self.state["window"].read_value()
+        # Unstacked: one op per variable, not one slice per use.
+        counters = tf.unstack(self.state["counters"].read_value())
+        window = tf.unstack(self.state["window"].read_value())
         if step is None:
             step_value = counters[_STEP]
             next_step = step_value + 1

@@ -300,7 +300,7 @@ class Recorder(RecorderBase):
         probe = self.probe
         try:
             streams = tf.stack(probe.local_values(strategy, rows), axis=1)  # [G, R, 1 + W]
-            counters = self.state["counters"].read_value()
+            counters = tf.unstack(self.state["counters"].read_value())
             if step is None:
                 step_value = counters[_STEP]
                 next_step = step_value + 1

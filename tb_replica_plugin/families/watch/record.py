@@ -19,6 +19,7 @@ import functools
 
 import tensorflow as tf
 
+from tb_replica_plugin.core.joined import segment_ids
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.families.inputs.record import InputsStats, as_leaf, flatten_with_names
 from tb_replica_plugin.families.watch import schema
@@ -107,6 +108,64 @@ def leaf_stats(value):
     return tf.concat([moments, tf.stack([nans, infs, size, nrows, row_min, row_max])], axis=0)
 
 
+def dense_leaf_stats(values):
+    """float64 [len(schema.STAT_ROWS), R]: `leaf_stats` of one dense leaf on every replica at once.
+
+    One set of segment reductions over the replicas' values concatenated on the host CPU, instead
+    of one set of reductions per replica: the same figures from about a fifth of the ops to trace
+    (it runs at sampled steps only, so the copy to the host is rare).
+
+    Args:
+      values: the replicas' tensors of one leaf, all dense and of one numeric dtype.
+
+    Returns:
+      One column per replica, the rows of `schema.STAT_ROWS` (the ragged rows are NaN).
+
+    Example:
+      >>> dense_leaf_stats([tf.constant([1.0, 2.0]), tf.constant([float("nan")])]).numpy()[:, 1]
+      array([nan, nan, nan, nan,  1.,  0.,  1.,  1., nan, nan])
+    """
+    count = len(values)
+    nan = tf.constant(_NAN, tf.float64)
+    with tf.device("/cpu:0"):
+        shapes = tf.stack(tf.shape_n(values, out_type=tf.int64))  # [R, rank]
+        sizes = tf.reduce_prod(shapes, 1)
+        leading = tf.cast(
+            shapes[:, 0] if values[0].shape.rank else tf.ones([count], tf.int64), tf.float64
+        )
+        flat = tf.cast(tf.concat([tf.reshape(v, [-1]) for v in values], 0), tf.float64)
+        owner = segment_ids(sizes)
+        finite = tf.math.is_finite(flat)
+        kept = tf.where(finite, flat, tf.zeros_like(flat))
+        inf = tf.constant(float("inf"), tf.float64)
+        finite_count = tf.math.unsorted_segment_sum(tf.cast(finite, tf.float64), owner, count)
+        low = tf.math.unsorted_segment_min(tf.where(finite, flat, inf), owner, count)
+        high = tf.math.unsorted_segment_max(tf.where(finite, flat, -inf), owner, count)
+        sums = tf.math.unsorted_segment_sum(tf.stack([kept, tf.square(kept)], 1), owner, count)
+        nans = tf.math.unsorted_segment_sum(tf.cast(tf.math.is_nan(flat), tf.float64), owner, count)
+        moments = tf.stack(
+            [low, high, sums[:, 0] / tf.maximum(finite_count, 1.0), tf.sqrt(sums[:, 1])]
+        )
+        moments = tf.where(finite_count > 0, moments, nan)
+        size = tf.cast(sizes, tf.float64)
+        ragged = tf.fill([2, count], nan)
+        return tf.concat(
+            [moments, tf.stack([nans, size - finite_count - nans, size, leading]), ragged], 0
+        )
+
+
+def _vectorizable(values):
+    """Whether `dense_leaf_stats` applies: dense numeric leaves of one dtype and rank."""
+    if len({v.shape.rank for v in values}) != 1 or values[0].shape.rank is None:
+        return False
+    dtypes = {v.dtype for v in values}
+    if len(dtypes) != 1 or any(isinstance(v, (tf.RaggedTensor, tf.SparseTensor)) for v in values):
+        return False
+    dtype = dtypes.pop()
+    numeric = dtype.is_floating or dtype.is_integer or dtype.is_bool
+    return numeric
+
+
 def leaf_finite(value):
     """bool scalar: the sum of a leaf's floating-point values is finite (True otherwise).
 
@@ -173,7 +232,7 @@ class Recorder(RecorderBase):
         slot = self.slot(name)
         shapes = InputsStats(names, per_replica, devices)
         counters = self.state["counters"]
-        row = counters.read_value()[slot]
+        row = tf.unstack(counters.read_value()[slot])
         if step is None:
             step_value = row[_STEP]
             next_step = step_value + 1
@@ -196,6 +255,9 @@ class Recorder(RecorderBase):
         def stats():
             per_leaf = []
             for leaf in per_replica:
+                if _vectorizable(leaf):
+                    per_leaf.append(dense_leaf_stats(leaf))
+                    continue
                 columns = []
                 for replica, device in enumerate(devices):
                     with tf.device(device):
