@@ -8,6 +8,7 @@ any console error of the page or the tab's iframe, and saves a screenshot to tes
 import json
 import os
 import shutil
+import time
 
 import pytest
 from conftest import REPO, TensorBoardServer
@@ -548,3 +549,49 @@ def test_tensorboard_reload_refreshes_the_overview(demo_server, browser):
     assert frame.eval_on_selector_all("table.overview tbody tr", "els => els.length") >= 22
     assert errors == []
     page.close()
+
+
+def _write_steps(run_dir, first, count):
+    """Writes `count` inputs steps from `first` on (2 replicas, batches of 4 and 3)."""
+    import tensorflow as tf
+    from conftest import mirrored
+
+    from tb_replica_plugin import ReplicaProbe
+
+    strategy = mirrored(2)
+    probe = ReplicaProbe(run_dir, strategy, update_freq=1)
+    for step in range(first, first + count):
+        batch = strategy.experimental_distribute_values_from_function(
+            lambda context: tf.zeros([4 - context.replica_id_in_sync_group, 3])
+        )
+        probe.observe_inputs(batch, step=step)
+    probe.close()
+
+
+def test_tensorboard_reload_redraws_the_open_run_when_it_has_new_steps(browser, tmp_path):
+    """Live: a run still training is redrawn at TensorBoard's reload, without a page reload."""
+    logdir = tmp_path / "live"
+    run_dir = str(logdir / "training")
+    _write_steps(run_dir, 0, 5)
+    server = TensorBoardServer(str(logdir))
+    try:
+        server.wait_for("/data/plugin/replicas/runs", lambda status, body: b"training" in body)
+        page, frame, errors = open_tab(server, browser)
+        frame.click("a.overview-run")
+        frame.wait_for_selector("#run-view[data-last-step='4']")
+        assert "steps 0–4" in frame.inner_text(".run-summary")
+        frame.evaluate("document.querySelector('#run-view').dataset.marker = 'old'")
+        time.sleep(1.1)  # a later event file name
+        _write_steps(run_dir, 5, 5)
+        server.wait_for(
+            "/data/plugin/replicas/overview", lambda status, body: b'"last_step": 9' in body
+        )
+        page.click("button.reload-button, [aria-label*='eload']")
+        frame.wait_for_selector("#run-view[data-last-step='9']", timeout=20000)
+        # Redrawn in place: the same page (the marker is still there), the new steps in the summary.
+        assert frame.evaluate("document.querySelector('#run-view').dataset.marker") == "old"
+        assert "steps 0–9" in frame.inner_text(".run-summary")
+        assert errors == []
+        page.close()
+    finally:
+        server.stop()

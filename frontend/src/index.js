@@ -102,7 +102,7 @@ export async function render() {
   }
 
   // Live: fresh counts (and new runs) at each reload of TensorBoard (every REFRESH_MS when the
-  // tab is opened on its own); the open run's summary too.
+  // tab is opened on its own); the open run's summary too, and its charts when its data changed.
   async function refresh() {
     if (document.hidden) return;
     let fresh;
@@ -111,29 +111,45 @@ export async function render() {
     } catch {
       return; // the next refresh tries again
     }
-    const known = new Set(runs.map((r) => r.run));
+    const before = new Map(runs.map((r) => [r.run, r]));
     runs = fresh;
-    for (const r of byName(fresh)) if (!known.has(r.run)) select.append(option(r));
+    for (const r of byName(fresh)) if (!before.has(r.run)) select.append(option(r));
     overview.update(fresh);
     const open = fresh.find((r) => r.run === select.value);
-    if (open) summary.textContent = runSummary(open);
+    if (open) {
+      summary.textContent = runSummary(open);
+      if (changed(before.get(open.run), open)) void show(open.run, { quiet: true });
+    }
   }
   clearInterval(refreshTimer); // render() may be called again
   if (hosted) onHost('experimental.DataReloaded', () => void refresh());
   else refreshTimer = setInterval(refresh, REFRESH_MS);
 
-  async function show(runName) {
-    close();
-    overviewBox.hidden = true;
-    setHash(runName);
+  /**
+   * Opens run `runName`. `quiet`: a live redraw of the open run (new data): the charts shown stay
+   * until the new ones are ready (no "Loading…"), the page keeps its scroll position, and a
+   * failure keeps them (the next reload tries again).
+   */
+  async function show(runName, { quiet = false } = {}) {
+    quiet = quiet && current != null;
     const abort = new AbortController();
     const views = [];
-    current = { views, abort };
+    if (quiet && current) {
+      current.abort.abort(); // a redraw still loading gives way; its views stay until the swap
+      current = { views: current.views, abort };
+    } else {
+      close();
+      current = { views, abort };
+    }
+    overviewBox.hidden = true;
+    setHash(runName);
     const run = runs.find((r) => r.run === runName);
     summary.textContent = runSummary(run);
-    runNotes.replaceChildren(...run.notes.map((n) => h('p', { class: 'note' }, n)));
-    main.replaceChildren(h('p', { class: 'muted loading' }, 'Loading…'));
-    setState('loading');
+    if (!quiet) {
+      runNotes.replaceChildren(...run.notes.map((n) => h('p', { class: 'note' }, n)));
+      main.replaceChildren(h('p', { class: 'muted loading' }, 'Loading…'));
+      setState('loading');
+    }
     try {
       // Every route the run's sections draw, loaded once each and in parallel.
       const loaders = routeLoaders();
@@ -155,14 +171,22 @@ export async function render() {
           showError(main, e);
         }
       };
+      const scroll = window.scrollY;
+      if (quiet) {
+        current.views.forEach((v) => v.destroy?.());
+        current.views = views;
+        runNotes.replaceChildren(...run.notes.map((n) => h('p', { class: 'note' }, n)));
+      }
       current.rebuildGradients = buildRun(main, run, data, views, reloadGradients);
+      if (quiet) window.scrollTo(0, scroll);
+      main.dataset.lastStep = String(run.last_step ?? '');
       await new Promise((r) => setTimeout(r, 0)); // let uPlot finish its first draw
       if (abort.signal.aborted) return;
       document.body.dataset.renderMs = String(Math.round(performance.now() - t0));
       performance.mark('replicas:ready');
       setState('ready');
     } catch (e) {
-      if (e.name === 'AbortError' || abort.signal.aborted) return;
+      if (e.name === 'AbortError' || abort.signal.aborted || quiet) return;
       main.replaceChildren();
       showError(main, e);
     }
@@ -258,6 +282,14 @@ function buildRun(main, run, data, views, reloadGradients) {
   const newNotes = [...new Set([...inputs.notes, ...(variables?.notes ?? [])])].filter((n) => !run.notes.includes(n));
   if (newNotes.length) main.prepend(h('div', { class: 'run-notes' }, newNotes.map((n) => h('p', { class: 'note' }, n))));
   return ctx.rebuildGradients;
+}
+
+/** Whether an overview entry of a run says its data changed since `before` (more steps or
+ * other findings). */
+function changed(before, after) {
+  if (!before) return true;
+  const key = (r) => JSON.stringify([r.first_step, r.last_step, r.findings, r.families]);
+  return key(before) !== key(after);
 }
 
 function runSummary(run) {
