@@ -268,7 +268,8 @@ class InputsStats:
           `kinds` (per replica) and `structure` (per replica, `structure_vector`: total values
           and row-length range, or nnz).
         """
-        pieces = [json.dumps(static_fields, sort_keys=True)[:-1], f', "{key}": [']
+        head = json.dumps(static_fields, sort_keys=True)[:-1]
+        pieces = [head, f'{", " if static_fields else ""}"{key}": [']
         # One static layout: every replica's shape of a leaf formatted in one set of ops.
         uniform = self._matrix is not None
         if uniform:
