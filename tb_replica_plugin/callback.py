@@ -583,9 +583,17 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                 capture_limit=self.capture_limit,
                 capture_bytes=self.capture_bytes,
             )
-        # The probe's state exists before Keras traces the step: variables created during a
-        # first trace would make TensorFlow trace the step twice.
+        # The probe's state (and a tf_keras optimizer's slots) exist before Keras traces the
+        # step: variables created during a first trace would make TensorFlow trace it twice.
         self._probe.build()
+        try:
+            keras_compat.build_optimizer_before_trace(model)
+        except Exception as error:  # noqa: BLE001 - the optimizer then builds in the step
+            self._probe.warn_once(
+                "optimizer_build",
+                "tb_replica_plugin: could not build the tf_keras optimizer before tracing, so "
+                f"fit traces its step twice: {type(error).__name__}: {error}",
+            )
         had_own = "train_step" in model.__dict__
         self._patched = (had_own, model.__dict__.get("train_step"), model.jit_compile)
         object.__setattr__(model, INSTALLED_ATTR, self)

@@ -108,6 +108,43 @@ def flavour_of(obj):
     return None
 
 
+def build_optimizer_before_trace(model):
+    """tf_keras: creates the optimizer's slot variables before `fit` traces the train step.
+
+    tf_keras creates them inside the first trace of the step (its optimizer's `apply_gradients`
+    builds itself from the variables it is given), and `tf.function` traces a function that
+    created variables a second time, so the first `fit` of a tf_keras model traces its step
+    twice (Keras 3 builds the optimizer before tracing). The optimizer's own `build` with
+    `model.trainable_variables` creates exactly what that first step would, so the instrumented
+    step is traced once. Done only where `fit` itself would pass that list: the model's own
+    `train_step` (not overridden), a built model and a tf_keras optimizer not built yet.
+
+    Args:
+      model: the model `fit` is about to train.
+
+    Returns:
+      True when the optimizer was built here.
+    """
+    if flavour_of(model) != TF_KERAS:
+        return False
+    import tf_keras
+
+    optimizer = getattr(model, "optimizer", None)
+    if (
+        getattr(type(model), "train_step", None) is not tf_keras.Model.train_step
+        or not getattr(model, "built", False)
+        or not isinstance(optimizer, tf_keras.optimizers.Optimizer)
+        or getattr(optimizer, "_built", False)
+    ):
+        return False
+    variables = model.trainable_variables
+    if not variables:
+        return False
+    with model.distribute_strategy.scope():
+        optimizer.build(variables)
+    return True
+
+
 def read_int(variable):
     """Reads a scalar Keras 3 variable, `tf.Variable` or tensor as a Python int (host side).
 

@@ -37,7 +37,7 @@ COMMON = (
 )
 TF_KERAS_ONLY = ("first_batch_7", "steps_per_execution_2", "ragged_text")
 # Adapter checks that write no run.
-ADAPTER = ("gradient_hook",)
+ADAPTER = ("gradient_hook", "traced_once")
 # Changes the process's cluster (eager context connected to a server): runs last, on its own.
 CLUSTER = ("parameter_server",)
 FLAVOURS = ("tf_keras", "tf_keras_direct", "keras3")
@@ -528,6 +528,31 @@ def seeded_norms(keras, tf, strategy, logdir):
     return facts
 
 
+def traced_once(keras, tf, strategy, logdir):
+    """Two fits with one callback: how often the model's layers run while the step is traced.
+
+    A layer's Python `call` runs once per replica at each trace of the train step (and when the
+    model is built or Keras traces it symbolically, outside `fit`'s step).
+    """
+    calls = []
+
+    class Counting(keras.layers.Layer):
+        def call(self, inputs):
+            calls.append(1)  # Python: runs only while a graph is traced
+            return inputs
+
+    x, y = _xy(32)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), Counting(), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    callback = _callback(logdir, "traced_once")
+    before = len(calls)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback])
+    first = len(calls) - before
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    return {"first_fit": first, "second_fit": len(calls) - before - first}
+
+
 SCENARIOS = {
     fn.__name__: fn
     for fn in (
@@ -544,6 +569,7 @@ SCENARIOS = {
         ragged_text,
         parameter_server,
         gradient_hook,
+        traced_once,
         seeded_norms,
     )
 }

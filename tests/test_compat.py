@@ -34,6 +34,9 @@ EXPECTED = {
     "one_device": ([0, 1], [[8], [4]], ["x", "y"]),
 }
 CPU = "/job:localhost/replica:0/task:0/device:CPU:"
+# `traced_once`: a layer's calls in the first fit, one per replica (2) per trace of the step,
+# plus one symbolic call by Keras 3's `fit` before it traces the step.
+EXPECTED_TRACE_CALLS = {"keras3": 3, "tf_keras": 2}
 
 
 def _subprocess_scenarios(logdir, flavour, names):
@@ -177,6 +180,16 @@ def test_gradient_hook_gets_local_unscaled_gradients(request, flavour):
     assert float32["norms"][1] > 2 * float32["norms"][0] > 0
     assert mixed["norms"] == pytest.approx(float32["norms"], rel=1e-2)
     assert float32["restored"] and mixed["restored"]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_step_traced_once_by_the_first_fit_and_not_by_the_second(request, flavour):
+    """tf_keras creates the optimizer's slots inside the first trace and TensorFlow then traces
+    again; the callback builds the optimizer first, so both flavours trace the step once."""
+    _, results, stderr = request.getfixturevalue(f"{flavour}_results")
+    outcome = results["traced_once"]
+    assert "error" not in outcome, outcome["error"] + stderr
+    assert outcome["facts"] == {"first_fit": EXPECTED_TRACE_CALLS[flavour], "second_fit": 0}
 
 
 def test_tf_keras_first_batch_7_on_2_replicas(request):
