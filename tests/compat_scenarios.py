@@ -544,7 +544,9 @@ def traced_once(keras, tf, strategy, logdir):
     x, y = _xy(32)
     with strategy.scope():
         model = keras.Sequential([keras.Input((3,)), Counting(), keras.layers.Dense(1)])
-        model.compile(optimizer="adam", loss="mse")
+        # Slots (Adam's moments) are what tf_keras would create inside the first trace. Named, so
+        # that later Keras 3 Adam optimizers of this process keep their default names.
+        model.compile(optimizer=keras.optimizers.Adam(name="traced_once_adam"), loss="mse")
     callback = _callback(logdir, "traced_once")
     before = len(calls)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback])
