@@ -350,11 +350,11 @@ def test_joined_fingerprints_and_overlaps_equal_the_per_replica_ones():
     assert joined[1].numpy().tolist() == [0] * 8 + [1] * 8 + [3] * 3
     assert joined[2].numpy().tolist() == [8, 8, 0, 3]
     for sketch_size in (3, 16):
-        a = data_collector.OverlapStats(joined, sketch_size)
+        a = data_collector.OverlapStats.joined(*joined, sketch_size)
         b = data_collector.OverlapStats(each, sketch_size)
         for name in ("batch_size", "distinct", "shared", "duplicated", "sketch"):
             assert getattr(a, name).numpy().tolist() == getattr(b, name).numpy().tolist(), name
-    stats = data_collector.OverlapStats(joined)
+    stats = data_collector.OverlapStats.joined(*joined)
     assert stats.distinct.numpy().tolist() == [8, 8, 0, 1]
     assert stats.shared.numpy()[0].tolist() == [8, 4, 0, 1]
     # Ragged leaves, or row shapes that differ across replicas, are hashed replica by replica.

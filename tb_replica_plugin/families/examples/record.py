@@ -28,12 +28,19 @@ from tb_replica_plugin.families.examples import schema
 SKETCH_SIZE = 16
 
 
-def _leaf_digest(leaf, batch):
-    """[B, 8] uint8 farmhash64 of each example row of one leaf."""
+def _byte_view(leaf):
+    """`leaf` as the bytes an example row is hashed from: `bool` cast to uint8, numbers bit-cast
+    to uint8 (one more dimension of `dtype.size`), strings and 8-bit integers as they are."""
     if leaf.dtype == tf.bool:
         leaf = tf.cast(leaf, tf.uint8)
-    if leaf.dtype != tf.string and leaf.dtype != tf.uint8 and leaf.dtype != tf.int8:
+    if leaf.dtype not in (tf.string, tf.uint8, tf.int8):
         leaf = tf.bitcast(leaf, tf.uint8)
+    return leaf
+
+
+def _leaf_digest(leaf, batch):
+    """[B, 8] uint8 farmhash64 of each example row of one leaf."""
+    leaf = _byte_view(leaf)
     shape = tf.shape(leaf, out_type=tf.int64)
     rows = tf.reshape(leaf, tf.stack([shape[0], tf.reduce_prod(shape[1:])]))
     digest = tf.fingerprint(rows)
@@ -114,13 +121,8 @@ def fingerprints_across(per_leaf):
         total = tf.reduce_sum(batch_size)
         digests = []
         for index, values in enumerate(leaves):
-            joined = tf.concat(values, 0) if count > 1 else values[0]
+            joined = _byte_view(tf.concat(values, 0) if count > 1 else values[0])
             width = max(joined.shape[1:].num_elements(), 1)
-            if joined.dtype == tf.bool:
-                joined = tf.cast(joined, tf.uint8)
-            if joined.dtype not in (tf.string, tf.uint8, tf.int8):
-                width *= joined.dtype.size
-                joined = tf.bitcast(joined, tf.uint8)
             digest = tf.fingerprint(tf.reshape(joined, [-1, width]))
             if index:
                 # Zeros when the leaf's rows are not the first leaf's on every replica.
@@ -151,9 +153,6 @@ class OverlapStats:
     """
 
     def __init__(self, fingerprints, sketch_size=SKETCH_SIZE):
-        if isinstance(fingerprints, tuple):
-            self._joined(*fingerprints, sketch_size)
-            return
         num = len(fingerprints)
         uniques = [tf.unique(f).y for f in fingerprints]
         self.batch_size = tf.stack([tf.size(f, out_type=tf.int64) for f in fingerprints])
@@ -176,8 +175,18 @@ class OverlapStats:
             rows.append(tf.pad(smallest, [[0, sketch_size - tf.size(smallest)]]))
         self.sketch = tf.stack(rows)
 
-    def _joined(self, fingerprints, owner, batch_size, sketch_size):
-        """The same statistics from `fingerprints_across`'s joined form, in one set of ops."""
+    @classmethod
+    def joined(cls, fingerprints, owner, batch_size, sketch_size=SKETCH_SIZE):
+        """The same statistics from `fingerprints_across`'s joined form, in one set of ops.
+
+        Args:
+          fingerprints, owner, batch_size: what `fingerprints_across` returns.
+          sketch_size: K, fingerprints kept per replica in the sketch.
+
+        Returns:
+          An `OverlapStats`.
+        """
+        self = cls.__new__(cls)
         num = int(batch_size.shape[0])
         values, index = tf.unique(fingerprints, out_idx=tf.int64)
         # presence[u, r]: replica r was fed the example with fingerprint values[u].
@@ -200,6 +209,7 @@ class OverlapStats:
             tf.gather(tf.gather(values, order), where[:, 0]),
             tf.constant([num, sketch_size], tf.int64),
         )
+        return self
 
 
 # Slots of the family's packed int64 counters: next step, step of the last sample, sampled steps
@@ -243,7 +253,7 @@ class Recorder(RecorderBase):
             def sample():
                 joined = fingerprints_across(per_replica)
                 if joined is not None:
-                    self._record(OverlapStats(joined), step_value)
+                    self._record(OverlapStats.joined(*joined), step_value)
                     return tf.constant(True)
                 fingerprints = []
                 for replica, device in enumerate(devices):
