@@ -291,11 +291,12 @@ class InputsStats:
                         strings[:, offset : offset + rank], axis=1, separator=", "
                     )
                     pieces.extend(["[", tf.strings.reduce_join(rows, separator="], ["), "]"])
-            for replica in range(self.num_replicas if not uniform else 0):
-                shape = self._leaf_shape(replica, index)
-                pieces.append("[" if replica == 0 else ", [")
-                pieces.append(tf.strings.reduce_join(tf.strings.as_string(shape), separator=", "))
-                pieces.append("]")
+            else:
+                for replica in range(self.num_replicas):
+                    shape = tf.strings.as_string(self._leaf_shape(replica, index))
+                    pieces.append("[" if replica == 0 else ", [")
+                    pieces.append(tf.strings.reduce_join(shape, separator=", "))
+                    pieces.append("]")
             pieces.append("]")
             if "kinds" in fields:
                 # What each replica's ragged or sparse leaf holds at this step.
