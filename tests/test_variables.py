@@ -628,3 +628,36 @@ def test_fused_summary_of_many_copies_matches_the_reference():
     others = [i for i in range(len(variables)) if i != 3]
     np.testing.assert_array_equal(written[others, 0], written[others, 1])
     np.testing.assert_allclose(written[3, 1, 2] - written[3, 0, 2], 7 * 61, rtol=1e-9)
+
+
+def test_host_check_summarizes_every_copy_at_once_with_the_same_values():
+    """The host-side check (epoch ends) passes `fused_min_copies=1`: a short list of mixed dtypes
+    is summarized by segment sums with the stats and sketch of the per-copy reductions, and a
+    drifted copy (the branch that summarizes every replica) gets its own rows."""
+    strategy = mirrored(2)
+    rng = np.random.default_rng(12)
+    with strategy.scope():
+        variables = [
+            tf.Variable(rng.normal(size=(3,)).astype("float32"), name="small"),
+            tf.Variable(rng.normal(size=(7, 61)).astype("float32"), name="large"),
+            tf.Variable(np.int64(41), name="count"),
+            tf.Variable([True, False, True, True], name="mask"),
+            tf.Variable(rng.normal(size=(65,)).astype("float32"), name="edge"),
+        ]
+    entries = collector.describe_variables(variables, list(strategy.extended.worker_devices))
+
+    def fingerprints(fused_min_copies):
+        stats = collector.VariablesStats(entries, 2, fused_min_copies=fused_min_copies)
+        return stats.fingerprint
+
+    per_copy = tf.function(lambda: fingerprints(collector.FUSED_MIN_COPIES))
+    at_once = tf.function(lambda: fingerprints(1))
+    for drift in (False, True):
+        if drift:
+            variables[1].values[1].assign_add(tf.ones([7, 61]))
+        expected, written = per_copy().numpy(), at_once().numpy()
+        np.testing.assert_allclose(written[:, :, :4], expected[:, :, :4], rtol=1e-12)
+        np.testing.assert_allclose(written[:, :, 4:], expected[:, :, 4:], atol=1e-9)
+        assert written[2, 0, :4].tolist() == [41.0, 41.0, 41.0, 1681.0]
+        assert written[3, 1, :4].tolist() == [0.0, 1.0, 3.0, 3.0]
+        np.testing.assert_allclose(written[1, 1, 2] - written[1, 0, 2], 7 * 61 if drift else 0)

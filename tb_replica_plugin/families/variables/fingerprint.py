@@ -354,18 +354,33 @@ class SummaryLayout:
 
 @functools.lru_cache(maxsize=8)
 def _layout_tables(sizes):
-    """numpy `(segment, slot, negative, empty)` of `SummaryLayout` (shared by the devices)."""
+    """numpy `(segment, slot, negative, empty)` of `SummaryLayout` (shared by the devices).
+
+    Built variable by variable from slices of one table of row signs (the elements of a variable
+    of n > SKETCH_SIZE elements are its rows of SKETCH_WIDTH, row-major, cut at n), so a model of
+    millions of elements takes a few numpy copies, not per-element fancy indexing.
+    """
     sizes = np.asarray(sizes, dtype=np.int64)
-    total = int(sizes.sum())
     segment = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    local = np.arange(total, dtype=np.int64) - np.repeat(starts, sizes)
-    small = np.repeat(sizes <= SKETCH_SIZE, sizes)
-    column = np.where(small, local, local % SKETCH_WIDTH)
-    row = local // SKETCH_WIDTH
-    rows = int(row.max()) + 1 if total else 0
-    negative = _row_negative(rows)[row, np.minimum(column, SKETCH_WIDTH - 1)] & ~small
-    slot = (segment.astype(np.int64) * SKETCH_SIZE + column).astype(np.int32)
+    large = sizes[sizes > SKETCH_SIZE]
+    rows = int(-(-large.max() // SKETCH_WIDTH)) if large.size else 0
+    negative_rows = _row_negative(rows).reshape(-1)  # row r's signs at [r * W, (r + 1) * W)
+    columns = np.tile(np.arange(SKETCH_WIDTH, dtype=np.int32), rows)
+    slot_parts, negative_parts = [], []
+    for index, size in enumerate(sizes.tolist()):
+        base = index * SKETCH_SIZE
+        if size <= SKETCH_SIZE:  # copied exactly: slot c = i, no sign
+            slot_parts.append(np.arange(base, base + size, dtype=np.int32))
+            negative_parts.append(np.zeros(size, dtype=bool))
+        else:
+            slot_parts.append(columns[:size] + np.int32(base))
+            negative_parts.append(negative_rows[:size])
+    if slot_parts:
+        slot = np.concatenate(slot_parts)
+        negative = np.concatenate(negative_parts)
+    else:
+        slot = np.zeros(0, dtype=np.int32)
+        negative = np.zeros(0, dtype=bool)
     return segment, slot, negative, sizes == 0
 
 
@@ -402,22 +417,25 @@ def _static_size(value):
     return None if size is None else int(size)
 
 
-def _as_float64(flats):
-    """One float64 vector of `flats` (1 x n tensors), concatenated per dtype then cast."""
+def _joined_by_dtype(flats):
+    """The elements of `flats` (1 x n tensors) as 1-D tensors, one per run of one dtype."""
     parts = []
     group = []
     for flat in [*flats, None]:
         if group and (flat is None or flat.dtype != group[0].dtype):
-            joined = tf.reshape(tf.concat(group, axis=1) if len(group) > 1 else group[0], [-1])
-            if joined.dtype.is_bool:
-                joined = tf.cast(joined, tf.uint8)
-            parts.append(tf.cast(joined, tf.float64))
+            parts.append(tf.reshape(tf.concat(group, axis=1) if len(group) > 1 else group[0], [-1]))
             group = []
         if flat is not None:
             group.append(flat)
-    if not parts:
+    return parts
+
+
+def _as_float64(parts):
+    """One float64 vector of `parts` (from `_joined_by_dtype`), in order."""
+    cast = [tf.cast(tf.cast(p, tf.uint8) if p.dtype.is_bool else p, tf.float64) for p in parts]
+    if not cast:
         return tf.zeros([0], tf.float64)
-    return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+    return tf.concat(cast, axis=0) if len(cast) > 1 else cast[0]
 
 
 def _sketch_signs(projection, device, static_size, rows):
@@ -517,6 +535,13 @@ class _Column:
         self.fused = []  # (variable index, [1, n] flat copy) in summary order
         self.single = {}  # variable index -> summary of a copy outside the fused summary
         self.device = None
+        self.joined = None  # the fused copies' elements (`_joined_by_dtype`), once joined
+
+    def join(self):
+        """Joins the fused copies' elements (by dtype) now, in the current graph: a `tf.cond`
+        branch that summarizes this column then captures a few tensors, not one per copy."""
+        with tf.device(self.device):
+            self.joined = _joined_by_dtype([flat for _, flat in self.fused])
 
 
 class VariablesStats:
@@ -534,6 +559,10 @@ class VariablesStats:
       num_replicas: R, the number of local replica devices (the R axis).
       exact: also compute the exact element-wise difference from replica 0.
       layouts: optional dict caching the `SummaryLayout` of each device and size list.
+      fused_min_copies: a device holding at least this many copies has them summarized at once
+        (`fused_summary`), fewer one by one (`copy_summary`). The default suits a check that
+        runs in the training step; a check traced for one host-side call (epoch ends) passes 1,
+        as its cost is tracing, not running.
 
     Attributes:
       hash: int64 [V, R] (0 where replica r's device holds no copy).
@@ -541,7 +570,9 @@ class VariablesStats:
       exact: float64 [V, R, 2] `(max_abs, l2)` of copy r minus copy 0, or None.
     """
 
-    def __init__(self, entries, num_replicas, exact=False, layouts=None):
+    def __init__(
+        self, entries, num_replicas, exact=False, layouts=None, fused_min_copies=FUSED_MIN_COPIES
+    ):
         width = len(STAT_COLUMNS) + SKETCH_SIZE
         layouts = {} if layouts is None else layouts
         columns = [_Column() for _ in range(num_replicas)]
@@ -606,7 +637,7 @@ class VariablesStats:
             """[rows of the column's fused copies + singles, then a NaN row], and row of each
             variable index."""
             rows, where = [], {}
-            if 0 < len(column.fused) < FUSED_MIN_COPIES:
+            if 0 < len(column.fused) < fused_min_copies:
                 with tf.device(column.device):
                     rows.append(
                         tf.stack([copy_summary(f, f.dtype, projection) for _, f in column.fused])
@@ -618,8 +649,9 @@ class VariablesStats:
                 if key not in layouts:
                     layouts[key] = SummaryLayout(sizes, column.device)
                 with tf.device(column.device):
-                    flat = _as_float64([flat for _, flat in column.fused])
-                    rows.append(fused_summary(flat, layouts[key]))
+                    if column.joined is None:
+                        column.join()
+                    rows.append(fused_summary(_as_float64(column.joined), layouts[key]))
                 where.update({index: i for i, (index, _) in enumerate(column.fused)})
             for index, summary in column.single.items():
                 where[index] = len(where)
@@ -677,6 +709,10 @@ class VariablesStats:
                 def differ(r):
                     table, where = summarize(columns[r])
                     return gather(table, where)
+
+                for column in columns[1:]:
+                    if len(column.fused) >= fused_min_copies:
+                        column.join()  # outside the cond: one capture per dtype, not per copy
 
                 others = tf.cond(
                     same,

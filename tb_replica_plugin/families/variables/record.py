@@ -78,8 +78,11 @@ class Recorder(RecorderBase):
             record = functools.partial(
                 self._record, entries, placement, int.from_bytes(digest, "little"), exact
             )
+            # The host-side check (epoch ends) is traced for a call per epoch: its cost is the
+            # trace, so every device's copies are summarized at once (a few ops per device).
+            host = tf.function(functools.partial(record, fused_min_copies=1), autograph=False)
             # Keeps the variables alive with the plan, so their ids cannot be reused.
-            plan = (variables, record, tf.function(record, autograph=False))
+            plan = (variables, record, host)
             self._plans[key] = plan
         return plan
 
@@ -112,11 +115,21 @@ class Recorder(RecorderBase):
         except Exception as error:  # noqa: BLE001 - must never break training
             self.warn(error)
 
-    def _record(self, entries, placement, placement_fp, exact, step):
+    def _record(
+        self,
+        entries,
+        placement,
+        placement_fp,
+        exact,
+        step,
+        fused_min_copies=fingerprint.FUSED_MIN_COPIES,
+    ):
         """Fingerprints every copy and writes the variables tags at `step` (returns True)."""
         probe = self.probe
         counters = self.state["counters"]
-        stats = fingerprint.VariablesStats(entries, probe.num_replicas, exact, self._layouts)
+        stats = fingerprint.VariablesStats(
+            entries, probe.num_replicas, exact, self._layouts, fused_min_copies
+        )
         current = counters.read_value()
         changed = tf.logical_or(
             tf.equal(current[_HAS_PLACEMENT], 0),
