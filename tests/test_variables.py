@@ -632,8 +632,9 @@ def test_fused_summary_of_many_copies_matches_the_reference():
 
 def test_host_check_summarizes_every_copy_at_once_with_the_same_values():
     """The host-side check (epoch ends) passes `fused_min_copies=1`: a short list of mixed dtypes
-    is summarized by segment sums with the stats and sketch of the per-copy reductions, and a
-    drifted copy (the branch that summarizes every replica) gets its own rows."""
+    is summarized by segment sums with the stats and sketch of the per-copy reductions; with one
+    drifted copy, only that copy of replica 1 is summarized (`partial_fused_summary`) and the
+    others take replica 0's rows."""
     strategy = mirrored(2)
     rng = np.random.default_rng(12)
     with strategy.scope():
@@ -661,3 +662,5 @@ def test_host_check_summarizes_every_copy_at_once_with_the_same_values():
         assert written[2, 0, :4].tolist() == [41.0, 41.0, 41.0, 1681.0]
         assert written[3, 1, :4].tolist() == [0.0, 1.0, 3.0, 3.0]
         np.testing.assert_allclose(written[1, 1, 2] - written[1, 0, 2], 7 * 61 if drift else 0)
+        # Copies bit-identical to replica 0's take its rows, also beside a drifted one.
+        np.testing.assert_array_equal(written[[0, 2, 3, 4], 1], written[[0, 2, 3, 4], 0])

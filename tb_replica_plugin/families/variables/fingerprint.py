@@ -69,7 +69,9 @@ STAT_COLUMNS = ("min", "max", "sum", "sum_sq")
 #    row-signed sketch, min/max in the copy's type.
 # 3: the same hash and sketch definition; a device holding FUSED_MIN_COPIES copies or more has
 #    their stats and sketches computed at once (segment sums, accumulated in element order), so
-#    the last bits of those sums differ from version 2's tree reductions.
+#    the last bits of those sums differ from version 2's tree reductions. (The host-side check at
+#    epoch ends always does so, and a copy whose hash equals replica 0's takes replica 0's row:
+#    the same values and meaning, so the version is unchanged.)
 FINGERPRINT_VERSION = 3
 HASH_FARMHASH = "farmhash64"
 HASH_MIX = "mix64"
@@ -345,6 +347,7 @@ class SummaryLayout:
         segment, slot, negative, empty = _layout_tables(tuple(int(n) for n in sizes))
         self.num = len(sizes)
         self.any_empty = bool(empty.any())
+        self.starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
         with tf.init_scope(), tf.device(device):
             self.segment = tf.constant(segment, tf.int32)
             self.slot = tf.constant(slot, tf.int32)
@@ -412,22 +415,72 @@ def fused_summary(flat, layout):
     return tf.concat([stats, tf.reshape(sketch, [num, SKETCH_SIZE])], axis=1)
 
 
+def partial_fused_summary(parts, runs, layout, need):
+    """`fused_summary` of only the copies where `need` holds (other rows are meaningless).
+
+    Used for a replica whose copies are not all bit-identical to replica 0's: the copies whose
+    hash equals replica 0's reuse its rows, so only the drifted ones (e.g. Keras 3's per-replica
+    BatchNormalization statistics) are summarized here, at a cost proportional to their elements.
+    Their elements are accumulated in element order as `fused_summary`'s are.
+
+    Args:
+      parts: the copies' elements, one 1-D tensor per run of one dtype (`_joined_by_dtype`).
+      runs: `(first, end)` copy indices of each part (`_dtype_runs`).
+      layout: the `SummaryLayout` of the copies.
+      need: bool [V]: the copies to summarize.
+
+    Returns:
+      float64 `[V, 4 + SKETCH_SIZE]`, valid in the rows where `need` holds.
+    """
+    num = layout.num
+    values, positions = [], []
+    for part, (first, end) in zip(parts, runs, strict=True):
+        start, stop = layout.starts[first], layout.starts[end]
+        # Which elements of this part belong to a needed copy, as positions in the part.
+        local = tf.where(tf.gather(need, layout.segment[start:stop]))[:, 0]
+        picked = tf.gather(part, local)
+        values.append(
+            tf.cast(tf.cast(picked, tf.uint8) if picked.dtype.is_bool else picked, tf.float64)
+        )
+        positions.append(local + start)
+    flat = tf.concat(values, axis=0) if len(values) > 1 else values[0]
+    position = tf.concat(positions, axis=0) if len(positions) > 1 else positions[0]
+    segment = tf.gather(layout.segment, position)
+    zero = tf.zeros([num], tf.float64)
+    low = tf.where(layout.empty, zero, tf.math.unsorted_segment_min(flat, segment, num))
+    high = tf.where(layout.empty, zero, tf.math.unsorted_segment_max(flat, segment, num))
+    total = tf.math.unsorted_segment_sum(flat, segment, num)
+    squares = tf.math.unsorted_segment_sum(tf.square(flat), segment, num)
+    signed = tf.where(tf.gather(layout.negative, position), -flat, flat)
+    sketch = tf.math.unsorted_segment_sum(
+        signed, tf.gather(layout.slot, position), num * SKETCH_SIZE
+    )
+    stats = tf.stack([low, high, total, squares], axis=1)
+    return tf.concat([stats, tf.reshape(sketch, [num, SKETCH_SIZE])], axis=1)
+
+
 def _static_size(value):
     size = value.shape.num_elements()
     return None if size is None else int(size)
 
 
+def _dtype_runs(dtypes):
+    """`(first, end)` index ranges of the runs of one dtype in `dtypes`."""
+    runs = []
+    for index, dtype in enumerate(dtypes):
+        if runs and dtypes[runs[-1][0]] == dtype:
+            runs[-1] = (runs[-1][0], index + 1)
+        else:
+            runs.append((index, index + 1))
+    return runs
+
+
 def _joined_by_dtype(flats):
     """The elements of `flats` (1 x n tensors) as 1-D tensors, one per run of one dtype."""
-    parts = []
-    group = []
-    for flat in [*flats, None]:
-        if group and (flat is None or flat.dtype != group[0].dtype):
-            parts.append(tf.reshape(tf.concat(group, axis=1) if len(group) > 1 else group[0], [-1]))
-            group = []
-        if flat is not None:
-            group.append(flat)
-    return parts
+    return [
+        tf.reshape(tf.concat(flats[a:b], axis=1) if b - a > 1 else flats[a], [-1])
+        for a, b in _dtype_runs([flat.dtype for flat in flats])
+    ]
 
 
 def _as_float64(parts):
@@ -633,9 +686,10 @@ class VariablesStats:
 
         missing = tf.fill([1, width], tf.constant(np.nan, tf.float64))
 
-        def summarize(column):
+        def summarize(column, reuse=None):
             """[rows of the column's fused copies + singles, then a NaN row], and row of each
-            variable index."""
+            variable index. `reuse`: `(need, rows)` for a fused column, bool [copies] and their
+            rows of replica 0: only the copies where `need` holds are summarized."""
             rows, where = [], {}
             if 0 < len(column.fused) < fused_min_copies:
                 with tf.device(column.device):
@@ -645,13 +699,21 @@ class VariablesStats:
                 where.update({index: i for i, (index, _) in enumerate(column.fused)})
             elif column.fused:
                 sizes = tuple(_static_size(flat) for _, flat in column.fused)
-                key = (column.device, sizes, tuple(flat.dtype for _, flat in column.fused))
+                dtypes = tuple(flat.dtype for _, flat in column.fused)
+                key = (column.device, sizes, dtypes)
                 if key not in layouts:
                     layouts[key] = SummaryLayout(sizes, column.device)
                 with tf.device(column.device):
                     if column.joined is None:
                         column.join()
-                    rows.append(fused_summary(_as_float64(column.joined), layouts[key]))
+                    if reuse is None:
+                        rows.append(fused_summary(_as_float64(column.joined), layouts[key]))
+                    else:
+                        need, shared_rows = reuse
+                        own = partial_fused_summary(
+                            column.joined, _dtype_runs(dtypes), layouts[key], need
+                        )
+                        rows.append(tf.where(need[:, None], own, shared_rows))
                 where.update({index: i for i, (index, _) in enumerate(column.fused)})
             for index, summary in column.single.items():
                 where[index] = len(where)
@@ -707,7 +769,24 @@ class VariablesStats:
                     return tf.gather(full, positions)
 
                 def differ(r):
-                    table, where = summarize(columns[r])
+                    column = columns[r]
+                    reuse = None
+                    if len(column.fused) >= fused_min_copies:
+                        # A copy bit-identical to replica 0's takes its rows (the same values
+                        # the agreeing branch writes); the others are summarized.
+                        indices = [i for i, _ in column.fused]
+                        reusable = [i in shared and i in where0 for i in indices]
+                        equal = tf.gather(tf.equal(self.hash[:, r], self.hash[:, 0]), indices)
+                        need = tf.logical_not(tf.logical_and(equal, tf.constant(reusable)))
+                        rows0 = tf.gather(
+                            table0,
+                            [
+                                where0[i] if ok else 0
+                                for i, ok in zip(indices, reusable, strict=True)
+                            ],
+                        )
+                        reuse = (need, rows0)
+                    table, where = summarize(column, reuse)
                     return gather(table, where)
 
                 for column in columns[1:]:
