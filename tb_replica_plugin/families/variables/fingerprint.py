@@ -69,9 +69,8 @@ STAT_COLUMNS = ("min", "max", "sum", "sum_sq")
 #    row-signed sketch, min/max in the copy's type.
 # 3: the same hash and sketch definition; a device holding FUSED_MIN_COPIES copies or more has
 #    their stats and sketches computed at once (segment sums, accumulated in element order), so
-#    the last bits of those sums differ from version 2's tree reductions. (The host-side check at
-#    epoch ends always does so, and a copy whose hash equals replica 0's takes replica 0's row:
-#    the same values and meaning, so the version is unchanged.)
+#    the last bits of those sums differ from version 2's tree reductions (the epoch-end check
+#    always; a copy hashing like replica 0's takes its row: same meaning, same version).
 FINGERPRINT_VERSION = 3
 HASH_FARMHASH = "farmhash64"
 HASH_MIX = "mix64"
@@ -378,12 +377,8 @@ def _layout_tables(sizes):
         else:
             slot_parts.append(columns[:size] + np.int32(base))
             negative_parts.append(negative_rows[:size])
-    if slot_parts:
-        slot = np.concatenate(slot_parts)
-        negative = np.concatenate(negative_parts)
-    else:
-        slot = np.zeros(0, dtype=np.int32)
-        negative = np.zeros(0, dtype=bool)
+    slot = np.concatenate(slot_parts or [np.zeros(0, dtype=np.int32)])
+    negative = np.concatenate(negative_parts or [np.zeros(0, dtype=bool)])
     return segment, slot, negative, sizes == 0
 
 
@@ -421,7 +416,6 @@ def partial_fused_summary(parts, runs, layout, need):
     Used for a replica whose copies are not all bit-identical to replica 0's: the copies whose
     hash equals replica 0's reuse its rows, so only the drifted ones (e.g. Keras 3's per-replica
     BatchNormalization statistics) are summarized here, at a cost proportional to their elements.
-    Their elements are accumulated in element order as `fused_summary`'s are.
 
     Args:
       parts: the copies' elements, one 1-D tensor per run of one dtype (`_joined_by_dtype`).
@@ -439,9 +433,7 @@ def partial_fused_summary(parts, runs, layout, need):
         # Which elements of this part belong to a needed copy, as positions in the part.
         local = tf.where(tf.gather(need, layout.segment[start:stop]))[:, 0]
         picked = tf.gather(part, local)
-        values.append(
-            tf.cast(tf.cast(picked, tf.uint8) if picked.dtype.is_bool else picked, tf.float64)
-        )
+        values.append(_to_float64(picked))
         positions.append(local + start)
     flat = tf.concat(values, axis=0) if len(values) > 1 else values[0]
     position = tf.concat(positions, axis=0) if len(positions) > 1 else positions[0]
@@ -483,9 +475,13 @@ def _joined_by_dtype(flats):
     ]
 
 
+def _to_float64(values):
+    return tf.cast(tf.cast(values, tf.uint8) if values.dtype.is_bool else values, tf.float64)
+
+
 def _as_float64(parts):
     """One float64 vector of `parts` (from `_joined_by_dtype`), in order."""
-    cast = [tf.cast(tf.cast(p, tf.uint8) if p.dtype.is_bool else p, tf.float64) for p in parts]
+    cast = [_to_float64(p) for p in parts]
     if not cast:
         return tf.zeros([0], tf.float64)
     return tf.concat(cast, axis=0) if len(cast) > 1 else cast[0]
@@ -591,8 +587,7 @@ class _Column:
         self.joined = None  # the fused copies' elements (`_joined_by_dtype`), once joined
 
     def join(self):
-        """Joins the fused copies' elements (by dtype) now, in the current graph: a `tf.cond`
-        branch that summarizes this column then captures a few tensors, not one per copy."""
+        """Joins the fused copies' elements by dtype now (a branch then captures a few tensors)."""
         with tf.device(self.device):
             self.joined = _joined_by_dtype([flat for _, flat in self.fused])
 
