@@ -681,18 +681,16 @@ class VariablesStats:
 
         missing = tf.fill([1, width], tf.constant(np.nan, tf.float64))
 
+        def at_once(column):  # the column's copies summarized at once (`fused_summary`)
+            return bool(column.fused) and len(column.fused) >= fused_min_copies
+
         def summarize(column, reuse=None):
             """[rows of the column's fused copies + singles, then a NaN row], and row of each
             variable index. `reuse`: `(need, rows)` for a fused column, bool [copies] and their
             rows of replica 0: only the copies where `need` holds are summarized."""
-            rows, where = [], {}
-            if 0 < len(column.fused) < fused_min_copies:
-                with tf.device(column.device):
-                    rows.append(
-                        tf.stack([copy_summary(f, f.dtype, projection) for _, f in column.fused])
-                    )
-                where.update({index: i for i, (index, _) in enumerate(column.fused)})
-            elif column.fused:
+            rows = []
+            where = {index: i for i, (index, _) in enumerate(column.fused)}
+            if at_once(column):
                 sizes = tuple(_static_size(flat) for _, flat in column.fused)
                 dtypes = tuple(flat.dtype for _, flat in column.fused)
                 key = (column.device, sizes, dtypes)
@@ -709,7 +707,11 @@ class VariablesStats:
                             column.joined, _dtype_runs(dtypes), layouts[key], need
                         )
                         rows.append(tf.where(need[:, None], own, shared_rows))
-                where.update({index: i for i, (index, _) in enumerate(column.fused)})
+            elif column.fused:
+                with tf.device(column.device):
+                    rows.append(
+                        tf.stack([copy_summary(f, f.dtype, projection) for _, f in column.fused])
+                    )
             for index, summary in column.single.items():
                 where[index] = len(where)
                 rows.append(summary[None, :])
@@ -766,26 +768,21 @@ class VariablesStats:
                 def differ(r):
                     column = columns[r]
                     reuse = None
-                    if len(column.fused) >= fused_min_copies:
+                    if at_once(column):
                         # A copy bit-identical to replica 0's takes its rows (the same values
                         # the agreeing branch writes); the others are summarized.
                         indices = [i for i, _ in column.fused]
-                        reusable = [i in shared and i in where0 for i in indices]
+                        reusable = [i in shared for i in indices]  # each in where0
                         equal = tf.gather(tf.equal(self.hash[:, r], self.hash[:, 0]), indices)
                         need = tf.logical_not(tf.logical_and(equal, tf.constant(reusable)))
-                        rows0 = tf.gather(
-                            table0,
-                            [
-                                where0[i] if ok else 0
-                                for i, ok in zip(indices, reusable, strict=True)
-                            ],
-                        )
+                        positions0 = [where0[i] if i in shared else 0 for i in indices]
+                        rows0 = tf.gather(table0, positions0)
                         reuse = (need, rows0)
                     table, where = summarize(column, reuse)
                     return gather(table, where)
 
                 for column in columns[1:]:
-                    if len(column.fused) >= fused_min_copies:
+                    if at_once(column):
                         column.join()  # outside the cond: one capture per dtype, not per copy
 
                 others = tf.cond(
