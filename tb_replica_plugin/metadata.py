@@ -20,9 +20,10 @@ from tensorboard.compat.proto import summary_pb2
 
 PLUGIN_NAME = "replicas"
 
-# Version of the tensor layouts written by this package. Bump on any incompatible change and keep
-# readers able to read every older version.
-SCHEMA_VERSION = 1
+# The newest version of any tensor layout written by this package (the version written for a kind
+# is its family's `registry.kind_version`, 1 for most). Bump on any incompatible change of a
+# kind's layout and keep readers able to read every older version.
+SCHEMA_VERSION = 2
 
 
 class UnsupportedSchemaError(ValueError):
@@ -53,7 +54,8 @@ def create_summary_metadata(kind, description=""):
     kinds = registry.tag_kinds().values()
     if kind not in kinds:
         raise ValueError(f"Unknown series kind {kind!r}; expected one of {sorted(kinds)}.")
-    content = json.dumps({"version": SCHEMA_VERSION, "kind": kind}, sort_keys=True)
+    version = registry.kind_version(kind)
+    content = json.dumps({"version": version, "kind": kind}, sort_keys=True)
     return summary_pb2.SummaryMetadata(
         summary_description=description,
         plugin_data=summary_pb2.SummaryMetadata.PluginData(

@@ -57,6 +57,8 @@ class Family:
       attribute: the `RunData` attribute holding its series, e.g. "data" for examples.
       package: the importable package, e.g. "tb_replica_plugin.families.examples".
       tags: `{tag: kind}` of the summaries it writes (its `schema.TAGS`).
+      versions: `{kind: schema version}` written for its kinds whose layout changed since
+        version 1 (its `schema.VERSIONS`); readers read every older version too.
       needs: names of the families it reads (they come before it in the registry).
       route: the URL path of its route under the plugin (e.g. "/data"), or None.
       annotates_findings: its `rules.annotate` may amend the findings of other families of the
@@ -74,6 +76,7 @@ class Family:
     attribute: str
     package: str
     tags: dict
+    versions: dict = dataclasses.field(default_factory=dict)
     needs: tuple = ()
     route: str | None = None
     annotates_findings: bool = False
@@ -175,6 +178,14 @@ def tag_kinds():
     for descriptor in families():
         kinds.update(descriptor.tags)
     return kinds
+
+
+def kind_version(kind):
+    """The schema version written for `kind` (1 unless its family's `versions` says newer)."""
+    for descriptor in families():
+        if kind in descriptor.versions:
+            return descriptor.versions[kind]
+    return 1
 
 
 def tag_kind(tag):

@@ -12,9 +12,10 @@ import tensorflow as tf
 from conftest import TensorBoardServer, http_get, mirrored
 
 import tb_replica_plugin
-from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis
+from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, metadata
 from tb_replica_plugin.families.variables import fingerprint as collector
 from tb_replica_plugin.families.variables import read as variables_read
+from tb_replica_plugin.families.variables import record as variables_record
 from tb_replica_plugin.families.variables import rules as variables_rules
 
 # The sketch estimate of ||copy_r - copy_0|| has a relative standard deviation of about
@@ -664,3 +665,40 @@ def test_host_check_summarizes_every_copy_at_once_with_the_same_values():
         np.testing.assert_allclose(written[1, 1, 2] - written[1, 0, 2], 7 * 61 if drift else 0)
         # Copies bit-identical to replica 0's take its rows, also beside a drifted one.
         np.testing.assert_array_equal(written[[0, 2, 3, 4], 1], written[[0, 2, 3, 4], 0])
+
+
+def test_written_fingerprint_has_rows_of_replica_0_and_of_drifted_copies_only():
+    """`variables/fingerprint` (version 2) holds one `(v, r, fingerprint)` row per copy of replica
+    0 and per copy whose hash differs from replica 0's; the reader gives back every copy's
+    fingerprint bit for bit, and still reads the version-1 layout (every copy)."""
+    strategy = mirrored(2)
+    rng = np.random.default_rng(13)
+    with strategy.scope():
+        variables = [
+            tf.Variable(rng.normal(size=(3,)).astype("float32"), name="small"),
+            tf.Variable(rng.normal(size=(7, 61)).astype("float32"), name="large"),
+            tf.Variable(np.int64(41), name="count"),
+        ]
+    entries = collector.describe_variables(variables, list(strategy.extended.worker_devices))
+
+    @tf.function
+    def check():
+        stats = collector.VariablesStats(entries, 2)
+        return stats.hash, stats.fingerprint, variables_record.fingerprint_rows(stats)
+
+    for drift, ids in ((False, [[0, 0], [1, 0], [2, 0]]), (True, [[0, 0], [1, 0], [1, 1], [2, 0]])):
+        if drift:
+            variables[1].values[1].assign_add(tf.ones([7, 61]))
+        hashes, every_copy, rows = (t.numpy() for t in check())
+        assert rows[:, :2].tolist() == ids
+        np.testing.assert_array_equal(rows[:, 2:], every_copy[tuple(np.array(ids).T)])
+        for written in (rows, every_copy):  # version 2, version 1
+            dense = variables_read.dense_fingerprints([written], hashes[None])
+            np.testing.assert_array_equal(dense[0], every_copy)
+    assert rows[-1, 2:6].tolist() == [41.0, 41.0, 41.0, 1681.0]  # the int64 count, replica 0
+    content = json.loads(
+        metadata.create_summary_metadata("variable_fingerprint").plugin_data.content
+    )
+    assert content == {"kind": "variable_fingerprint", "version": 2}
+    content = json.loads(metadata.create_summary_metadata("variable_hash").plugin_data.content)
+    assert content == {"kind": "variable_hash", "version": 1}

@@ -12,6 +12,7 @@ FAMILY = Family(
     attribute="variables",
     package=__name__,
     tags=schema.TAGS,
+    versions=schema.VERSIONS,
     needs=(),
     route="/variables",
     text_order=30,

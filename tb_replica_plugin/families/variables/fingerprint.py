@@ -43,8 +43,9 @@ standard deviation of up to 141 % for the squared norm). See docs/data-format.md
 
 Bit-identical copies have identical stats and sketch, so `VariablesStats` hashes every copy
 first and, under a `tf.cond` on "every copy's hash equals replica 0's", summarizes replica 0's
-copy only and writes its summary for every replica (the normal case: one summary per variable
-instead of one per copy); otherwise every copy is summarized on its own device.
+copy only and gives its row to every replica (the normal case: one summary per variable instead
+of one per copy, and one written row: `record.fingerprint_rows`); otherwise the differing copies
+are summarized on their own devices.
 
 `exact=True` adds the true element-wise difference: every copy is sent to replica 0's device and
 compared there (traffic: the whole variable per replica), giving the true max-abs and L2 norm of
@@ -616,6 +617,8 @@ class VariablesStats:
       hash: int64 [V, R] (0 where replica r's device holds no copy).
       fingerprint: float64 [V, R, 4 + K] (NaN where replica r's device holds no copy).
       exact: float64 [V, R, 2] `(max_abs, l2)` of copy r minus copy 0, or None.
+      present: bool numpy [V, R]: replica r's device holds a copy.
+      shareable: bool numpy [V]: a copy hashing like replica 0's has replica 0's row exactly.
     """
 
     def __init__(
@@ -722,26 +725,27 @@ class VariablesStats:
             """One row per variable: its row of `table`, or the NaN row (the last)."""
             return tf.gather(table, [where.get(i, len(where)) for i in range(num)])
 
+        shareable = [
+            i
+            for i, entry in enumerate(entries)
+            if 0 in values[i]
+            and len(values[i]) > 1
+            and _is_numeric(entry.dtype)
+            and len(set(entry.hashes)) == 1
+        ]
+        present = [[r in copies for r in range(num_replicas)] for copies in values]
+        self.present = np.array(present, dtype=bool).reshape(num, num_replicas)
+        self.shareable = np.isin(np.arange(num), shareable)
         if not num:
             self.fingerprint = tf.zeros([0, num_replicas, width], tf.float64)
         else:
             table0, where0 = summarize(columns[0])
             matrices = [gather(table0, where0)]
-            shareable = [
-                i
-                for i, entry in enumerate(entries)
-                if 0 in values[i]
-                and len(values[i]) > 1
-                and _is_numeric(entry.dtype)
-                and len(set(entry.hashes)) == 1
-            ]
             if num_replicas > 1:
                 same = tf.constant(True)
                 if shareable:
                     # Every present copy of a shareable variable hashes like replica 0's.
-                    mask = np.zeros([num, num_replicas], dtype=bool)
-                    for i in shareable:
-                        mask[i, list(values[i])] = True
+                    mask = self.present & self.shareable[:, None]
                     equal = tf.equal(self.hash, self.hash[:, :1])
                     same = tf.reduce_all(tf.logical_or(equal, tf.constant(~mask)))
                 shared = set(shareable)

@@ -91,14 +91,55 @@ def _relative(l2, norm0):
     return np.where((norm0 == 0) & (l2 > 0), np.inf, rel)
 
 
+def dense_fingerprints(samples, hashes):
+    """float64 [S, V, R, 4 + K] fingerprints of every copy from the written samples.
+
+    Args:
+      samples: one `variables/fingerprint` value per step: float64 [V, R, 4 + K] (version 1),
+        or [U, 2 + 4 + K] rows `(v, r, fingerprint)` (version 2).
+      hashes: int64 [S, V, R] of the same steps.
+
+    Returns:
+      The fingerprints, NaN where a copy has none. A copy without a row in a version-2 sample
+      whose hash equals replica 0's copy's takes replica 0's row: the writer left it out for
+      being exactly that.
+    """
+    shape = hashes.shape
+    ids = schema.FINGERPRINT_ID_COLUMNS
+    widths = {v.shape[-1] - (ids if v.ndim == 2 else 0) for v in samples}
+    width = widths.pop() if len(widths) == 1 else 4  # mixed widths: none is comparable
+    fp = np.full(shape + (width,), np.nan)
+    written = np.zeros(shape, dtype=bool)
+    rows, at = [], []
+    for i, value in enumerate(samples):
+        if value.ndim == 3 and value.shape[-1] == width:
+            fp[i] = value
+            written[i] = True
+        elif value.ndim == 2 and value.shape[-1] == width + ids:
+            rows.append(value)
+            at.append(np.full(len(value), i))
+    if rows:
+        table = np.concatenate(rows)
+        at = np.concatenate(at)
+        v, r = table[:, 0], table[:, 1]
+        valid = (v >= 0) & (v < shape[1]) & (r >= 0) & (r < shape[2]) & (v == np.floor(v))
+        v, r = v[valid].astype(np.int64), r[valid].astype(np.int64)
+        fp[at[valid], v, r] = table[valid, ids:]
+        written[at[valid], v, r] = True
+        from_0 = ~written & written[:, :, :1] & (hashes == hashes[:, :, :1]) & (hashes != 0)
+        fp = np.where(from_0[..., None], fp[:, :, :1], fp)
+    return fp
+
+
 def build_variables_series(run, placement_events, hash_points, fingerprint_points, exact_points):
     """Builds a `VariablesSeries` from decoded samples (pure; no data provider needed).
 
     Args:
       run: the run name.
       placement_events: `[(step, document dict)]`.
-      hash_points: `[(step, int64 [V, R])]`; fingerprint_points: `[(step, float64 [V, R, 4+K])]`;
-        exact_points: `[(step, float64 [V, R, 2])]`.
+      hash_points: `[(step, int64 [V, R])]`; fingerprint_points: `[(step, float64 [V, R, 4+K])]`
+        or `[(step, float64 [U, 2 + 4 + K])]` rows (`dense_fingerprints`); exact_points:
+        `[(step, float64 [V, R, 2])]`.
 
     Returns:
       A `VariablesSeries`, or None when there is no placement event.
@@ -114,7 +155,10 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
     num_v, num_r = len(variables), len(devices)
     hashes = {s: v for s, v in hash_points if v.shape == (num_v, num_r)}
     fingerprints = {
-        s: v for s, v in fingerprint_points if v.ndim == 3 and v.shape[:2] == (num_v, num_r)
+        s: v
+        for s, v in fingerprint_points
+        if (v.ndim == 3 and v.shape[:2] == (num_v, num_r))
+        or (v.ndim == 2 and v.shape[1] > schema.FINGERPRINT_ID_COLUMNS)
     }
     exacts = {s: v for s, v in exact_points if v.shape == (num_v, num_r, 2)}
     dropped = {s for s, _ in hash_points} - set(hashes)
@@ -125,14 +169,9 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
             + (f", {len(dropped)} logged step(s) of other lists skipped." if dropped else ".")
         )
     steps = np.array(sorted(set(hashes) & set(fingerprints)), dtype=np.int64)
-    width = next(iter(fingerprints.values())).shape[2] if fingerprints else 4
     hash_arr = np.stack([hashes[s] for s in steps]) if steps.size else np.zeros((0, num_v, num_r))
     hash_arr = hash_arr.astype(np.int64, copy=False)
-    fp = (
-        np.stack([fingerprints[s] for s in steps]).astype(np.float64, copy=False)
-        if steps.size
-        else np.zeros((0, num_v, num_r, width))
-    )
+    fp = dense_fingerprints([fingerprints[s] for s in steps], hash_arr)
     present = np.zeros((num_v, num_r), dtype=bool)
     algorithm = np.full((num_v, num_r), "mix64", dtype=object)  # fingerprint version 1: mix64
     sizes = np.zeros(num_v, dtype=np.float64)

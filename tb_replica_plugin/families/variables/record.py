@@ -10,6 +10,7 @@ import contextlib
 import functools
 import hashlib
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
@@ -45,6 +46,30 @@ def _without_graph_optimizer():
         yield
     finally:
         ctx.function_call_options = previous
+
+
+def fingerprint_rows(stats):
+    """The written `variables/fingerprint` (version 2): one row per copy that is not replica 0's.
+
+    Args:
+      stats: a `fingerprint.VariablesStats`.
+
+    Returns:
+      float64 [U, 2 + 4 + K]: `(v, r, fingerprint[v, r])` for every copy on replica 0 and every
+      other copy unless its variable is shareable and its hash equals replica 0's copy's (its
+      row is then replica 0's exactly; the reader takes it from there), in (v, r) order. In the
+      normal case, every copy bit-identical, that is V rows instead of V * R.
+    """
+    num, replicas = stats.present.shape
+    ids = np.stack(np.meshgrid(np.arange(num), np.arange(replicas), indexing="ij"), axis=-1)
+    table = tf.concat([tf.constant(ids.astype(np.float64)), stats.fingerprint], axis=-1)
+    kept = stats.present & ~stats.shareable[:, None]
+    kept[:, 0] = stats.present[:, 0]
+    keep = tf.constant(kept)
+    if replicas > 1 and stats.shareable.any():
+        differs = tf.not_equal(stats.hash, stats.hash[:, :1])
+        keep = tf.logical_or(keep, tf.logical_and(differs, tf.constant(stats.present)))
+    return tf.boolean_mask(table, keep)
 
 
 class Recorder(RecorderBase):
@@ -149,7 +174,7 @@ class Recorder(RecorderBase):
         probe.write(
             recording,
             schema.TAG_VARIABLE_FINGERPRINT,
-            lambda: stats.fingerprint,
+            lambda: fingerprint_rows(stats),
             step,
             schema.KIND_VARIABLE_FINGERPRINT,
         )
