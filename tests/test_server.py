@@ -156,9 +156,23 @@ def run_cli(*args):
     )
 
 
+def test_event_bytes_decide_the_reader(tmp_path):
+    """The report reads small log dirs with TensorBoard's TF stub (no TensorFlow import) and
+    larger ones with TensorFlow's reader: the stub checks CRCs in Python."""
+    from tb_replica_plugin import cli
+
+    (tmp_path / "run_a").mkdir()
+    (tmp_path / "run_a" / "events.out.tfevents.1").write_bytes(b"x" * 300)
+    (tmp_path / "run_a" / "notes.txt").write_bytes(b"x" * 5000)
+    (tmp_path / "events.out.tfevents.2").write_bytes(b"x" * 200)
+    assert cli._event_bytes(str(tmp_path), limit=10_000) == 500
+    assert cli._event_bytes(str(tmp_path), limit=250) > 250  # stops counting past the limit
+
+
 def test_report_json(unit_logs):
     result = run_cli("report", unit_logs, "--json")
     assert result.returncode == 0, result.stderr
+    assert result.stdout.count("\n") == 1  # compact when piped (json's C encoder)
     report = json.loads(result.stdout)
     runs = {r["run"]: r for r in report["runs"]}
     fit = runs["fit_17_8/replicas"]
