@@ -693,8 +693,15 @@ def test_written_fingerprint_has_rows_of_replica_0_and_of_drifted_copies_only():
         assert rows[:, :2].tolist() == ids
         np.testing.assert_array_equal(rows[:, 2:], every_copy[tuple(np.array(ids).T)])
         for written in (rows, every_copy):  # version 2, version 1
-            dense = variables_read.dense_fingerprints([written], hashes[None])
+            compact = variables_read.compact_fingerprints([written], hashes[None])
+            dense = variables_read.dense_fingerprints(*compact)
             np.testing.assert_array_equal(dense[0], every_copy)
+        # Version 2 keeps each written fingerprint once; the others point at replica 0's row.
+        table, row_of = variables_read.compact_fingerprints([rows], hashes[None])
+        assert len(table) == len(ids)
+        assert row_of[0].tolist() == (
+            [[0, 0], [1, 2], [3, 3]] if drift else [[0, 0], [1, 1], [2, 2]]
+        )
     assert rows[-1, 2:6].tolist() == [41.0, 41.0, 41.0, 1681.0]  # the int64 count, replica 0
     content = json.loads(
         metadata.create_summary_metadata("variable_fingerprint").plugin_data.content

@@ -32,7 +32,10 @@ class VariablesSeries:
       placement_events: `[(step, document)]` of every placement event.
       steps: int64 [S] logged steps (values after the update of that step).
       hash: int64 [S, V, R] bitwise hash of each copy; present: bool [V, R].
-      stats: float64 [S, V, R, 4] (min, max, sum, sum of squares); sketch: [S, V, R, K].
+      rows: float64 [N, 4 + K]: the fingerprints read (min, max, sum, sum of squares, then the
+        sketch), each once; row_of: int64 [S, V, R]: the row of each copy's fingerprint (-1:
+        none; a copy bit-identical to replica 0's has replica 0's row). `stats` [S, V, R, 4] and
+        `sketch` [S, V, R, K] are their dense views (NaN where none), built on access.
       identical: bool [S, V, R]: copy r is bit-identical to copy 0 (hashes equal, by the same
         algorithm).
       hash_comparable: bool [V, R]: copies r and 0 exist and were hashed by the same algorithm
@@ -60,8 +63,8 @@ class VariablesSeries:
     steps: np.ndarray
     hash: np.ndarray
     present: np.ndarray
-    stats: np.ndarray
-    sketch: np.ndarray
+    rows: np.ndarray
+    row_of: np.ndarray
     identical: np.ndarray
     hash_comparable: np.ndarray
     l2_estimate: np.ndarray
@@ -80,6 +83,16 @@ class VariablesSeries:
         return len(self.replicas)
 
     @property
+    def stats(self):
+        """float64 [S, V, R, 4]: every copy's stats (built from `rows` on each access)."""
+        return dense_fingerprints(self.rows, self.row_of)[..., :4]
+
+    @property
+    def sketch(self):
+        """float64 [S, V, R, K]: every copy's sketch (built from `rows` on each access)."""
+        return dense_fingerprints(self.rows, self.row_of)[..., 4:]
+
+    @property
     def names(self):
         return [v["name"] for v in self.variables]
 
@@ -91,8 +104,8 @@ def _relative(l2, norm0):
     return np.where((norm0 == 0) & (l2 > 0), np.inf, rel)
 
 
-def dense_fingerprints(samples, hashes):
-    """float64 [S, V, R, 4 + K] fingerprints of every copy from the written samples.
+def compact_fingerprints(samples, hashes):
+    """Every copy's fingerprint as `(rows, row_of)`, each written fingerprint kept once.
 
     Args:
       samples: one `variables/fingerprint` value per step: float64 [V, R, 4 + K] (version 1),
@@ -100,35 +113,46 @@ def dense_fingerprints(samples, hashes):
       hashes: int64 [S, V, R] of the same steps.
 
     Returns:
-      The fingerprints, NaN where a copy has none. A copy without a row in a version-2 sample
-      whose hash equals replica 0's copy's takes replica 0's row: the writer left it out for
-      being exactly that.
+      `(rows, row_of)`: float64 [N, 4 + K] fingerprints and int64 [S, V, R] the row of each
+      copy's (-1: none). A copy without a row in a version-2 sample whose hash equals replica
+      0's copy's has replica 0's row: the writer left it out for being exactly that.
     """
     shape = hashes.shape
     ids = schema.FINGERPRINT_ID_COLUMNS
     widths = {v.shape[-1] - (ids if v.ndim == 2 else 0) for v in samples}
     width = widths.pop() if len(widths) == 1 else 4  # mixed widths: none is comparable
-    fp = np.full(shape + (width,), np.nan)
-    written = np.zeros(shape, dtype=bool)
-    rows, at = [], []
+    row_of = np.full(shape, -1, dtype=np.int64)
+    tables, count = [], 0
+    written, at = [], []
     for i, value in enumerate(samples):
-        if value.ndim == 3 and value.shape[-1] == width:
-            fp[i] = value
-            written[i] = True
+        if value.ndim == 3 and value.shape[-1] == width:  # version 1: every copy
+            tables.append(value.reshape(-1, width))
+            row_of[i] = count + np.arange(value.shape[0] * value.shape[1]).reshape(shape[1:])
+            count += len(tables[-1])
         elif value.ndim == 2 and value.shape[-1] == width + ids:
-            rows.append(value)
+            written.append(value)
             at.append(np.full(len(value), i))
-    if rows:
-        table = np.concatenate(rows)
+    if written:
+        table = np.concatenate(written)
         at = np.concatenate(at)
         v, r = table[:, 0], table[:, 1]
         valid = (v >= 0) & (v < shape[1]) & (r >= 0) & (r < shape[2]) & (v == np.floor(v))
-        v, r = v[valid].astype(np.int64), r[valid].astype(np.int64)
-        fp[at[valid], v, r] = table[valid, ids:]
-        written[at[valid], v, r] = True
-        from_0 = ~written & written[:, :, :1] & (hashes == hashes[:, :, :1]) & (hashes != 0)
-        fp = np.where(from_0[..., None], fp[:, :, :1], fp)
-    return fp
+        table = table[valid]
+        row_of[at[valid], v[valid].astype(np.int64), r[valid].astype(np.int64)] = count + np.arange(
+            len(table)
+        )
+        tables.append(table[:, ids:])
+        first = row_of[:, :, :1]
+        from_0 = (row_of < 0) & (first >= 0) & (hashes == hashes[:, :, :1]) & (hashes != 0)
+        row_of = np.where(from_0, first, row_of)
+    rows = np.concatenate(tables).astype(np.float64, copy=False) if tables else None
+    return (np.zeros((0, width)) if rows is None else rows), row_of
+
+
+def dense_fingerprints(rows, row_of):
+    """float64 [S, V, R, 4 + K]: `rows[row_of]`, NaN where `row_of` is -1."""
+    table = np.concatenate([rows, np.full((1, rows.shape[-1]), np.nan)])
+    return table[np.where(row_of < 0, len(rows), row_of)]
 
 
 def build_variables_series(run, placement_events, hash_points, fingerprint_points, exact_points):
@@ -138,7 +162,7 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
       run: the run name.
       placement_events: `[(step, document dict)]`.
       hash_points: `[(step, int64 [V, R])]`; fingerprint_points: `[(step, float64 [V, R, 4+K])]`
-        or `[(step, float64 [U, 2 + 4 + K])]` rows (`dense_fingerprints`); exact_points:
+        or `[(step, float64 [U, 2 + 4 + K])]` rows (`compact_fingerprints`); exact_points:
         `[(step, float64 [V, R, 2])]`.
 
     Returns:
@@ -149,10 +173,7 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
         return None
     placement_events = sorted(placement_events, key=lambda p: p[0])
     document = placement_events[-1][1]
-    variables = list(document.get("variables", []))
-    devices = [str(d) for d in document.get("devices", [])]
-    replicas = [int(r) for r in document.get("replicas", range(len(devices)))]
-    num_v, num_r = len(variables), len(devices)
+    num_v, num_r = len(document.get("variables", [])), len(document.get("devices", []))
     hashes = {s: v for s, v in hash_points if v.shape == (num_v, num_r)}
     fingerprints = {
         s: v
@@ -171,7 +192,21 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
     steps = np.array(sorted(set(hashes) & set(fingerprints)), dtype=np.int64)
     hash_arr = np.stack([hashes[s] for s in steps]) if steps.size else np.zeros((0, num_v, num_r))
     hash_arr = hash_arr.astype(np.int64, copy=False)
-    fp = dense_fingerprints([fingerprints[s] for s in steps], hash_arr)
+    rows, row_of = compact_fingerprints([fingerprints[s] for s in steps], hash_arr)
+    return assemble_series(run, placement_events, steps, hash_arr, rows, row_of, exacts, notes)
+
+
+def assemble_series(run, placement_events, steps, hash_arr, rows, row_of, exacts, notes):
+    """The `VariablesSeries` of decoded arrays (`build_variables_series`, `merge_variables`).
+
+    Drift is computed only for copies that are not bit-identical to replica 0's (normally none):
+    the others' is exactly 0 whatever their fingerprints.
+    """
+    document = placement_events[-1][1]
+    variables = list(document.get("variables", []))
+    devices = [str(d) for d in document.get("devices", [])]
+    replicas = [int(r) for r in document.get("replicas", range(len(devices)))]
+    num_v, num_r = len(variables), len(devices)
     present = np.zeros((num_v, num_r), dtype=bool)
     algorithm = np.full((num_v, num_r), "mix64", dtype=object)  # fingerprint version 1: mix64
     sizes = np.zeros(num_v, dtype=np.float64)
@@ -186,7 +221,6 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
         # Unknown dimensions: the sketch was hashed, never the exact small-variable copy.
         known = all(d is not None for d in shape)
         sizes[index] = float(np.prod(shape)) if known and shape else (1.0 if known else np.inf)
-    stats, sketch = fp[..., :4], fp[..., 4:]
     both = present & present[:, :1]  # [V, R]: copies of r and of 0 exist
     comparable = both & (algorithm == algorithm[:, :1])
     identical = (hash_arr == hash_arr[:, :, :1]) & comparable[None]
@@ -197,20 +231,31 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
             "estimated from the sketches only."
         )
     nan = np.full(hash_arr.shape, np.nan)
+    table = np.concatenate([rows, np.full((1, rows.shape[-1]), np.nan)])
+
+    def row(index):
+        return table[np.where(index < 0, len(rows), index)]
+
+    norm0 = np.sqrt(np.maximum(row(row_of[:, :, 0])[..., 3], 0.0))[:, :, None]  # [S, V, 1]
+    at = np.nonzero(both[None] & ~identical)  # the copies whose drift must be estimated
+    copy, first = row(row_of[at]), row(row_of[at[0], at[1], 0])
     with np.errstate(invalid="ignore"):
-        l2 = np.sqrt(np.sum(np.square(sketch - sketch[:, :, :1]), axis=-1))
-        norm0 = np.sqrt(np.maximum(stats[:, :, :1, 3], 0.0))
-        rel = _relative(l2, norm0)
-        delta = np.abs(stats - stats[:, :, :1])
-        lower = np.maximum(delta[..., 0], delta[..., 1])
-        lower = np.maximum(lower, delta[..., 2] / np.maximum(sizes, 1.0)[None, :, None])
-        lower = np.nan_to_num(lower, nan=np.nan, posinf=np.inf)
-        small = (sizes <= sketch.shape[-1])[None, :, None]
-        sketch_max = np.max(np.abs(sketch - sketch[:, :, :1]), axis=-1, initial=0.0)
-        lower = np.where(small, np.maximum(lower, sketch_max), lower)
-    l2 = np.where(identical, 0.0, np.where(both[None], l2, nan))
-    rel = np.where(identical, 0.0, np.where(both[None], rel, nan))
-    lower = np.where(identical, 0.0, np.where(both[None], lower, nan))
+        difference = copy[:, 4:] - first[:, 4:]
+        l2_at = np.sqrt(np.sum(np.square(difference), axis=-1))
+        rel_at = _relative(l2_at, np.sqrt(np.maximum(first[:, 3], 0.0)))
+        delta = np.abs(copy[:, :4] - first[:, :4])
+        lower_at = np.maximum(delta[:, 0], delta[:, 1])
+        lower_at = np.maximum(lower_at, delta[:, 2] / np.maximum(sizes[at[1]], 1.0))
+        lower_at = np.nan_to_num(lower_at, nan=np.nan, posinf=np.inf)
+        small = sizes[at[1]] <= rows.shape[-1] - 4
+        sketch_max = np.max(np.abs(difference), axis=-1, initial=0.0)
+        lower_at = np.where(small, np.maximum(lower_at, sketch_max), lower_at)
+    estimates = []
+    for values in (l2_at, rel_at, lower_at):
+        estimate = np.where(identical, 0.0, nan)
+        estimate[at] = values
+        estimates.append(estimate)
+    l2, rel, lower = estimates
     exact = np.array([s in exacts for s in steps], dtype=bool)
     exact_max_abs = nan.copy()
     exact_l2 = nan.copy()
@@ -233,8 +278,8 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
         steps=steps,
         hash=hash_arr,
         present=present,
-        stats=stats,
-        sketch=sketch,
+        rows=rows,
+        row_of=row_of,
         identical=identical,
         hash_comparable=comparable,
         l2_estimate=l2,
@@ -352,26 +397,35 @@ def merge_variables(job, member_runs, workers, notes):
         "fingerprint": series[0].placement_events[-1][1].get("fingerprint", {}),
     }
     at = [np.searchsorted(s.steps, steps) for s in series]
-    hash_points, fingerprint_points = [], []
-    for k, step in enumerate(steps):
-        hash_points.append(
-            (step, np.concatenate([s.hash[i[k]] for s, i in zip(series, at, strict=True)], 1))
+    # One global replica axis; each worker's rows kept as read (offsets into the joined rows).
+    starts = np.cumsum([0] + [len(s.rows) for s in series])[:-1]
+    hash_arr = np.concatenate([s.hash[i] for s, i in zip(series, at, strict=True)], axis=2)
+    row_of = np.concatenate(
+        [
+            np.where(s.row_of[i] < 0, -1, s.row_of[i] + start)
+            for s, i, start in zip(series, at, starts, strict=True)
+        ],
+        axis=2,
+    )
+    widths = {s.rows.shape[1] for s in series if len(s.rows)}
+    if len(widths) > 1:
+        notes.append(
+            "The workers wrote fingerprints of different widths: cross-worker weight drift is "
+            "not computed (use the same version of tb_replica_plugin on every worker)."
         )
-        fingerprint_points.append(
-            (
-                step,
-                np.concatenate(
-                    [
-                        np.concatenate([s.stats[i[k]], s.sketch[i[k]]], axis=-1)
-                        for s, i in zip(series, at, strict=True)
-                    ],
-                    axis=1,
-                ),
-            )
-        )
+        return None
+    width = widths.pop() if widths else series[0].rows.shape[1]
+    rows = np.concatenate([s.rows.reshape(-1, width) for s in series])
     first_step = steps[0] if steps else 0
-    merged = build_variables_series(
-        job, [(first_step, document)], hash_points, fingerprint_points, []
+    merged = assemble_series(
+        job,
+        [(first_step, document)],
+        np.array(steps, dtype=np.int64),
+        hash_arr.astype(np.int64, copy=False),
+        rows,
+        row_of,
+        {},
+        [],
     )
     if merged is not None:
         notes.extend(merged.notes)
