@@ -164,6 +164,9 @@ def test_byte_lru_evicts_least_recently_used_and_replaces_a_slot():
     lru.put(("run", 3), [2], slot="run")
     assert lru.get(("run", 2)) is None and lru.get(("run", 3)) == [2]
     assert lru.put("huge", np.zeros(10_000)) is not None and lru.get("huge") is None
+    # More than half the budget is not kept either: it would evict every other entry.
+    assert lru.put("large", np.zeros(1_700)) is not None and lru.get("large") is None
+    assert lru.get(("run", 3)) == [2] and lru.get("a") is not None
     with pytest.raises(ValueError, match="must be positive"):
         cache_lib.ByteLRU(0)
 

@@ -79,7 +79,8 @@ class ByteLRU:
     does not wait for eviction.
 
     Attributes:
-      max_bytes: the budget; a value larger than it is returned but not kept.
+      max_bytes: the budget; a value larger than half of it is returned but not kept, so one
+        large read (a big job's arrays) cannot evict every small answer and findings.
       bytes: the estimated bytes held now.
 
     Example:
@@ -136,7 +137,7 @@ class ByteLRU:
                 previous = self._slots.get(slot)
                 if previous is not None:
                     self._drop(previous)
-            if size > self.max_bytes:
+            if size > self.max_bytes // 2:
                 return value
             self._entries[key] = (value, size, slot)
             self.bytes += size
