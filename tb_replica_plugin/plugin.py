@@ -14,6 +14,7 @@ import functools
 import gzip
 import json
 import os
+import re
 
 from tensorboard.backend import http_util, json_util
 from tensorboard.plugins import base_plugin
@@ -53,11 +54,24 @@ def _json(request, body):
     return http_util.Respond(request, body, "application/json")
 
 
+# A JSON string (left as is) or a bare non-finite number of `json.dumps(allow_nan=True)`.
+_NON_FINITE = re.compile(r'"(?:[^"\\]|\\.)*"|(-?Infinity|NaN)')
+
+
 def encode_json(body):
     """`body` as gzip-compressed JSON bytes, encoded the way `http_util.Respond` encodes it
     (non-finite floats as the strings "NaN", "Infinity", "-Infinity"), so a cached answer is
     neither serialised nor compressed again."""
-    text = json.dumps(json_util.Cleanse(body, "utf-8"), ensure_ascii=True)
+    try:
+        # json's C encoder writes non-finite floats as bare tokens; they are quoted after, which
+        # gives Cleanse's text without walking every number in Python (9 s on a 2048-replica
+        # job's answers).
+        text = json.dumps(body, ensure_ascii=True, allow_nan=True)
+    except TypeError:  # bytes or sets: Cleanse turns them into strings and sorted lists
+        text = json.dumps(json_util.Cleanse(body, "utf-8"), ensure_ascii=True)
+    else:
+        if "NaN" in text or "Infinity" in text:
+            text = _NON_FINITE.sub(lambda m: f'"{m[1]}"' if m[1] else m[0], text)
     return gzip.compress(text.encode("utf-8"), compresslevel=3, mtime=0)
 
 

@@ -237,3 +237,27 @@ def test_cli_inspect_runs_a_dataset_function(tmp_path):
     assert body["findings"][0]["kind"] == "first_batch_uneven"
     bad = run_cli("inspect", f"{script}:nothing", "--logdir", str(tmp_path))
     assert bad.returncode == 2 and "not a function" in bad.stderr
+
+
+def test_encoded_answers_equal_tensorboards_cleansed_json():
+    """`encode_json` quotes non-finite numbers as TensorBoard's `Cleanse` does (JSON.parse
+    rejects bare NaN), leaves strings that spell them alone, and falls back to `Cleanse` for
+    bytes and sets."""
+    import gzip
+
+    from tensorboard.backend import json_util
+
+    from tb_replica_plugin import plugin
+
+    body = {
+        "values": [1.5, float("nan"), float("inf"), -float("inf"), 0, -2, 1e-300],
+        "nested": ({"a": [float("nan"), "NaN"]}, ['say "Infinity" \\', "-Infinity", "é"]),
+        "ok": True,
+        "none": None,
+        3: "int key",
+    }
+    for case in (body, dict(body, raw=b"bytes", tags={"b", "a"})):
+        expected = json.dumps(json_util.Cleanse(case, "utf-8"), ensure_ascii=True)
+        assert gzip.decompress(plugin.encode_json(case)).decode() == expected
+    text = gzip.decompress(plugin.encode_json(body)).decode()
+    assert '"values": [1.5, "NaN", "Infinity", "-Infinity", 0, -2, 1e-300]' in text

@@ -277,8 +277,10 @@ def merge_data(job, member_runs, workers, notes):
     estimated = 0
     cross = owner[:, None] != owner[None, :]
     for k in range(len(steps)):
+        # Whole-matrix `np.where`s: boolean-mask indexing of [R, R] was most of a 2048-replica
+        # job's merge.
         pairs, _, found = sketch_overlaps(sketch[k], distinct[k])
-        shared[k][cross] = pairs[cross]
+        shared[k] = np.where(cross, pairs, shared[k])
         if np.all(distinct[k] <= size):
             duplicated[k] = found  # every set is whole: exact
         else:
@@ -286,8 +288,8 @@ def merge_data(job, member_runs, workers, notes):
             across = np.where(cross, shared[k], 0).max(axis=1)
             duplicated[k] = np.minimum(np.maximum(duplicated[k], across), distinct[k])
         span = max(int(window_steps[k]), 1)
-        window_shared[k][cross] = shared[k][cross] * span
-        steps_shared[k][cross] = np.where(shared[k][cross] > 0, span, 0)
+        window_shared[k] = np.where(cross, shared[k] * span, window_shared[k])
+        steps_shared[k] = np.where(cross, np.where(shared[k] > 0, span, 0), steps_shared[k])
         window_duplicated[k] = np.maximum(window_duplicated[k], duplicated[k] * span)
     if estimated:
         notes.append(

@@ -16,7 +16,6 @@ Pure Python and numpy.
 """
 
 import collections
-import warnings
 
 import numpy as np
 
@@ -47,6 +46,34 @@ FINDING_KINDS = {
 }
 
 
+def _median_of_others(values):
+    """float64 [S, R]: `nanmedian` of each row without column r, for every r at once.
+
+    Sorts each row once (NaN last); leaving out the value at sorted position p shifts the
+    positions after it by one, so the median of the others is read at one or two positions
+    (the mean of the two middle values for an even count, as `np.nanmedian`). NaN where no other
+    value is finite or NaN-free.
+    """
+    count, width = values.shape
+    order = np.argsort(values, axis=1, kind="stable")
+    ordered = np.take_along_axis(values, order, axis=1)
+    valid = ~np.isnan(values)
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(width), (count, width)), axis=1)
+    total = valid.sum(axis=1, keepdims=True)
+    others = total - valid  # values left once the replica's own (if not NaN) is out
+    left_out = np.where(valid, rank, total)  # a NaN value leaves nothing out
+
+    def at(position):
+        shifted = np.where(position < left_out, position, position + 1)
+        return np.take_along_axis(ordered, np.clip(shifted, 0, width - 1), axis=1)
+
+    high = at(others // 2)
+    with np.errstate(invalid="ignore"):
+        middle = np.where(others % 2 == 1, high, (at(np.maximum(others - 1, 0) // 2) + high) / 2)
+    return np.where(others > 0, middle, np.nan)
+
+
 def ratio_to_median(norms):
     """Each value over the median of the other replicas' values at the same step.
 
@@ -66,11 +93,7 @@ def ratio_to_median(norms):
     norms = np.asarray(norms, np.float64)
     if norms.ndim != 2 or norms.shape[1] < 2:
         return np.ones_like(norms)
-    medians = np.empty_like(norms)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices give NaN, as wanted
-        for replica in range(norms.shape[1]):
-            medians[:, replica] = np.nanmedian(np.delete(norms, replica, axis=1), axis=1)
+    medians = _median_of_others(norms)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = norms / medians
     ratio[(norms == 0) & (medians == 0)] = 1.0
