@@ -450,6 +450,15 @@ def test_cross_worker_data_exact_and_estimated():
     assert merged.window_shared[0].tolist() == [[40, 40], [40, 40]]
     assert merged.steps_shared[0].tolist() == [[5, 5], [5, 5]]
     assert any("extrapolated" in note for note in notes)
+    # Pair matrices beyond the memory bound: not computed, and noted (the workers keep theirs).
+    original = examples_read.MAX_PAIR_BYTES
+    examples_read.MAX_PAIR_BYTES = 95  # one step × 2² pairs × 3 int64 arrays is 96 bytes
+    try:
+        notes = []
+        assert examples_read.merge_data("j", members, workers, notes) is None
+        assert any("1 logged steps × 2² replica pairs" in note for note in notes)
+    finally:
+        examples_read.MAX_PAIR_BYTES = original
     # A worker without data: the job has none, and says why.
     members[1].data = None
     notes = []

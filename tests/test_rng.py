@@ -16,6 +16,7 @@ from conftest import REPO, mirrored
 
 import tb_replica_plugin
 from tb_replica_plugin import ReplicaProbe, analysis
+from tb_replica_plugin.families.rng import present as rng_present
 from tb_replica_plugin.families.rng import read as rng_read
 from tb_replica_plugin.families.rng import rules as rng_rules
 
@@ -182,6 +183,16 @@ def test_stream_groups_and_rng_findings_on_series():
     generators[0]["mirrored"] = False  # one shared state: draws serialised, not compared
     assert rng_rules.find_rng(series) == []
     assert rng_rules.stream_groups([5, 6, 5, 7]) == [0, 1, 0, 3]
+    # The match matrix, compared a few steps at a time, equals the all-at-once mean.
+    streams = np.random.default_rng(4).integers(0, 3, size=(37, 5))
+    whole = (streams[:, :, None] == streams[:, None, :]).mean(axis=0)
+    original = rng_present.MATCH_CELLS
+    rng_present.MATCH_CELLS = 2 * 25  # two steps of 5 × 5 pairs at a time
+    try:
+        np.testing.assert_array_equal(rng_present.match_fraction(streams), whole)
+    finally:
+        rng_present.MATCH_CELLS = original
+    assert rng_present.match_fraction(np.array([[1, 1], [1, 2]])).tolist() == [[1, 0.5], [0.5, 1]]
 
 
 def test_generator_created_outside_the_scope_is_shared_and_not_judged(tmp_path):

@@ -215,6 +215,11 @@ def sketch_overlap(sketch_a, distinct_a, sketch_b, distinct_b):
     return int(shared[0, 1]), bool(exact[0, 1])
 
 
+# The [S, R, R] matrices of a job's merged series: beyond this, the merge is skipped with a note
+# (2048 replicas × 1,000 steps would take 94 GiB).
+MAX_PAIR_BYTES = 2 << 30
+
+
 def merge_data(job, member_runs, workers, notes):
     """Examples fed to replicas of different workers at the same step, from the sketches.
 
@@ -245,6 +250,16 @@ def merge_data(job, member_runs, workers, notes):
     if series is None:
         return None
     steps = jobs.common_steps(series, notes, "data")
+    total = sum(s.num_replicas for s in series)
+    pair_bytes = len(steps) * total * total * 3 * 8  # shared, window_shared, steps_shared
+    if pair_bytes > MAX_PAIR_BYTES:
+        notes.append(
+            f"data: the examples shared across workers are not computed for this job: its "
+            f"{len(steps)} logged steps × {total}² replica pairs would take "
+            f"{pair_bytes / 2**30:.0f} GiB. Each worker's run shows its own replicas' overlap; "
+            "log examples less often (`examples_every`) to compare across workers."
+        )
+        return None
     at = [np.searchsorted(s.steps, steps).astype(np.int64) for s in series]
 
     def concat(field):

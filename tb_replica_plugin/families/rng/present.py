@@ -4,6 +4,8 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 (JSON and text). Pure Python and numpy, no TensorFlow.
 """
 
+import numpy as np
+
 from tb_replica_plugin.core import args
 from tb_replica_plugin.core.downsample import hex64, pick
 from tb_replica_plugin.families.rng import rules
@@ -27,12 +29,11 @@ def rng_body(series, max_points=None):
     for index, generator in enumerate(series.generators):
         fingerprint = series.fingerprint[:, index]
         state = series.state[:, index, :, : generator["state_size"]]
-        equal = fingerprint[:, :, None] == fingerprint[:, None, :]
         last = series.steps.size - 1
         generators.append(
             {
                 **generator,
-                "match": equal.mean(axis=0).round(6).tolist() if last >= 0 else [],
+                "match": match_fraction(fingerprint).round(6).tolist() if last >= 0 else [],
                 "stream_groups": [rules.stream_groups(fingerprint[s]) for s in picked],
                 "state_groups": [rules.stream_groups(state[s]) for s in picked],
                 "last_fingerprint": [hex64(v) for v in fingerprint[last]] if last >= 0 else [],
@@ -49,6 +50,29 @@ def rng_body(series, max_points=None):
         "generators": generators,
         "notes": series.notes,
     }
+
+
+# Replica pairs × steps compared at once by `match_fraction` (bounds its memory to ~64 MB).
+MATCH_CELLS = 1 << 26
+
+
+def match_fraction(fingerprint):
+    """float64 [R, R]: the fraction of steps at which replicas a and b drew equal streams.
+
+    Args:
+      fingerprint: int64 [S, R] (S >= 1), one generator's stream fingerprints.
+
+    Returns:
+      The fractions, steps compared in chunks of at most `MATCH_CELLS` pairs (2048 replicas ×
+      1,000 steps would be 4 GB at once).
+    """
+    steps, replicas = fingerprint.shape
+    equal = np.zeros((replicas, replicas), dtype=np.int64)
+    chunk = max(1, MATCH_CELLS // max(replicas * replicas, 1))
+    for start in range(0, steps, chunk):
+        part = fingerprint[start : start + chunk]
+        equal += (part[:, :, None] == part[:, None, :]).sum(axis=0)
+    return equal / steps
 
 
 def body(run, run_data, parsed):
