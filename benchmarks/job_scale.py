@@ -19,7 +19,9 @@ devices): a 2-core machine cannot run hundreds of workers, and the readers cost 
 Figures: `first_load_s` / `cached_load_s` (wall seconds of the requests, first and repeated) and
 `first_load_cpu_s` / `cached_load_cpu_s` (CPU seconds of the tensorboard processes meanwhile),
 `peak_rss_mb` (high-water mark of the tensorboard process and its data server), and for the
-report `report_s`, `report_cpu_s` and `report_peak_rss_mb`.
+report `report_s`, `report_cpu_s` and `report_peak_rss_mb`. A loader that fails (TensorBoard
+exits, e.g. killed when out of memory, or a request fails) gives the figures it reached and
+`error`; a failed report gives `report_error`.
 """
 
 import argparse
@@ -270,11 +272,12 @@ def measure_tensorboard(logdir, workers, load_fast, timeout):
     ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
+    figures = {}
     try:
         start = time.perf_counter()
         _wait_loaded(url, process, workers, timeout)
         loaded_s = time.perf_counter() - start
-        figures = {"tensorboard_load_s": round(loaded_s, 2)}
+        figures["tensorboard_load_s"] = round(loaded_s, 2)
         for name in ("first", "cached"):
             cpu, wall = _cpu_s(process.pid), time.perf_counter()
             entry, bodies = _run_view(url)
@@ -286,6 +289,11 @@ def measure_tensorboard(logdir, workers, load_fast, timeout):
         figures["steps_served"] = len(bodies[1]["steps"])
         figures["findings"] = entry["findings"]
         return figures
+    except (OSError, RuntimeError, TimeoutError) as error:  # a failure is a figure too
+        process.poll()
+        died = process.returncode is not None and process.returncode < 0
+        cause = f" (killed by signal {-process.returncode}: out of memory?)" if died else ""
+        return {**figures, "error": f"{type(error).__name__}: {error}{cause}"}
     finally:
         process.terminate()
         try:
@@ -308,7 +316,12 @@ def measure_report(logdir):
         text = out.read().decode()
     code = os.waitstatus_to_exitcode(status)
     if code not in (0, 1):  # 1: findings at or above --fail-on
-        raise RuntimeError(f"tb-replica report exited with status {code}")
+        cause = f" (killed by signal {-code}: out of memory?)" if code < 0 else ""
+        return {
+            "report_error": f"tb-replica report exited with status {code}{cause}",
+            "report_s": round(wall, 2),
+            "report_peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+        }
     report = json.loads(text)
     runs = report["runs"] if isinstance(report, dict) else report
     job = runs[JOB] if isinstance(runs, dict) else next(r for r in runs if r["run"] == JOB)
