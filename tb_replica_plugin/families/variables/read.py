@@ -230,7 +230,6 @@ def assemble_series(run, placement_events, steps, hash_arr, rows, row_of, exacts
             "CPU devices, mix64 on others): their bit identity is unknown, their drift is "
             "estimated from the sketches only."
         )
-    nan = np.full(hash_arr.shape, np.nan)
     table = np.concatenate([rows, np.full((1, rows.shape[-1]), np.nan)])
 
     def row(index):
@@ -252,21 +251,24 @@ def assemble_series(run, placement_events, steps, hash_arr, rows, row_of, exacts
         lower_at = np.where(small, np.maximum(lower_at, sketch_max), lower_at)
     estimates = []
     for values in (l2_at, rel_at, lower_at):
-        estimate = np.where(identical, 0.0, nan)
+        estimate = np.where(identical, 0.0, np.nan)
         estimate[at] = values
         estimates.append(estimate)
     l2, rel, lower = estimates
     exact = np.array([s in exacts for s in steps], dtype=bool)
-    exact_max_abs = nan.copy()
-    exact_l2 = nan.copy()
-    for i, step in enumerate(steps):
-        if step in exacts:
-            exact_max_abs[i] = exacts[step][..., 0]
-            exact_l2[i] = exacts[step][..., 1]
-    exact_rel = _relative(exact_l2, norm0) if steps.size else nan.copy()
-    exact_rel = np.where(np.isnan(exact_l2), np.nan, exact_rel)
-    rel_best = np.where(exact[:, None, None], exact_rel, rel)
-    max_abs_best = np.where(exact[:, None, None], exact_max_abs, lower)
+    if exact.any():
+        exact_max_abs = np.full(hash_arr.shape, np.nan)
+        exact_l2 = np.full(hash_arr.shape, np.nan)
+        for i, step in enumerate(steps):
+            if step in exacts:
+                exact_max_abs[i] = exacts[step][..., 0]
+                exact_l2[i] = exacts[step][..., 1]
+        exact_rel = np.where(np.isnan(exact_l2), np.nan, _relative(exact_l2, norm0))
+        rel_best = np.where(exact[:, None, None], exact_rel, rel)
+        max_abs_best = np.where(exact[:, None, None], exact_max_abs, lower)
+    else:  # no exact check (the default): one read-only NaN view, and the estimates as best
+        exact_max_abs = exact_l2 = exact_rel = np.broadcast_to(np.nan, hash_arr.shape)
+        rel_best, max_abs_best = rel, lower
     return VariablesSeries(
         run=run,
         replicas=replicas,
