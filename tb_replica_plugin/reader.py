@@ -414,10 +414,17 @@ def read_group(provider, ctx, experiment_id, name, runs, families=None, downsamp
         raise RunNotFoundError(name)
     # Whether they are the workers of one job comes from the inputs family (their shapes events).
     read_families = None if families is None else with_needs([*families, "inputs"])
-    members = [
-        read_run(provider, ctx, experiment_id, m, runs[m], read_families, downsample)
-        for m in members_of
-    ]
+    merge_tags = {tag for family in registry.families() for tag in family.merge_tags}
+    members = []
+    for member_run in members_of:
+        member = read_run(
+            provider, ctx, experiment_id, member_run, runs[member_run], read_families, downsample
+        )
+        if member.inputs is not None and member.inputs.worker is not None:
+            # A worker's series are built: keep only the samples a merge reads (memory of a
+            # 256-worker job: ~5 GB of samples otherwise, until the merge).
+            member.samples = {t: v for t, v in member.samples.items() if t in merge_tags}
+        members.append(member)
     if all(m.inputs.worker is not None for m in members):
         return {name: merge_job(name, members, read_families)}
     return {m.run: m for m in members}

@@ -60,6 +60,8 @@ class Family:
       versions: `{kind: schema version}` written for its kinds whose layout changed since
         version 1 (its `schema.VERSIONS`); readers read every older version too.
       needs: names of the families it reads (they come before it in the registry).
+      merge_tags: tags whose raw samples its `read.merge` reads from the workers' `RunData`
+        (the other samples of a job's workers are dropped as soon as each is read).
       route: the URL path of its route under the plugin (e.g. "/data"), or None.
       annotates_findings: its `rules.annotate` may amend the findings of other families of the
         same run (inputs names the worker of each finding of a multi-worker job); it runs after
@@ -78,6 +80,7 @@ class Family:
     tags: dict
     versions: dict = dataclasses.field(default_factory=dict)
     needs: tuple = ()
+    merge_tags: tuple = ()
     route: str | None = None
     annotates_findings: bool = False
     text_order: int = 100

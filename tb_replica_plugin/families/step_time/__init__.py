@@ -15,6 +15,7 @@ FAMILY = Family(
     package=__name__,
     tags=schema.TAGS,
     needs=("inputs",),
+    merge_tags=(schema.TAG_STEP_TIME,),
     route="/step_time",
     text_order=-1,
     json_order=60,

@@ -418,6 +418,8 @@ def merge_variables(job, member_runs, workers, notes):
         return None
     width = widths.pop() if widths else series[0].rows.shape[1]
     rows = np.concatenate([s.rows.reshape(-1, width) for s in series])
+    for s, start in zip(series, starts, strict=True):
+        s.rows = rows[start : start + len(s.rows)]  # the same values, held once (a view)
     first_step = steps[0] if steps else 0
     merged = assemble_series(
         job,
