@@ -229,8 +229,8 @@ def _import_tensorflow_quietly():
         os.close(devnull)
 
 
-def _read_without_tensorflow(logdir):
-    """Makes TensorBoard read a small local log dir with its TF stub (saves ~3 s of TF import).
+def _choose_event_reader(logdir):
+    """TensorBoard's TF stub for a small local log dir (saves ~3 s of TF import), else TensorFlow.
 
     TensorBoard's event reader uses TensorFlow when it is importable; the presence of the module
     `tensorboard.compat.notf` tells it to use its own stub, which reads local files but checks
@@ -261,7 +261,7 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = _build_parser().parse_args(argv)
     if args.command in ("report", "export-batch"):
-        _read_without_tensorflow(args.logdir)
+        _choose_event_reader(args.logdir)
         return _report(args) if args.command == "report" else _export_batch(args)
     return _inspect(args)
 

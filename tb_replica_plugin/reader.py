@@ -73,8 +73,8 @@ class RunData:
       notes: plain-language problems met while reading (shared by every family).
       workers: for a job, one dict per worker in replica order (see `InputsSeries.workers`);
         empty for a single-worker run.
-      worker_runs: for a job, `{run: RunData}` of its workers' runs (their series; their raw
-        samples are dropped once merged).
+      worker_runs: for a job, `{run: RunData}` of its workers' runs (their series; of their raw
+        samples only those a merge reads, `Family.merge_tags`, are kept).
       families: `{attribute: series or None}` of every registered family.
     """
 
@@ -331,8 +331,6 @@ def merge_job(job, member_runs, families=None):
     for family in registry.families():
         if wanted is None or family.name in wanted:
             setattr(data, family.attribute, family.read.merge(job, members, workers, notes))
-    for member in members:
-        member.samples = {}  # merged: the series stay (a 256-worker job's samples were ~5 GB)
     return data
 
 

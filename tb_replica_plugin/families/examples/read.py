@@ -275,7 +275,6 @@ def merge_data(job, member_runs, workers, notes):
     batch_size, distinct = concat("batch_size"), concat("distinct")
     sketch = concat("sketch")
     size = sketch.shape[-1]
-    total = distinct.shape[1]
     owner = np.concatenate([np.full(s.num_replicas, w) for w, s in enumerate(series)])
     offsets = np.cumsum([0] + [s.num_replicas for s in series])
     shape = (len(steps), total, total)

@@ -43,9 +43,8 @@ standard deviation of up to 141 % for the squared norm). See docs/data-format.md
 
 Bit-identical copies have identical stats and sketch, so `VariablesStats` hashes every copy
 first and, under a `tf.cond` on "every copy's hash equals replica 0's", summarizes replica 0's
-copy only and gives its row to every replica (the normal case: one summary per variable instead
-of one per copy, and one written row: `record.fingerprint_rows`); otherwise the differing copies
-are summarized on their own devices.
+copy only and gives its row to every replica (the normal case: one summary and one written row
+per variable, `record.fingerprint_rows`); otherwise the differing copies are summarized.
 
 `exact=True` adds the true element-wise difference: every copy is sent to replica 0's device and
 compared there (traffic: the whole variable per replica), giving the true max-abs and L2 norm of

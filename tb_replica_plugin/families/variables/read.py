@@ -150,9 +150,12 @@ def compact_fingerprints(samples, hashes):
 
 
 def dense_fingerprints(rows, row_of):
-    """float64 [S, V, R, 4 + K]: `rows[row_of]`, NaN where `row_of` is -1."""
-    table = np.concatenate([rows, np.full((1, rows.shape[-1]), np.nan)])
-    return table[np.where(row_of < 0, len(rows), row_of)]
+    """float64 `row_of.shape + [4 + K]`: `rows[row_of]`, NaN where `row_of` is -1."""
+    if not len(rows):
+        return np.full(row_of.shape + rows.shape[-1:], np.nan)
+    taken = rows[np.maximum(row_of, 0)]
+    taken[row_of < 0] = np.nan
+    return taken
 
 
 def build_variables_series(run, placement_events, hash_points, fingerprint_points, exact_points):
@@ -230,10 +233,9 @@ def assemble_series(run, placement_events, steps, hash_arr, rows, row_of, exacts
             "CPU devices, mix64 on others): their bit identity is unknown, their drift is "
             "estimated from the sketches only."
         )
-    table = np.concatenate([rows, np.full((1, rows.shape[-1]), np.nan)])
 
     def row(index):
-        return table[np.where(index < 0, len(rows), index)]
+        return dense_fingerprints(rows, index)
 
     norm0 = np.sqrt(np.maximum(row(row_of[:, :, 0])[..., 3], 0.0))[:, :, None]  # [S, V, 1]
     at = np.nonzero(both[None] & ~identical)  # the copies whose drift must be estimated
