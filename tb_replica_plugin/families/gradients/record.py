@@ -144,20 +144,22 @@ def nonfinite_counts(values, loss_value, has_loss):
       loss_value: its float32 loss (from `replica_stats`).
       has_loss: whether a loss was given (else the loss rows are 0).
     """
-    zero = tf.constant(0, tf.int32)
     if values:
-        # One vector of every gradient element: two counts, whatever the number of variables.
-        flat = tf.concat([tf.reshape(v, [-1]) for v in values], axis=0)
-        nan = tf.math.count_nonzero(tf.math.is_nan(flat), dtype=tf.int32)
-        inf = tf.math.count_nonzero(tf.math.is_inf(flat), dtype=tf.int32)
+        # One vector of every gradient element (one shape constant for every reshape), then both
+        # counts from one reduction: the branch runs only at a faulty step, but it is traced with
+        # every step function, so it is kept to a few ops.
+        flat_shape = tf.constant([-1])
+        flat = tf.concat([tf.reshape(v, flat_shape) for v in values], axis=0)
+        kinds = tf.stack([tf.math.is_nan(flat), tf.math.is_inf(flat)])
+        counts = tf.reduce_sum(tf.cast(kinds, tf.int32), axis=1)
     else:
-        nan = inf = zero
+        counts = tf.zeros([2], tf.int32)
     if has_loss:
-        loss_nan = tf.cast(tf.math.is_nan(loss_value), tf.int32)
-        loss_inf = tf.cast(tf.math.is_inf(loss_value), tf.int32)
+        loss_kinds = tf.stack([tf.math.is_nan(loss_value), tf.math.is_inf(loss_value)])
+        loss_counts = tf.cast(loss_kinds, tf.int32)
     else:
-        loss_nan = loss_inf = zero
-    return tf.stack([nan, inf, loss_nan, loss_inf])
+        loss_counts = tf.zeros([2], tf.int32)
+    return tf.concat([counts, loss_counts], axis=0)
 
 
 def raw_rows(per_replica_sq, per_replica_loss):
@@ -487,7 +489,8 @@ class Recorder(RecorderBase):
                 # blocks are stacked and the healthy replicas' rows dropped: one mask instead of
                 # one `tf.cond` per replica to trace (this runs only at the first faulty step).
                 stacked = tf.stack([block(index) for index in range(len(devices))])
-                return tf.reshape(tf.boolean_mask(stacked, tf.logical_not(tf.stack(healthy))), [-1])
+                unhealthy = tf.reshape(tf.where(tf.logical_not(tf.stack(healthy))), [-1])
+                return tf.reshape(tf.gather(stacked, unhealthy), [-1])
 
             try:
                 written = self.probe.write(
