@@ -41,6 +41,7 @@ from tb_replica_plugin.families.gradients.capture import (
 from tb_replica_plugin.families.gradients.record import SCALING_AS_GIVEN, SCALING_REPLICA_LOSS
 from tb_replica_plugin.families.inputs import record as inputs_record
 from tb_replica_plugin.families.rng import record as rng_record
+from tb_replica_plugin.families.variables import rotation
 from tb_replica_plugin.probe import (
     DEFAULT_EXAMPLES_EVERY,
     DEFAULT_FLUSH_SECS,
@@ -313,6 +314,13 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         variable is copied across devices). See `ReplicaProbe.observe_variables`.
       variables_exact: also compute the exact element-wise difference of every copy from
         replica 0's at logged steps (copies each variable to replica 0's device; default False).
+      variables_budget: with an integer `update_freq`, about how many elements per replica the
+        drift check of a logged step reads (default 32,768): variables of more than 4,096
+        elements are cut into P slices (P = their total size / budget, rounded up), logged
+        check i reads slice i mod P of each, and every epoch end adds the full check; so every
+        element is checked once every P logged steps and at each epoch end, and a check's cost
+        does not grow with the model. None: the full check at every logged step. Not used with
+        `update_freq="epoch"` (one full check per epoch) or `variables_exact=True` (full).
       flush_secs: seconds between background flushes of the event file (default 5). The file
         is also flushed at every epoch end, at the end of training and when `fit` raises.
       outputs: record each replica's model outputs (`y_pred`, as the model's `compute_loss`
@@ -341,7 +349,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
     Raises:
       ValueError: if `update_freq` is not "epoch", "batch" or a positive integer, `flush_secs`
         is not a positive number, `examples_every` not a positive integer, `halt_on` not None,
-        "error" or a list of known finding kinds, or `capture_limit`/`capture_bytes` invalid.
+        "error" or a list of known finding kinds, `capture_limit`/`capture_bytes` invalid, or
+        `variables_budget` neither None nor a positive integer.
 
     Example:
       ```python
@@ -367,6 +376,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         examples=True,
         variables=True,
         variables_exact=False,
+        variables_budget=rotation.DEFAULT_BUDGET,
         examples_every=DEFAULT_EXAMPLES_EVERY,
         outputs=True,
         halt_on=None,
@@ -408,6 +418,8 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         self.examples = examples
         self.variables = bool(variables)
         self.variables_exact = bool(variables_exact)
+        rotation.check_budget(variables_budget)
+        self.variables_budget = variables_budget
         self.outputs = bool(outputs)
         self._probe = None
         self._patched = None
@@ -477,8 +489,14 @@ class ReplicaCallback(*keras_compat.callback_bases()):
 
     def on_epoch_end(self, epoch, logs=None):
         if self._probe is not None:
-            if self.update_freq == "epoch" and self.variables and self._patched is not None:
-                _observe_variables_at_epoch_end(self._probe, self.model, self.variables_exact)
+            if self.variables and self._patched is not None:
+                if self.update_freq == "epoch":
+                    _observe_variables_at_epoch_end(self._probe, self.model, self.variables_exact)
+                elif self.variables_budget is not None and not self.variables_exact:
+                    # Rotating checks in the steps: the full check at the epoch's end too.
+                    _observe_variables_at_epoch_end(
+                        self._probe, self.model, False, self.variables_budget
+                    )
             self._probe.flush(window=self.update_freq == "epoch")
             if self.halt_on is not None and self._patched is not None:
                 self._halt(at_check=True)
@@ -660,6 +678,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             observers.extend(_rng_observer(probe, model, self.generators))
         per_step_variables = self.variables and self.update_freq != "epoch"
         exact = self.variables_exact
+        budget = None if self.variables_exact else self.variables_budget
         outputs = self._outputs_capture
         batches = self._batches
 
@@ -682,7 +701,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                 except Exception as error:  # noqa: BLE001 - never break the training
                     probe.warn_variables_failed(error)
                 else:
-                    probe.observe_variables(variables, exact=exact)
+                    probe.observe_variables(variables, exact=exact, budget=budget)
             return logs
 
         return train_step
@@ -783,11 +802,22 @@ def fit_variables(model):
     return result
 
 
-def _observe_variables_at_epoch_end(probe, model, exact):
-    """Host side: the drift check once, at the last step of the epoch (never raises)."""
+def _observe_variables_at_epoch_end(probe, model, exact, budget=None):
+    """Host side: the full drift check once, at the last step of the epoch (never raises).
+
+    With a `budget` (the rotating checks of the steps), only when the model's checks rotate: the
+    full check then shares their plan (and placement event) and replaces the step's slice.
+    """
     try:
         step = probe.last_step()
-        if step is not None:
-            probe.observe_variables(fit_variables(model), step=step, exact=exact)
+        if step is None:
+            return
+        variables = fit_variables(model)
+        if budget is None:
+            probe.observe_variables(variables, step=step, exact=exact)
+            return
+        recorder = probe.recorder("variables")
+        if recorder.rotates(variables, exact, budget):
+            recorder.check_whole(variables, step, budget)
     except Exception as error:  # noqa: BLE001 - never break the training
         probe.warn_variables_failed(error)

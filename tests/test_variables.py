@@ -14,6 +14,7 @@ from conftest import TensorBoardServer, http_get, mirrored
 import tb_replica_plugin
 from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, metadata
 from tb_replica_plugin.families.variables import fingerprint as collector
+from tb_replica_plugin.families.variables import present as variables_present
 from tb_replica_plugin.families.variables import read as variables_read
 from tb_replica_plugin.families.variables import record as variables_record
 from tb_replica_plugin.families.variables import rules as variables_rules
@@ -709,3 +710,95 @@ def test_written_fingerprint_has_rows_of_replica_0_and_of_drifted_copies_only():
     assert content == {"kind": "variable_fingerprint", "version": 2}
     content = json.loads(metadata.create_summary_metadata("variable_hash").plugin_data.content)
     assert content == {"kind": "variable_hash", "version": 1}
+
+
+# ----------------------------------------------------------------- rotating checks
+
+
+def test_rotating_check_reads_one_slice_per_logged_step(tmp_path):
+    """With a budget, each logged check in a tf.function reads slice (step mod P) of every
+    variable larger than 4,096 elements (the small ones whole): a drift in one element is seen at
+    the steps whose slice holds it, with the slice's stats and drift."""
+    strategy = mirrored(2)
+    rng = np.random.default_rng(21)
+    with strategy.scope():
+        big = tf.Variable(rng.normal(size=(100, 100)).astype("float32"), name="big")
+        small = tf.Variable(rng.normal(size=(7,)).astype("float32"), name="small")
+    big.values[1].assign(big.values[0] + tf.scatter_nd([[80, 0]], [1.0], [100, 100]))
+    probe = ReplicaProbe(str(tmp_path / "replicas"), strategy, update_freq=1)
+    with pytest.raises(ValueError, match="`budget` must be an integer >= 1"):
+        probe.observe_variables([big, small], budget=0)
+
+    @tf.function
+    def check():
+        probe.observe_variables([big, small], budget=2500)  # 10,000 elements: P = 4
+
+    for _ in range(8):
+        check()
+    probe.close()
+    series, findings = only(str(tmp_path))
+    assert series.steps.tolist() == list(range(8))
+    assert series.rotation == {"period": 4, "budget": 2500, "whole_elements": 4096}
+    np.testing.assert_array_equal(series.coverage, [[0.25, 1.0]] * 8)
+    # Element 8,000 (row 80) is in slice 3 = elements 7,500..9,999.
+    assert series.identical[:, 0, 1].tolist() == [True, True, True, False] * 2
+    assert series.identical[:, 1, :].all()
+    flat = big.values[0].numpy().reshape(-1).astype(np.float64)
+    for step in range(8):
+        part = flat[2500 * (step % 4) : 2500 * (step % 4 + 1)]
+        expected = [part.min(), part.max(), part.sum(), np.square(part).sum()]
+        np.testing.assert_allclose(series.stats[step, 0, 0], expected, rtol=1e-9)
+    drift = series.rel_l2[3, 0, 1]
+    np.testing.assert_allclose(drift, 1.0 / np.linalg.norm(flat[7500:]), rtol=SKETCH_TOLERANCE)
+    (finding,) = findings
+    assert (finding.kind, finding.first_step, finding.count, finding.replicas) == (
+        "variable_drift",
+        3,
+        2,
+        [1],
+    )
+    body = variables_present.variables_body(series)
+    assert body["rotation"] == {
+        "period": 4,
+        "budget": 2500,
+        "partial_steps": 8,
+        "partial_fraction": 0.25,
+    }
+    assert any("every element once every 4 logged steps" in note for note in body["notes"])
+
+
+def test_rotating_fit_checks_whole_at_epoch_ends(tmp_path):
+    """ReplicaCallback(update_freq=1) with a small budget: slices at the steps, the full check at
+    each epoch's last step (its events replace that step's slice)."""
+    strategy = mirrored(2)
+    with strategy.scope():
+        layers = [keras.Input((80,)), keras.layers.Dense(64), keras.layers.Dense(1)]
+        model = keras.Sequential(layers)
+        model.compile(optimizer="adam", loss="mse")
+    rng = np.random.default_rng(22)
+    x = rng.normal(size=(32, 80)).astype("float32")
+    y = rng.normal(size=(32, 1)).astype("float32")
+    with pytest.raises(ValueError, match="`variables_budget` must be an integer >= 1"):
+        ReplicaCallback(str(tmp_path), variables_budget=-1)
+    model.fit(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(8),
+        epochs=2,
+        verbose=0,
+        callbacks=[ReplicaCallback(str(tmp_path), update_freq=1, variables_budget=2048)],
+    )
+    series, findings = only(str(tmp_path))
+    assert series.steps.tolist() == list(range(8))
+    # 3 kernels of 5,120 elements (the layer's and Adam's two) are cut: P = ceil(15,360 / 2,048).
+    assert series.rotation["period"] == 8
+    kernels = [i for i, v in enumerate(series.variables) if v["shape"] == [80, 64]]
+    assert len(kernels) == 3
+    partial = (series.coverage < 1).any(axis=1)
+    assert partial.tolist() == [True, True, True, False] * 2
+    np.testing.assert_allclose(series.coverage[0, kernels], 640 / 5120)
+    assert series.identical.all() and findings == []
+    # The last step's check is whole: replica 0's kernel as it is after training.
+    copy = model.variables[0].value.values[0]
+    value = tf.convert_to_tensor(copy)
+    digest, values = collector.copy_fingerprint(value, copy.dtype, algorithm="farmhash64")
+    assert series.hash[-1, kernels[0], 0] == int(digest)
+    np.testing.assert_allclose(series.stats[-1, kernels[0], 0], values.numpy()[:4], rtol=1e-12)

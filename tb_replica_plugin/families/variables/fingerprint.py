@@ -63,14 +63,8 @@ SKETCH_SIZE = 64  # written width; also the largest variable copied exactly into
 SKETCH_WIDTH = 61  # buckets of the structured sketch (a prime); buckets 61..63 stay 0
 STAT_COLUMNS = ("min", "max", "sum", "sum_sq")
 # Version of the fingerprint (hash, stats, sketch): bump when any of it changes, so fingerprints
-# of different versions are never compared (reader.merge_variables checks it across workers).
-# 1: mix64 hash everywhere, 64-bucket CountSketch hashing every element index.
-# 2: farmhash64 on CPU / mix64 elsewhere (per copy in the placement document), 61-bucket
-#    row-signed sketch, min/max in the copy's type.
-# 3: the same hash and sketch definition; a device holding FUSED_MIN_COPIES copies or more has
-#    their stats and sketches computed at once (segment sums, accumulated in element order), so
-#    the last bits of those sums differ from version 2's tree reductions (the epoch-end check
-#    always; a copy hashing like replica 0's takes its row: same meaning, same version).
+# of different versions are never compared across workers (docs/data-format.md lists them; 3: the
+# stats and sketches of many copies computed at once, by segment sums in element order).
 FINGERPRINT_VERSION = 3
 HASH_FARMHASH = "farmhash64"
 HASH_MIX = "mix64"
@@ -119,9 +113,8 @@ def hash_algorithm(device, dtype):
 
 
 def _copies(tf_variable):
-    if isinstance(tf_variable, tf.distribute.DistributedValues):
-        return list(tf_variable.values)
-    return [tf_variable]
+    distributed = isinstance(tf_variable, tf.distribute.DistributedValues)
+    return list(tf_variable.values) if distributed else [tf_variable]
 
 
 def _sync_name(tf_variable):
@@ -320,9 +313,8 @@ def _mix64_numpy(z):
 
 def _row_negative(rows):
     """bool [rows, SKETCH_WIDTH]: where the sketch sign `s(r, c)` is -1 (see `row_signs`)."""
-    index = np.arange(rows, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        terms = (index + np.uint64(1)) * np.uint64(GOLDEN)
+        terms = (np.arange(rows, dtype=np.uint64) + np.uint64(1)) * np.uint64(GOLDEN)
     hashed = _mix64_numpy(terms ^ np.uint64(SKETCH_SEED))
     shifts = np.arange(SKETCH_WIDTH, dtype=np.uint64)
     return ((hashed[:, None] >> shifts[None, :]) & np.uint64(1)).astype(bool)
@@ -611,6 +603,8 @@ class VariablesStats:
         (`fused_summary`), fewer one by one (`copy_summary`). The default suits a check that
         runs in the training step; a check traced for one host-side call (epoch ends) passes 1,
         as its cost is tracing, not running.
+      part: `part(index, value)`, the part of the value of variable `index`'s copy to fingerprint
+        (a rotating check's slice, `rotation.py`); default: the whole copy.
 
     Attributes:
       hash: int64 [V, R] (0 where replica r's device holds no copy).
@@ -621,7 +615,13 @@ class VariablesStats:
     """
 
     def __init__(
-        self, entries, num_replicas, exact=False, layouts=None, fused_min_copies=FUSED_MIN_COPIES
+        self,
+        entries,
+        num_replicas,
+        exact=False,
+        layouts=None,
+        fused_min_copies=FUSED_MIN_COPIES,
+        part=None,
     ):
         width = len(STAT_COLUMNS) + SKETCH_SIZE
         layouts = {} if layouts is None else layouts
@@ -642,7 +642,7 @@ class VariablesStats:
                 target = columns[column]
                 with tf.device(copy.device):
                     target.device = target.device or copy.device
-                    value = _read(copy)
+                    value = _read(copy) if part is None else part(index, _read(copy))
                     present[column] = value
                     numeric = _is_numeric(entry.dtype) and _static_size(value) is not None
                     flat = tf.reshape(value, row_shape) if numeric else None

@@ -40,6 +40,7 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None):
             "tolerance": tolerance,
             "variables": [],
             "top": [],
+            "rotation": None,
             "notes": [],
         }
     steps = series.steps
@@ -98,7 +99,27 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None):
         "tolerance": tolerance,
         "variables": rows,
         "top": top_rows,
+        "rotation": rotation_body(series),
         "notes": series.notes,
+    }
+
+
+def rotation_body(series):
+    """`rotation` of the `/variables` body: None unless the checks read rotating slices.
+
+    Returns:
+      `{"period", "budget", "partial_steps", "partial_fraction"}`: P, the elements per replica
+      of a check, the logged steps whose check read slices, and the smallest fraction of a
+      variable one of them read.
+    """
+    if series.rotation is None:
+        return None
+    partial = (series.coverage < 1.0).any(axis=1)
+    return {
+        "period": series.rotation.get("period"),
+        "budget": series.rotation.get("budget"),
+        "partial_steps": int(partial.sum()),
+        "partial_fraction": float(series.coverage.min()) if series.coverage.size else 1.0,
     }
 
 

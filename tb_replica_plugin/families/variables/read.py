@@ -50,6 +50,10 @@ class VariablesSeries:
         float64 [S, V, R], NaN where it did not run.
       rel_l2, max_abs: float64 [S, V, R]: the exact value where it ran, else the estimate (rel
         L2) or the lower bound (max-abs).
+      coverage: float64 [S, V]: the fraction of each variable's elements the check at that step
+        read (1.0: whole; less at a rotating check, `variables/window`, whose hash, fingerprint
+        and drift are those of the slice it read).
+      rotation: the placement's rotation (`{"period", "budget", "whole_elements"}`) or None.
       notes: plain-language problems met while reading.
     """
 
@@ -76,6 +80,8 @@ class VariablesSeries:
     exact_rel_l2: np.ndarray
     rel_l2: np.ndarray
     max_abs: np.ndarray
+    coverage: np.ndarray
+    rotation: dict
     notes: list
 
     @property
@@ -158,7 +164,9 @@ def dense_fingerprints(rows, row_of):
     return taken
 
 
-def build_variables_series(run, placement_events, hash_points, fingerprint_points, exact_points):
+def build_variables_series(
+    run, placement_events, hash_points, fingerprint_points, exact_points, window_points=()
+):
     """Builds a `VariablesSeries` from decoded samples (pure; no data provider needed).
 
     Args:
@@ -166,7 +174,9 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
       placement_events: `[(step, document dict)]`.
       hash_points: `[(step, int64 [V, R])]`; fingerprint_points: `[(step, float64 [V, R, 4+K])]`
         or `[(step, float64 [U, 2 + 4 + K])]` rows (`compact_fingerprints`); exact_points:
-        `[(step, float64 [V, R, 2])]`.
+        `[(step, float64 [V, R, 2])]`; window_points: `[(step, int64 [V, 2])]` (rotating
+        checks; the last event of a step wins, as for every tag: a full check at an epoch end
+        comes after the rotating check of that step).
 
     Returns:
       A `VariablesSeries`, or None when there is no placement event.
@@ -185,6 +195,7 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
         or (v.ndim == 2 and v.shape[1] > schema.FINGERPRINT_ID_COLUMNS)
     }
     exacts = {s: v for s, v in exact_points if v.shape == (num_v, num_r, 2)}
+    windows = {s: v for s, v in window_points if v.shape == (num_v, 2)}
     dropped = {s for s, _ in hash_points} - set(hashes)
     if dropped or len(placement_events) > 1:
         notes.append(
@@ -196,14 +207,45 @@ def build_variables_series(run, placement_events, hash_points, fingerprint_point
     hash_arr = np.stack([hashes[s] for s in steps]) if steps.size else np.zeros((0, num_v, num_r))
     hash_arr = hash_arr.astype(np.int64, copy=False)
     rows, row_of = compact_fingerprints([fingerprints[s] for s in steps], hash_arr)
-    return assemble_series(run, placement_events, steps, hash_arr, rows, row_of, exacts, notes)
+    coverage = window_coverage(document, steps, windows)
+    return assemble_series(
+        run, placement_events, steps, hash_arr, rows, row_of, exacts, notes, coverage
+    )
 
 
-def assemble_series(run, placement_events, steps, hash_arr, rows, row_of, exacts, notes):
+def window_coverage(document, steps, windows):
+    """float64 [S, V]: the fraction of each variable's elements read at each step's check.
+
+    Args:
+      document: the placement document (variable shapes).
+      steps: int64 [S]; windows: `{step: int64 [V, 2]}` (first element, count; -1: whole).
+    """
+    variables = document.get("variables", [])
+    coverage = np.ones((len(steps), len(variables)))
+    sizes = np.array(
+        [
+            float(np.prod(v.get("shape") or [])) if None not in (v.get("shape") or []) else np.nan
+            for v in variables
+        ]
+    )
+    for i, step in enumerate(steps.tolist()):
+        window = windows.get(step)
+        if window is not None:
+            counts = window[:, 1].astype(np.float64)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                part = np.where((counts >= 0) & (sizes > 0), counts / sizes, 1.0)
+            coverage[i] = np.clip(np.nan_to_num(part, nan=1.0), 0.0, 1.0)
+    return coverage
+
+
+def assemble_series(
+    run, placement_events, steps, hash_arr, rows, row_of, exacts, notes, coverage=None
+):
     """The `VariablesSeries` of decoded arrays (`build_variables_series`, `merge_variables`).
 
     Drift is computed only for copies that are not bit-identical to replica 0's (normally none):
-    the others' is exactly 0 whatever their fingerprints.
+    the others' is exactly 0 whatever their fingerprints. `coverage`: float64 [S, V] (default:
+    every check whole).
     """
     document = placement_events[-1][1]
     variables = list(document.get("variables", []))
@@ -271,6 +313,19 @@ def assemble_series(run, placement_events, steps, hash_arr, rows, row_of, exacts
     else:  # no exact check (the default): one read-only NaN view, and the estimates as best
         exact_max_abs = exact_l2 = exact_rel = np.broadcast_to(np.nan, hash_arr.shape)
         rel_best, max_abs_best = rel, lower
+    if coverage is None:
+        coverage = np.ones((len(steps), num_v))
+    rotation = document.get("rotation") or None
+    if (coverage < 1.0).any():
+        period = (rotation or {}).get("period", "P")
+        whole = (rotation or {}).get("whole_elements", 4096)
+        notes.append(
+            f"{int((coverage < 1.0).any(axis=1).sum())} of {len(steps)} logged step(s) checked "
+            f"a rotating slice of each variable larger than {whole:,} "
+            f"elements (every element once every {period} logged steps, and whole at each epoch "
+            "end with ReplicaCallback): a drift confined to other elements shows up to "
+            f"{period} logged steps late, and the drift at such a step is that of its slice."
+        )
     return VariablesSeries(
         run=run,
         replicas=replicas,
@@ -295,6 +350,8 @@ def assemble_series(run, placement_events, steps, hash_arr, rows, row_of, exacts
         exact_rel_l2=exact_rel,
         rel_l2=rel_best,
         max_abs=max_abs_best,
+        coverage=coverage,
+        rotation=rotation,
         notes=notes,
     )
 
@@ -330,6 +387,7 @@ def from_samples(run, samples, notes, needed=None):
         samples.get(schema.TAG_VARIABLE_HASH, []),
         samples.get(schema.TAG_VARIABLE_FINGERPRINT, []),
         samples.get(schema.TAG_VARIABLE_EXACT, []),
+        samples.get(schema.TAG_VARIABLE_WINDOW, []),
     )
     if series is not None:
         notes.extend(series.notes)
@@ -399,6 +457,7 @@ def merge_variables(job, member_runs, workers, notes):
         "replicas": [r for s in series for r in s.replicas],
         "source": series[0].source,
         "fingerprint": series[0].placement_events[-1][1].get("fingerprint", {}),
+        "rotation": series[0].rotation,
     }
     at = [np.searchsorted(s.steps, steps) for s in series]
     # One global replica axis; each worker's rows kept as read (offsets into the joined rows).
@@ -432,6 +491,7 @@ def merge_variables(job, member_runs, workers, notes):
         row_of,
         {},
         [],
+        np.min([s.coverage[i] for s, i in zip(series, at, strict=True)], axis=0),
     )
     if merged is not None:
         notes.extend(merged.notes)

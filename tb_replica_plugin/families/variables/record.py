@@ -3,7 +3,9 @@
 At the steps it is called for (logged steps), every copy of every variable is fingerprinted on its
 own device (`fingerprint.VariablesStats`: a bitwise hash, min/max/sum/sum of squares and a
 61-bucket sketch), so no copy leaves its device; the placement document is written at the first
-check and whenever it changes.
+check and whenever it changes. With a budget, a check inside a `tf.function` reads a slice of
+each large variable that rotates with the logged step (`rotation.py`; `variables/window` says
+which); host-side checks read everything.
 """
 
 import contextlib
@@ -16,7 +18,7 @@ from tensorflow.core.protobuf import config_pb2
 
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.families.variables import fingerprint, schema
+from tb_replica_plugin.families.variables import fingerprint, rotation, schema
 
 # The family's state vector: its step counter, placement written, placement fingerprint.
 _STEP, _HAS_PLACEMENT, _PLACEMENT_FP = range(3)
@@ -72,6 +74,37 @@ def fingerprint_rows(stats):
     return tf.boolean_mask(table, keep)
 
 
+def _numeric_size(entry):
+    """Elements of a numeric variable of known shape, else None (such variables are not cut)."""
+    numeric = entry.dtype.is_floating or entry.dtype.is_integer or entry.dtype.is_bool
+    if not numeric or any(d is None for d in entry.shape):
+        return None
+    return int(np.prod(entry.shape, dtype=np.int64))
+
+
+def _slicer(index, period, sizes, chunks):
+    """The in-graph slice of a rotating check at logged check `index` (an int64 tensor).
+
+    Returns:
+      `(part, extent)`: `part(v, value)` gives the checked elements of variable v's copy (flat;
+      the copy itself when v is checked whole) and `extent` the int64 [V, 2] window tensor.
+    """
+    size = np.array([n or 0 for n in sizes], dtype=np.int64)
+    chunk = np.array([c or 0 for c in chunks], dtype=np.int64)
+    first = tf.minimum((index % period) * chunk, size - chunk)  # rotation.starts, in-graph
+    cut = [n is not None and c < n for n, c in zip(sizes, chunks, strict=True)]
+    begins = {v: first[v : v + 1] for v in range(len(sizes)) if cut[v]}
+    flat = tf.constant([-1])
+
+    def part(v, value):
+        if not cut[v]:
+            return value
+        return tf.slice(tf.reshape(value, flat), begins[v], [int(chunks[v])])
+
+    counts = np.where(cut, chunk, [-1 if n is None else n for n in sizes])
+    return part, tf.stack([first, tf.constant(counts, tf.int64)], axis=1)
+
+
 class Recorder(RecorderBase):
     """State and writes of the variables family."""
 
@@ -90,34 +123,76 @@ class Recorder(RecorderBase):
     def warn(self, error):
         self.probe.warn_failed("variables", error)
 
-    def _plan(self, variables, exact):
-        """Entries, placement JSON and the traced check for one variable list (cached)."""
-        key = (tuple(id(v) for v in variables), exact)
+    def _plan(self, variables, exact, budget=None):
+        """Entries, placement JSON, rotation and the traced check for one variable list (cached).
+
+        Returns:
+          `(variables, record, host, period)`: `record(step)` checks in the caller's graph (a
+          rotating slice when `period` > 1), `host(step)` is the full check traced once for
+          host-side calls.
+        """
+        key = (tuple(id(v) for v in variables), exact, budget)
         plan = self._plans.get(key)
         if plan is None:
             probe = self.probe
             entries = fingerprint.describe_variables(variables, probe.static["devices"])
+            sizes = [_numeric_size(entry) for entry in entries]
+            period, chunks = rotation.plan(sizes, None if exact else budget)
             static = dict(probe.static, central=distribute.central_storage(probe.strategy))
+            if period > 1:
+                static["rotation"] = {
+                    "period": period,
+                    "budget": budget,
+                    "whole_elements": rotation.WHOLE_ELEMENTS,
+                }
             placement = fingerprint.placement_json(entries, static)
             digest = hashlib.blake2b(placement.encode("utf-8"), digest_size=7).digest()
+            window = (period, sizes, chunks) if period > 1 else None
             record = functools.partial(
-                self._record, entries, placement, int.from_bytes(digest, "little"), exact
+                self._record, entries, placement, int.from_bytes(digest, "little"), exact, window
             )
             # The host-side check (epoch ends) is traced for a call per epoch: its cost is the
             # trace, so every device's copies are summarized at once (a few ops per device).
-            host = tf.function(functools.partial(record, fused_min_copies=1), autograph=False)
+            host = tf.function(
+                functools.partial(record, fused_min_copies=1, rotate=False), autograph=False
+            )
             # Keeps the variables alive with the plan, so their ids cannot be reused.
-            plan = (variables, record, host)
+            plan = (variables, record, host, period)
             self._plans[key] = plan
         return plan
 
-    def merge(self, strategy, *, variables, step, exact):
+    def rotates(self, variables, exact=False, budget=None):
+        """Whether checks of `variables` with this `budget` read rotating slices (period > 1)."""
+        return self._plan(list(variables), bool(exact), budget)[3] > 1
+
+    def check_whole(self, variables, step, budget):
+        """Host side: the full check of `variables` at `step`, whatever `update_freq` says.
+
+        `ReplicaCallback` calls it at each epoch end when its steps' checks rotate: it shares
+        their plan (placement event and `variables/window` tag) and, at a step that also had a
+        rotating check, its events come later and replace that check's when read.
+        """
+        if not self.probe.build():
+            return
+        try:
+            _, _, traced, _ = self._plan(list(variables), False, budget)
+            self._run_host_check(traced, tf.constant(int(step), tf.int64))
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self.warn(error)
+
+    def _run_host_check(self, traced, step):
+        with self.probe.host_lock:  # host side: the flush thread shares the writer
+            if not self.probe.disabled_reason:
+                with _without_graph_optimizer():
+                    traced(step)
+
+    def merge(self, strategy, *, variables, step, exact, budget=None):
         """Cross-replica part of `observe_variables`: step, gating, then the check."""
         probe = self.probe
         try:
             del strategy  # the copies are read from the variables themselves
             counters = self.state["counters"]
-            _, record, traced = self._plan(variables, exact)
+            _, record, traced, _ = self._plan(variables, exact, budget)
             if step is None:
                 step_value = counters.read_value()[_STEP]
                 counters.assign_add(tf.constant([1, 0, 0], tf.int64))
@@ -125,10 +200,7 @@ class Recorder(RecorderBase):
                 step_value = tf.cast(step, tf.int64)
             if tf.executing_eagerly():
                 if probe.update_freq is None or int(step_value) % probe.update_freq == 0:
-                    with probe.host_lock:  # host side: the flush thread shares the writer
-                        if not probe.disabled_reason:
-                            with _without_graph_optimizer():
-                                traced(step_value)
+                    self._run_host_check(traced, step_value)
             elif probe.update_freq is None:
                 record(step_value)
             else:
@@ -146,14 +218,25 @@ class Recorder(RecorderBase):
         placement,
         placement_fp,
         exact,
+        window,
         step,
         fused_min_copies=fingerprint.FUSED_MIN_COPIES,
+        rotate=True,
     ):
-        """Fingerprints every copy and writes the variables tags at `step` (returns True)."""
+        """Fingerprints every copy (or this step's slices, see `rotation.py`) and writes the
+        variables tags at `step` (returns True)."""
         probe = self.probe
         counters = self.state["counters"]
+        part, extent = None, None
+        if window is not None:
+            period, sizes, chunks = window
+            whole = [-1 if n is None else n for n in sizes]
+            if rotate:
+                part, extent = _slicer(step // (probe.update_freq or 1), period, sizes, chunks)
+            else:
+                extent = tf.constant([[0, n] for n in whole], tf.int64)
         stats = fingerprint.VariablesStats(
-            entries, probe.num_replicas, exact, self._layouts, fused_min_copies
+            entries, probe.num_replicas, exact, self._layouts, fused_min_copies, part
         )
         current = counters.read_value()
         changed = tf.logical_or(
@@ -178,6 +261,14 @@ class Recorder(RecorderBase):
             step,
             schema.KIND_VARIABLE_FINGERPRINT,
         )
+        if extent is not None:
+            probe.write(
+                recording,
+                schema.TAG_VARIABLE_WINDOW,
+                lambda: extent,
+                step,
+                schema.KIND_VARIABLE_WINDOW,
+            )
         if stats.exact is not None:
             probe.write(
                 recording,
@@ -199,7 +290,7 @@ class Recorder(RecorderBase):
 class Recording:
     """`ReplicaProbe` methods of the variables family."""
 
-    def observe_variables(self, variables, step=None, exact=False):
+    def observe_variables(self, variables, step=None, exact=False, budget=None):
         """Records where each copy of every variable lives and how far it drifts from replica 0.
 
         For every variable (trainable or not; Keras or TensorFlow, mirrored or not), each copy is
@@ -225,6 +316,15 @@ class Recording:
             the values at step s are those after step s's update.
           exact: also compute the exact max-abs and L2 difference of every copy from replica 0
             (copies whole variables across devices).
+          budget: None (default: every check reads every element), or about how many elements
+            per replica a check inside a `tf.function` reads: variables of more than 4,096
+            elements are cut into P slices (P = their total size / `budget`, rounded up) and
+            logged check i reads slice i mod P of each, so every element is checked once every
+            P logged checks (see `families/variables/rotation.py`). Eager calls, and any call
+            with `exact=True`, check every element.
+
+        Raises:
+          ValueError: if `budget` is neither None nor an integer >= 1.
 
         Example:
           ```python
@@ -235,6 +335,7 @@ class Recording:
           probe.close()
           ```
         """
+        rotation.check_budget(budget, "budget")
         if not self.build():
             return
         recorder = self.recorder("variables")
@@ -246,7 +347,7 @@ class Recording:
                 )
                 return
             merge = functools.partial(
-                recorder.merge, variables=variables, step=step, exact=bool(exact)
+                recorder.merge, variables=variables, step=step, exact=bool(exact), budget=budget
             )
             replica_context = tf.distribute.get_replica_context()
             if replica_context is not None:

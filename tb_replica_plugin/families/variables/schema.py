@@ -18,11 +18,17 @@ TAG_VARIABLE_FINGERPRINT = "variables/fingerprint"
 FINGERPRINT_ID_COLUMNS = 2  # (v, r) in front of each row of the version-2 layout
 # float64 [V, R, 2]: exact (max |copy_r - copy_0|, ||copy_r - copy_0||_2); only with exact=True.
 TAG_VARIABLE_EXACT = "variables/exact"
+# int64 [V, 2]: (first element, element count) of the part of each variable (flattened, row-major)
+# that this check's hash and fingerprint cover; written by every check of a rotating plan (the
+# placement's "rotation"), the full ones too ((0, size); count -1: a variable checked whole whose
+# size is unknown). No event at a step: every variable was checked whole.
+TAG_VARIABLE_WINDOW = "variables/window"
 
 KIND_VARIABLE_PLACEMENT = "variable_placement"
 KIND_VARIABLE_HASH = "variable_hash"
 KIND_VARIABLE_FINGERPRINT = "variable_fingerprint"
 KIND_VARIABLE_EXACT = "variable_exact"
+KIND_VARIABLE_WINDOW = "variable_window"
 
 # Schema version written per kind (kinds not listed: 1); readers read every older version.
 VERSIONS = {KIND_VARIABLE_FINGERPRINT: 2}
@@ -32,4 +38,5 @@ TAGS = {
     TAG_VARIABLE_HASH: KIND_VARIABLE_HASH,
     TAG_VARIABLE_FINGERPRINT: KIND_VARIABLE_FINGERPRINT,
     TAG_VARIABLE_EXACT: KIND_VARIABLE_EXACT,
+    TAG_VARIABLE_WINDOW: KIND_VARIABLE_WINDOW,
 }
