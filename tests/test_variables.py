@@ -757,6 +757,8 @@ def test_rotating_check_reads_one_slice_per_logged_step(tmp_path):
         2,
         [1],
     )
+    assert "from step 3 (first seen at a rotating check that read 25% of it" in finding.message
+    assert "up to 4 logged steps earlier" in finding.message
     body = variables_present.variables_body(series)
     assert body["rotation"] == {
         "period": 4,

@@ -161,6 +161,20 @@ def _span(series, mask, rel, base):
     )
 
 
+def _seen_late(series, index, row):
+    """`" (first seen at a rotating check: ...)"` when the check at `row` read part of
+    variable `index` (`VariablesSeries.coverage`), else ""."""
+    coverage = getattr(series, "coverage", None)
+    if coverage is None or not coverage.size or coverage[row, index] >= 1.0:
+        return ""
+    period = (series.rotation or {}).get("period")
+    within = f"up to {period} logged steps" if period else "some logged steps"
+    return (
+        f" (first seen at a rotating check that read {coverage[row, index]:.0%} of it: the copies "
+        f"may have diverged {within} earlier)"
+    )
+
+
 def _drift_finding(series, index, variable, thresholds):
     """`variable_drift` or `variable_bits_differ` of one variable, or None."""
     rel = series.rel_l2[:, index, :]
@@ -200,7 +214,8 @@ def _drift_finding(series, index, variable, thresholds):
         )
         head = (
             f"Variable '{name}' on {_replica_list(series.replicas, columns)} differs from "
-            f"replica 0 from step {first} (relative L2 up to {worst:.3g}, {abs_text}); "
+            f"replica 0 from step {first}{_seen_late(series, index, rows[0])} (relative L2 up "
+            f"to {worst:.3g}, {abs_text}); "
         )
         trainable = variable.get("trainable", True)
         cause = "not_all_reduced" if trainable else "non_trainable_per_replica"
