@@ -221,21 +221,19 @@ def window_coverage(document, steps, windows):
       steps: int64 [S]; windows: `{step: int64 [V, 2]}` (first element, count; -1: whole).
     """
     variables = document.get("variables", [])
-    coverage = np.ones((len(steps), len(variables)))
     sizes = np.array(
         [
             float(np.prod(v.get("shape") or [])) if None not in (v.get("shape") or []) else np.nan
             for v in variables
         ]
     )
-    for i, step in enumerate(steps.tolist()):
-        window = windows.get(step)
-        if window is not None:
-            counts = window[:, 1].astype(np.float64)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                part = np.where((counts >= 0) & (sizes > 0), counts / sizes, 1.0)
-            coverage[i] = np.clip(np.nan_to_num(part, nan=1.0), 0.0, 1.0)
-    return coverage
+    counts = np.full((len(steps), len(variables)), -1.0)  # -1: read whole
+    at = [i for i, step in enumerate(steps.tolist()) if step in windows]
+    if at:
+        counts[at] = np.stack([windows[int(steps[i])][:, 1] for i in at])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        part = np.where((counts >= 0) & (sizes > 0), counts / sizes, 1.0)
+    return np.clip(np.nan_to_num(part, nan=1.0), 0.0, 1.0)
 
 
 def assemble_series(
