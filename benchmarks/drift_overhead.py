@@ -57,7 +57,7 @@ def main():
 
     from demo.scenarios import configure_devices
     from tb_replica_plugin import ReplicaCallback, ReplicaProbe
-    from tb_replica_plugin.callback import fit_variables
+    from tb_replica_plugin.families.variables.fit import fit_variables
     from tb_replica_plugin.families.variables import fingerprint as collector
 
     strategy = tf.distribute.MirroredStrategy(configure_devices(args.replicas))

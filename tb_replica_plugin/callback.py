@@ -42,6 +42,7 @@ from tb_replica_plugin.families.gradients.record import SCALING_AS_GIVEN, SCALIN
 from tb_replica_plugin.families.inputs import record as inputs_record
 from tb_replica_plugin.families.rng import record as rng_record
 from tb_replica_plugin.families.variables import rotation
+from tb_replica_plugin.families.variables.fit import fit_variables, observe_at_epoch_end
 from tb_replica_plugin.probe import (
     DEFAULT_EXAMPLES_EVERY,
     DEFAULT_FLUSH_SECS,
@@ -491,12 +492,10 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         if self._probe is not None:
             if self.variables and self._patched is not None:
                 if self.update_freq == "epoch":
-                    _observe_variables_at_epoch_end(self._probe, self.model, self.variables_exact)
+                    observe_at_epoch_end(self._probe, self.model, self.variables_exact)
                 elif self.variables_budget is not None and not self.variables_exact:
                     # Rotating checks in the steps: the full check at the epoch's end too.
-                    _observe_variables_at_epoch_end(
-                        self._probe, self.model, False, self.variables_budget
-                    )
+                    observe_at_epoch_end(self._probe, self.model, False, self.variables_budget)
             self._probe.flush(window=self.update_freq == "epoch")
             if self.halt_on is not None and self._patched is not None:
                 self._halt(at_check=True)
@@ -777,47 +776,3 @@ def _rng_observer(probe, model, generators):
     if not rng_record.find_generators(sources):
         return []
     return [lambda batch: probe.observe_rng(sources)]
-
-
-def fit_variables(model):
-    """Every variable of a Keras model and of its optimizer, once each, in a stable order.
-
-    Args:
-      model: a Keras 3 or tf_keras model (built).
-
-    Returns:
-      A list: `model.variables` (trainable and non-trainable, e.g. BatchNorm moving statistics)
-      then the optimizer's variables (iterations, slots).
-    """
-    seen = set()
-    result = []
-    optimizer = getattr(model, "optimizer", None)
-    optimizer_variables = getattr(optimizer, "variables", None)
-    if callable(optimizer_variables):  # tf_keras legacy optimizers: a method
-        optimizer_variables = optimizer_variables()
-    for variable in list(model.variables) + list(optimizer_variables or []):
-        if id(variable) not in seen:
-            seen.add(id(variable))
-            result.append(variable)
-    return result
-
-
-def _observe_variables_at_epoch_end(probe, model, exact, budget=None):
-    """Host side: the full drift check once, at the last step of the epoch (never raises).
-
-    With a `budget` (the rotating checks of the steps), only when the model's checks rotate: the
-    full check then shares their plan (and placement event) and replaces the step's slice.
-    """
-    try:
-        step = probe.last_step()
-        if step is None:
-            return
-        variables = fit_variables(model)
-        if budget is None:
-            probe.observe_variables(variables, step=step, exact=exact)
-            return
-        recorder = probe.recorder("variables")
-        if recorder.rotates(variables, exact, budget):
-            recorder.check_whole(variables, step, budget)
-    except Exception as error:  # noqa: BLE001 - never break the training
-        probe.warn_variables_failed(error)
