@@ -57,8 +57,8 @@ def main():
 
     from demo.scenarios import configure_devices
     from tb_replica_plugin import ReplicaCallback, ReplicaProbe
-    from tb_replica_plugin.families.variables.fit import fit_variables
     from tb_replica_plugin.families.variables import fingerprint as collector
+    from tb_replica_plugin.families.variables.fit import fit_variables
 
     strategy = tf.distribute.MirroredStrategy(configure_devices(args.replicas))
     dataset = common.mlp_dataset(args.steps_per_epoch)
