@@ -297,7 +297,8 @@ def bitwise_hash(value, dtype, cache=None):
     return tf.reduce_sum(mixed)
 
 
-def _is_numeric(dtype):
+def is_numeric(dtype):
+    """Whether copies of `dtype` get stats and a sketch (floats, integers, booleans)."""
     return dtype.is_floating or dtype.is_integer or dtype.is_bool
 
 
@@ -505,7 +506,7 @@ def copy_summary(value, dtype, projection=None):
       float64 `[4 + SKETCH_SIZE]`: min, max, sum, sum of squares, then the sketch (all NaN for
       non-numeric types).
     """
-    if not _is_numeric(dtype):
+    if not is_numeric(dtype):
         return tf.fill([len(STAT_COLUMNS) + SKETCH_SIZE], tf.constant(np.nan, tf.float64))
     native = tf.reshape(value, [-1])
     if dtype.is_bool:
@@ -551,7 +552,7 @@ def copy_fingerprint(value, dtype, projection=None, algorithm=HASH_MIX):
 def exact_difference(value, reference, dtype):
     """True `(max |value - reference|, ||value - reference||_2)` in float64 (on the caller's
     device, normally replica 0's)."""
-    if not _is_numeric(dtype):
+    if not is_numeric(dtype):
         return tf.constant([np.nan, np.nan], tf.float64)
     diff = tf.reshape(tf.cast(value, tf.float64) - tf.cast(reference, tf.float64), [-1])
     empty = tf.equal(tf.size(diff), 0)
@@ -603,8 +604,7 @@ class VariablesStats:
         (`fused_summary`), fewer one by one (`copy_summary`). The default suits a check that
         runs in the training step; a check traced for one host-side call (epoch ends) passes 1,
         as its cost is tracing, not running.
-      part: `part(index, value)`, the part of the value of variable `index`'s copy to fingerprint
-        (a rotating check's slice, `rotation.py`); default: the whole copy.
+      part: `part(index, value)`: the slice of variable `index`'s copy to check (`rotation.py`).
 
     Attributes:
       hash: int64 [V, R] (0 where replica r's device holds no copy).
@@ -644,7 +644,7 @@ class VariablesStats:
                     target.device = target.device or copy.device
                     value = _read(copy) if part is None else part(index, _read(copy))
                     present[column] = value
-                    numeric = _is_numeric(entry.dtype) and _static_size(value) is not None
+                    numeric = is_numeric(entry.dtype) and _static_size(value) is not None
                     flat = tf.reshape(value, row_shape) if numeric else None
                     if algorithm == HASH_FARMHASH and numeric:
                         # tf.fingerprint hashes the raw bytes of each slice: the whole copy.
@@ -729,7 +729,7 @@ class VariablesStats:
             for i, entry in enumerate(entries)
             if 0 in values[i]
             and len(values[i]) > 1
-            and _is_numeric(entry.dtype)
+            and is_numeric(entry.dtype)
             and len(set(entry.hashes)) == 1
         ]
         present = [[r in copies for r in range(num_replicas)] for copies in values]

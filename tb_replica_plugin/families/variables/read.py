@@ -221,19 +221,24 @@ def window_coverage(document, steps, windows):
       steps: int64 [S]; windows: `{step: int64 [V, 2]}` (first element, count; -1: whole).
     """
     variables = document.get("variables", [])
-    sizes = np.array(
-        [
-            float(np.prod(v.get("shape") or [])) if None not in (v.get("shape") or []) else np.nan
-            for v in variables
-        ]
-    )
+    sizes = variable_sizes(variables)
     counts = np.full((len(steps), len(variables)), -1.0)  # -1: read whole
     at = [i for i, step in enumerate(steps.tolist()) if step in windows]
     if at:
         counts[at] = np.stack([windows[int(steps[i])][:, 1] for i in at])
     with np.errstate(divide="ignore", invalid="ignore"):
-        part = np.where((counts >= 0) & (sizes > 0), counts / sizes, 1.0)
-    return np.clip(np.nan_to_num(part, nan=1.0), 0.0, 1.0)
+        part = np.where((counts >= 0) & np.isfinite(sizes), counts / sizes, 1.0)
+    return np.clip(part, 0.0, 1.0)
+
+
+def variable_sizes(variables):
+    """float64 [V]: each placement variable's element count (inf when a dimension is unknown)."""
+    sizes = np.empty(len(variables))
+    for index, variable in enumerate(variables):
+        shape = variable.get("shape") or []
+        known = all(d is not None for d in shape)
+        sizes[index] = float(np.prod(shape)) if known else np.inf
+    return sizes
 
 
 def assemble_series(
@@ -252,7 +257,8 @@ def assemble_series(
     num_v, num_r = len(variables), len(devices)
     present = np.zeros((num_v, num_r), dtype=bool)
     algorithm = np.full((num_v, num_r), "mix64", dtype=object)  # fingerprint version 1: mix64
-    sizes = np.zeros(num_v, dtype=np.float64)
+    # Unknown dimensions: inf (the sketch was hashed, never the exact small-variable copy).
+    sizes = variable_sizes(variables)
     for index, variable in enumerate(variables):
         columns = variable.get("columns", [])
         algorithms = variable.get("hash") or ["mix64"] * len(columns)
@@ -260,10 +266,6 @@ def assemble_series(
             if 0 <= column < num_r:
                 present[index, column] = True
                 algorithm[index, column] = str(name)
-        shape = variable.get("shape") or []
-        # Unknown dimensions: the sketch was hashed, never the exact small-variable copy.
-        known = all(d is not None for d in shape)
-        sizes[index] = float(np.prod(shape)) if known and shape else (1.0 if known else np.inf)
     both = present & present[:, :1]  # [V, R]: copies of r and of 0 exist
     comparable = both & (algorithm == algorithm[:, :1])
     identical = (hash_arr == hash_arr[:, :, :1]) & comparable[None]

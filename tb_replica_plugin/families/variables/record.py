@@ -76,8 +76,7 @@ def fingerprint_rows(stats):
 
 def _numeric_size(entry):
     """Elements of a numeric variable of known shape, else None (such variables are not cut)."""
-    numeric = entry.dtype.is_floating or entry.dtype.is_integer or entry.dtype.is_bool
-    if not numeric or any(d is None for d in entry.shape):
+    if not fingerprint.is_numeric(entry.dtype) or any(d is None for d in entry.shape):
         return None
     return int(np.prod(entry.shape, dtype=np.int64))
 
@@ -91,7 +90,7 @@ def _slicer(index, period, sizes, chunks):
     """
     size = np.array([n or 0 for n in sizes], dtype=np.int64)
     chunk = np.array([c or 0 for c in chunks], dtype=np.int64)
-    first = tf.minimum((index % period) * chunk, size - chunk)  # rotation.starts, in-graph
+    first = tf.minimum((index % period) * chunk, size - chunk)  # rotation.py's slice starts
     cut = [n is not None and c < n for n, c in zip(sizes, chunks, strict=True)]
     begins = {v: first[v : v + 1] for v in range(len(sizes)) if cut[v]}
     flat = tf.constant([-1])

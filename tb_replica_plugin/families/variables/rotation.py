@@ -14,10 +14,8 @@ slice j of a variable of n elements with chunk c = ceil(n / P) starts at min(j *
 last slice overlaps the one before it instead of being shorter (every slice has the same static
 size).
 
-Pure Python and numpy (the write side builds the same starts in-graph from `chunks` and `sizes`).
+Pure Python (the write side builds the slices' starts in-graph, `record._slicer`).
 """
-
-import numpy as np
 
 # Elements per replica a rotating check reads (about; the whole small variables come on top).
 DEFAULT_BUDGET = 1 << 15
@@ -62,19 +60,3 @@ def plan(sizes, budget):
         n if n is None or n <= WHOLE_ELEMENTS or period == 1 else -(-n // period) for n in sizes
     ]
     return period, chunks
-
-
-def starts(index, period, sizes, chunks):
-    """First element of each variable's slice at logged check `index` (numpy int64 [V]).
-
-    Args:
-      index: the logged check's number (step // update_freq); slice `index mod period` is read.
-      period, sizes, chunks: as given to and returned by `plan` (None counts as 0).
-
-    Example:
-      >>> starts(3, 4, [100_000, 300], [25_000, 300]).tolist()
-      [75000, 0]
-    """
-    size = np.array([n or 0 for n in sizes], dtype=np.int64)
-    chunk = np.array([c or 0 for c in chunks], dtype=np.int64)
-    return np.minimum((int(index) % int(period)) * chunk, size - chunk)

@@ -164,13 +164,13 @@ def _span(series, mask, rel, base):
 def _seen_late(series, index, row):
     """`" (first seen at a rotating check: ...)"` when the check at `row` read part of
     variable `index` (`VariablesSeries.coverage`), else ""."""
-    coverage = getattr(series, "coverage", None)
-    if coverage is None or not coverage.size or coverage[row, index] >= 1.0:
+    coverage = series.coverage[row, index]
+    if coverage >= 1.0:
         return ""
     period = (series.rotation or {}).get("period")
     within = f"up to {period} logged steps" if period else "some logged steps"
     return (
-        f" (first seen at a rotating check that read {coverage[row, index]:.0%} of it: the copies "
+        f" (first seen at a rotating check that read {coverage:.0%} of it: the copies "
         f"may have diverged {within} earlier)"
     )
 
