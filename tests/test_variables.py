@@ -464,6 +464,33 @@ def test_workers_with_different_fingerprint_versions_are_not_merged():
     assert "different versions" in notes[-1]
 
 
+def test_job_holds_each_row_bit_identical_to_global_replica_0_once():
+    class Member:
+        def __init__(self, series):
+            self.variables = series
+
+    first, second = synthetic([0.0, 0.0, 1e-3]), synthetic([0.0, 0.0, 1e-3])
+    second.hash[1] += 1  # at step 1 worker 1's copies agree with each other, not with worker 0's
+    second_stats = second.stats.copy()
+    workers = [{"name": "worker_0"}, {"name": "worker_1"}]
+    merged = variables_read.merge_variables("job", [Member(first), Member(second)], workers, [])
+    # 12 rows were written (3 steps x 4 copies); kept: global replica 0's (3), the drifted copies
+    # at step 2 (2) and worker 1's copies at step 1 (2).
+    assert len(merged.rows) == 7
+    assert merged.identical[:, 0].tolist() == [
+        [True, True, True, True],
+        [True, True, False, False],
+        [True, False, True, False],
+    ]
+    np.testing.assert_allclose(
+        merged.rel_l2[:, 0], [[0, 0, 0, 0], [0, 0, 0, 0], [0, 1e-3, 0, 1e-3]], rtol=1e-9
+    )
+    # Every copy's fingerprint reads the same values, in the job and in the worker's own series.
+    np.testing.assert_array_equal(merged.stats[:, :, 2:], second_stats)
+    np.testing.assert_array_equal(second.stats, second_stats)
+    assert second.rows is merged.rows
+
+
 def test_findings_tolerance_bits_and_sync_on_read():
     exact_zero = synthetic([0.0, 0.0])
     assert variables_rules.find_variables(exact_zero) == []

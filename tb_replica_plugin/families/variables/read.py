@@ -49,7 +49,8 @@ class VariablesSeries:
       exact: bool [S]: the exact check ran at that step; exact_max_abs, exact_l2, exact_rel_l2:
         float64 [S, V, R], NaN where it did not run.
       rel_l2, max_abs: float64 [S, V, R]: the exact value where it ran, else the estimate (rel
-        L2) or the lower bound (max-abs).
+        L2) or the lower bound (max-abs). Where these arrays hold the same values (every copy
+        bit-identical to replica 0's, no exact check) they are one read-only array.
       coverage: float64 [S, V]: the fraction of each variable's elements the check at that step
         read (1.0: whole; less at a rotating check, `variables/window`, whose hash, fingerprint
         and drift are those of the slice it read).
@@ -241,6 +242,69 @@ def variable_sizes(variables):
     return sizes
 
 
+def copy_pairs(variables, num_r):
+    """Which copies exist and which can be compared bit for bit with replica 0's.
+
+    Args:
+      variables: the placement document's variables (`columns`, `hash` per copy).
+      num_r: the number of replicas.
+
+    Returns:
+      `(present, both, comparable)`, bool [V, R] each: replica r holds a copy; it and replica
+      0 do; and both were hashed by the same algorithm (fingerprint version 1: "mix64").
+    """
+    present = np.zeros((len(variables), num_r), dtype=bool)
+    algorithm = np.full((len(variables), num_r), "mix64", dtype=object)
+    for index, variable in enumerate(variables):
+        columns = variable.get("columns", [])
+        algorithms = variable.get("hash") or ["mix64"] * len(columns)
+        for column, name in zip(columns, algorithms, strict=False):
+            if 0 <= column < num_r:
+                present[index, column] = True
+                algorithm[index, column] = str(name)
+    both = present & present[:, :1]
+    return present, both, both & (algorithm == algorithm[:, :1])
+
+
+def share_first_rows(hash_arr, comparable, row_of, rows_per_part):
+    """Joins parts' fingerprint rows, keeping one row for copies bit-identical to replica 0's.
+
+    A job's workers each write their replica 0's fingerprints, so a healthy job holds the same
+    rows once per worker. Here a copy whose hash equals global replica 0's (same algorithm) at
+    a step takes replica 0's row, as the writer does within a worker, and rows no copy refers to
+    any more are dropped: the drift of such a copy is 0 whatever its row.
+
+    Args:
+      hash_arr: int64 [S, V, R] on the joined replica axis; comparable: bool [V, R].
+      row_of: int64 [S, V, R]: each copy's row in the concatenation of `rows_per_part` (-1:
+        none).
+      rows_per_part: the parts' float64 [N_i, 4 + K] rows, in order.
+
+    Returns:
+      `(rows, remap)`: the kept rows and int64 [sum N_i + 1]: the new row of each old one (-1
+      for none; index -1, the last slot, maps -1 to -1), so `remap[old_row_of]` is the new
+      `row_of` of any array of old rows.
+    """
+    total = sum(len(r) for r in rows_per_part)
+    remap = np.arange(total + 1, dtype=np.int64)
+    remap[-1] = -1
+    first = np.broadcast_to(row_of[:, :, :1], row_of.shape)
+    same = (hash_arr == hash_arr[:, :, :1]) & comparable[None] & (first >= 0) & (row_of >= 0)
+    remap[row_of[same]] = first[same]
+    remap[:-1] = remap[remap[:-1]]  # a row mapped to a first row that was itself mapped
+    used = np.unique(remap[:-1])
+    new_row = np.full(total + 1, -1, dtype=np.int64)
+    new_row[used] = np.arange(len(used))
+    starts = np.cumsum([0] + [len(r) for r in rows_per_part])
+    kept = [
+        part[used[(used >= start) & (used < end)] - start]
+        for part, start, end in zip(rows_per_part, starts[:-1], starts[1:], strict=True)
+    ]
+    width = rows_per_part[0].shape[1] if rows_per_part else 0
+    rows = np.concatenate(kept) if kept else np.zeros((0, width))
+    return rows, new_row[remap]
+
+
 def assemble_series(
     run, placement_events, steps, hash_arr, rows, row_of, exacts, notes, coverage=None
 ):
@@ -254,20 +318,10 @@ def assemble_series(
     variables = list(document.get("variables", []))
     devices = [str(d) for d in document.get("devices", [])]
     replicas = [int(r) for r in document.get("replicas", range(len(devices)))]
-    num_v, num_r = len(variables), len(devices)
-    present = np.zeros((num_v, num_r), dtype=bool)
-    algorithm = np.full((num_v, num_r), "mix64", dtype=object)  # fingerprint version 1: mix64
+    num_r = len(devices)
     # Unknown dimensions: inf (the sketch was hashed, never the exact small-variable copy).
     sizes = variable_sizes(variables)
-    for index, variable in enumerate(variables):
-        columns = variable.get("columns", [])
-        algorithms = variable.get("hash") or ["mix64"] * len(columns)
-        for column, name in zip(columns, algorithms, strict=False):
-            if 0 <= column < num_r:
-                present[index, column] = True
-                algorithm[index, column] = str(name)
-    both = present & present[:, :1]  # [V, R]: copies of r and of 0 exist
-    comparable = both & (algorithm == algorithm[:, :1])
+    present, both, comparable = copy_pairs(variables, num_r)
     identical = (hash_arr == hash_arr[:, :, :1]) & comparable[None]
     if (both & ~comparable).any():
         notes.append(
@@ -293,12 +347,16 @@ def assemble_series(
         small = sizes[at[1]] <= rows.shape[-1] - 4
         sketch_max = np.max(np.abs(difference), axis=-1, initial=0.0)
         lower_at = np.where(small, np.maximum(lower_at, sketch_max), lower_at)
-    estimates = []
-    for values in (l2_at, rel_at, lower_at):
-        estimate = np.where(identical, 0.0, np.nan)
-        estimate[at] = values
-        estimates.append(estimate)
-    l2, rel, lower = estimates
+    if len(at[0]):
+        estimates = []
+        for values in (l2_at, rel_at, lower_at):
+            estimate = np.where(identical, 0.0, np.nan)
+            estimate[at] = values
+            estimates.append(estimate)
+        l2, rel, lower = estimates
+    else:  # every copy bit-identical to replica 0's or absent (the norm): one read-only array
+        l2 = rel = lower = np.where(identical, 0.0, np.nan)
+        l2.flags.writeable = False
     exact = np.array([s in exacts for s in steps], dtype=bool)
     if exact.any():
         exact_max_abs = np.full(hash_arr.shape, np.nan)
@@ -314,7 +372,7 @@ def assemble_series(
         exact_max_abs = exact_l2 = exact_rel = np.broadcast_to(np.nan, hash_arr.shape)
         rel_best, max_abs_best = rel, lower
     if coverage is None:
-        coverage = np.ones((len(steps), num_v))
+        coverage = np.ones((len(steps), len(variables)))
     rotation = document.get("rotation") or None
     if (coverage < 1.0).any():
         period = (rotation or {}).get("period", "P")
@@ -460,7 +518,15 @@ def merge_variables(job, member_runs, workers, notes):
         "rotation": series[0].rotation,
     }
     at = [np.searchsorted(s.steps, steps) for s in series]
-    # One global replica axis; each worker's rows kept as read (offsets into the joined rows).
+    widths = {s.rows.shape[1] for s in series if len(s.rows)}
+    if len(widths) > 1:
+        notes.append(
+            "The workers wrote fingerprints of different widths: cross-worker weight drift is "
+            "not computed (use the same version of tb_replica_plugin on every worker)."
+        )
+        return None
+    # One global replica axis; the workers' rows joined (offsets into their concatenation),
+    # each row the job still needs held once, and shared with the workers' own series.
     starts = np.cumsum([0] + [len(s.rows) for s in series])[:-1]
     hash_arr = np.concatenate([s.hash[i] for s, i in zip(series, at, strict=True)], axis=2)
     row_of = np.concatenate(
@@ -470,17 +536,12 @@ def merge_variables(job, member_runs, workers, notes):
         ],
         axis=2,
     )
-    widths = {s.rows.shape[1] for s in series if len(s.rows)}
-    if len(widths) > 1:
-        notes.append(
-            "The workers wrote fingerprints of different widths: cross-worker weight drift is "
-            "not computed (use the same version of tb_replica_plugin on every worker)."
-        )
-        return None
-    width = widths.pop() if widths else series[0].rows.shape[1]
-    rows = np.concatenate([s.rows.reshape(-1, width) for s in series])
+    _, _, comparable = copy_pairs(variables, row_of.shape[2])
+    rows, remap = share_first_rows(hash_arr, comparable, row_of, [s.rows for s in series])
+    row_of = remap[row_of]
     for s, start in zip(series, starts, strict=True):
-        s.rows = rows[start : start + len(s.rows)]  # the same values, held once (a view)
+        s.rows = rows  # the same values, held once
+        s.row_of = remap[np.where(s.row_of < 0, -1, s.row_of + start)]
     first_step = steps[0] if steps else 0
     merged = assemble_series(
         job,
