@@ -217,3 +217,12 @@ def test_generator_created_outside_the_scope_is_shared_and_not_judged(tmp_path):
     assert series.generators[0]["mirrored"] is False
     assert next(iter(report.findings.values())) == []
     assert "not mirrored" in report.to_text()
+
+
+def test_stream_groups_name_the_first_replica_of_each_equal_value():
+    assert rng_rules.stream_groups([5, 5, 7, 5, 7, 9]) == [0, 0, 2, 0, 2, 5]
+    rows = np.array([[1, 2], [3, 4], [1, 2], [1, 3]])  # [R, W]: whole rows are compared
+    assert rng_rules.stream_groups(rows) == [0, 1, 0, 3]
+    assert rng_rules.stream_groups(np.zeros((0, 3), np.int64)) == []
+    many = np.arange(4096) % 2048  # a 4,096-replica job whose second half repeats the first
+    assert rng_rules.stream_groups(many) == list(range(2048)) * 2

@@ -99,13 +99,13 @@ def stream_groups(values):
       A list of R ints; replicas with equal values share the id. E.g. `[0, 0, 2, 0]`.
     """
     values = np.asarray(values)
-    groups = []
-    for r in range(values.shape[0]):
-        for q in range(r + 1):
-            if np.array_equal(values[q], values[r]):
-                groups.append(q)
-                break
-    return groups
+    if values.shape[0] == 0:
+        return []
+    # One sort of the rows, not a comparison of every pair (2,048 replicas in a large job).
+    _, first, inverse = np.unique(
+        values.reshape(values.shape[0], -1), axis=0, return_index=True, return_inverse=True
+    )
+    return first[inverse.reshape(-1)].tolist()
 
 
 def _rng_identical(series, index, generator, thresholds):
