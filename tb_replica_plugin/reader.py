@@ -119,6 +119,20 @@ class RunData:
     def is_job(self):
         return bool(self.workers)
 
+    def without_worker_runs(self):
+        """This run, sharing its series, without `worker_runs` (what the tab's views read).
+
+        A job's workers' own series hold as much again as the job's merged ones and no route,
+        finding or report block of the job reads them: the tab's cache keeps a job without
+        them (a worker's run is read by its own name when asked for).
+
+        Returns:
+          `self` when it has no `worker_runs`, else a new `RunData`.
+        """
+        if not self.worker_runs:
+            return self
+        return RunData(self.run, self.samples, self.notes, self.workers, None, **self.families)
+
 
 def _attributes():
     return [f.attribute for f in registry.families()]

@@ -7,7 +7,7 @@ and keeps the result in one `core.cache.ByteLRU` keyed by the run's data version
 largest step and wall time the provider lists (`list_tensors` metadata). A run is read again,
 its findings computed again and its bodies built again only when that version changes (new
 data) or the entry was evicted. Job merges are cached the same way (their version is their
-workers'). No TensorFlow.
+workers'), without their workers' own series (`RunData.without_worker_runs`). No TensorFlow.
 """
 
 import collections
@@ -129,7 +129,7 @@ class RunStore:
                 runs=runs,
                 families=scope,
                 downsample=self._downsample,
-            )[run]
+            )[run].without_worker_runs()
 
         return self.cache.get_or_compute(
             ("data", experiment_id, run, scope, version),
@@ -176,6 +176,7 @@ class RunStore:
             )
             result = {}
             for name, run_data in read.items():
+                run_data = run_data.without_worker_runs()
                 # Kept for the routes too (they look for a full read before reading their scope).
                 own = version if name == group else self.version(runs, name)
                 self.cache.put(

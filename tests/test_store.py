@@ -197,6 +197,11 @@ def test_a_job_is_read_scoped_and_merged_once(tmp_path):
     get_json(client, "/findings?run=job")
     assert [r["run"] for r in runs["runs"]] == ["job"] and len(runs["runs"][0]["workers"]) == 2
     assert plugin.store.computed["summary"] == 1
+    # The cache keeps the job's merged series, not its workers' own (no view reads those).
+    entries = plugin.store.cache._entries.items()
+    kept = [v for k, (v, _, _) in entries if k[0] == "data" and k[2] == "job"]
+    assert kept and all(v.worker_runs == {} and v.step_time is not None for v in kept)
+    assert [w["run"] for w in kept[0].workers] == ["job/worker_0", "job/worker_1"]
 
 
 def test_reads_follow_the_sampling_hint(unit_logs):
