@@ -46,6 +46,10 @@ STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 _CONTENT_TYPES = {".js": "text/javascript", ".css": "text/css", ".map": "application/json"}
 
 
+# The arguments of the tab's run view (frontend/src/sections.js: MAX_POINTS, TOP_VARIABLES).
+RUN_VIEW_QUERY = {"max_points": "10000", "top": "8"}
+
+
 def _error(request, status, message):
     return http_util.Respond(request, {"error": message}, "application/json", code=status)
 
@@ -117,7 +121,9 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         hint = (getattr(context, "sampling_hints", None) or {}).get(metadata.PLUGIN_NAME)
         # Reads scoped to each route's families, cached per run and data version.
         self.store = store.RunStore(
-            context.data_provider, downsample=store.downsample_from_hint(hint)
+            context.data_provider,
+            downsample=store.downsample_from_hint(hint),
+            run_view=self._run_view,
         )
 
     def get_plugin_apps(self):
@@ -201,6 +207,30 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         entries = [summary["entry"] for summary in self._summaries(request).values()]
         return _json(request, {"runs": overview.worst_first(entries)})
 
+    @staticmethod
+    def _make_body(run, family, parsed):
+        """`fn(run_data)`: a family route's answer (JSON encoded, or a `Download`)."""
+
+        def make_body(run_data):
+            result = family.present.body(run, run_data, parsed)
+            return result if isinstance(result, Download) else encode_json(result)
+
+        return make_body
+
+    def _run_view(self, run):
+        """The family routes the tab's run view asks for `run`, with the tab's arguments.
+
+        Returns:
+          `[(family name, parsed arguments, make_body)]` (`store.RunStore`'s `run_view`).
+        """
+        view = []
+        for family in registry.families():
+            if family.route:
+                arguments = family.present.ARGS.items()
+                parsed = {name: parse(RUN_VIEW_QUERY.get(name)) for name, parse in arguments}
+                view.append((family.name, parsed, self._make_body(run, family, parsed)))
+        return view
+
     def _family_app(self, family):
         """The route of one family: the run named by `run`, the family's arguments, its body.
 
@@ -216,11 +246,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             present = family.present
             parsed = {name: parse(request.args.get(name)) for name, parse in present.ARGS.items()}
             ctx, experiment_id = self._request_context(request)
-
-            def make_body(run_data):
-                result = present.body(run, run_data, parsed)
-                return result if isinstance(result, Download) else encode_json(result)
-
+            make_body = self._make_body(run, family, parsed)
             # Only this family's tags (and those of the families it needs) are read; the answer
             # is kept, encoded, until the run has new data.
             answer = self.store.body(ctx, experiment_id, run, family.name, parsed, make_body)

@@ -44,7 +44,8 @@ class RunStore:
     Attributes:
       cache: the `ByteLRU` holding `RunData`, findings and `/runs` entries.
       computed: `collections.Counter` of computations by kind (`"read"`: a run or job read
-        for a route, `"summary"`: a run or job read in full and its findings computed).
+        for a route, `"summary"`: a run or job read in full and its findings computed,
+        `"view"`: a run view's bodies built from a full read too large to keep).
 
     Example:
       >>> store = RunStore(provider)
@@ -52,14 +53,20 @@ class RunStore:
       []
     """
 
-    def __init__(self, provider, max_bytes=DEFAULT_CACHE_BYTES, downsample=reader.ALL_SAMPLES):
+    def __init__(
+        self, provider, max_bytes=DEFAULT_CACHE_BYTES, downsample=reader.ALL_SAMPLES, run_view=None
+    ):
         """Args:
         provider: a TensorBoard `DataProvider`.
         max_bytes: the cache budget.
         downsample: samples per tag asked of the provider (see `downsample_from_hint`).
+        run_view: optional `fn(run) -> [(family, args, make_body)]`, the bodies a run's view
+          asks for (see `body`). When a run's full read is too large to keep (a large job),
+          `summaries` builds them from it, so opening the run does not read it again.
         """
         self._provider = provider
         self._downsample = downsample
+        self._run_view = run_view
         self.cache = ByteLRU(max_bytes)
         self.computed = collections.Counter()
         self._lock = threading.Lock()
@@ -137,7 +144,7 @@ class RunStore:
             slot=("data", experiment_id, run, scope),
         )
 
-    def body(self, ctx, experiment_id, run, family, args, make_body):
+    def body(self, ctx, experiment_id, run, family, args, make_body, run_data=None):
         """A family route's JSON body for `run` and its arguments, cached per data version.
 
         Args:
@@ -147,6 +154,7 @@ class RunStore:
           args: the route's parsed arguments, `{name: value}` (hashable values).
           make_body: `fn(run_data)`, the route's answer from the run's data (the plugin gives
             its JSON body, encoded).
+          run_data: the run's `RunData` when already read (with this family), else None.
 
         Returns:
           What `make_body` returned (shared with other requests: do not modify it).
@@ -161,6 +169,8 @@ class RunStore:
         key = ("body", experiment_id, run, family, tuple(sorted(args.items())))
 
         def compute():
+            if run_data is not None:
+                return make_body(run_data)
             return make_body(self.run_data(ctx, experiment_id, run, [family], runs=runs))
 
         return self.cache.get_or_compute((*key, version), compute, slot=key)
@@ -179,13 +189,18 @@ class RunStore:
                 run_data = run_data.without_worker_runs()
                 # Kept for the routes too (they look for a full read before reading their scope).
                 own = version if name == group else self.version(runs, name)
-                self.cache.put(
-                    ("data", experiment_id, name, None, own),
-                    run_data,
-                    slot=("data", experiment_id, name, None),
-                )
+                key = ("data", experiment_id, name, None, own)
+                self.cache.put(key, run_data, slot=("data", experiment_id, name, None))
                 findings = analysis.find_run(run_data)
                 result[name] = {"entry": make_entry(run_data, findings), "findings": findings}
+                if self._run_view is not None and self.cache.get(key) is None:
+                    # Too large to keep: the run view's bodies now, from this read.
+                    self._count("view")
+                    for family, args, make_body in self._run_view(name):
+                        try:
+                            self.body(ctx, experiment_id, name, family, args, make_body, run_data)
+                        except Exception:  # noqa: BLE001 - the route gives it when asked
+                            continue
             return result
 
         return self.cache.get_or_compute(

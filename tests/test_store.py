@@ -6,7 +6,7 @@ import os
 import shutil
 
 import pytest
-from conftest import custom_loop_inputs, mirrored
+from conftest import REPO, custom_loop_inputs, mirrored
 
 from tb_replica_plugin import analysis, metadata, reader, registry
 from tb_replica_plugin.core import cache as cache_lib
@@ -148,6 +148,34 @@ def test_a_route_after_the_findings_reuses_the_full_read(unit_logs):
     status, body = get_json(client, "/gradients?run=fit_17_8/replicas")
     assert status == 200 and body["steps"] == [2]
     assert len(provider.reads) == reads and plugin.store.computed["read"] == 0
+
+
+def test_a_run_too_large_to_keep_gets_its_view_built_from_the_full_read(unit_logs):
+    import re
+
+    from tb_replica_plugin.plugin import RUN_VIEW_QUERY
+
+    # The arguments the tab's run view sends.
+    with open(os.path.join(REPO, "frontend", "src", "sections.js"), encoding="utf-8") as handle:
+        sections = handle.read()
+    sent = re.findall(r"const (MAX_POINTS|TOP_VARIABLES) = (\d+);", sections)
+    assert dict(sent) == {"MAX_POINTS": RUN_VIEW_QUERY["max_points"], "TOP_VARIABLES": "8"}
+    assert RUN_VIEW_QUERY["top"] == "8"
+
+    run = "fit_17_8/replicas"
+    reference, _, _, _ = serve(unit_logs)
+    client, provider, plugin, _ = serve(unit_logs)
+    plugin.store.cache = cache_lib.ByteLRU(40_000)  # keeps bodies, not a run's full read
+    get_json(client, f"/findings?run={run}")
+    assert plugin.store.computed["view"] == 1 and plugin.store.computed["summary"] == 1
+    reads = len(provider.reads)
+    view = "&".join(f"{k}={v}" for k, v in RUN_VIEW_QUERY.items())
+    for route in ("/inputs", "/gradients", "/variables", "/rng", "/data"):
+        status, body = get_json(client, f"{route}?run={run}&{view}")
+        assert status == 200 and body == get_json(reference, f"{route}?run={run}&{view}")[1]
+    assert len(provider.reads) == reads and plugin.store.computed["read"] == 0
+    get_json(client, f"/inputs?run={run}&max_points=3")  # not the view's arguments: read
+    assert plugin.store.computed["read"] == 1
 
 
 def test_byte_lru_evicts_least_recently_used_and_replaces_a_slot():
