@@ -489,6 +489,10 @@ def test_job_holds_each_row_bit_identical_to_global_replica_0_once():
     np.testing.assert_array_equal(merged.stats[:, :, 2:], second_stats)
     np.testing.assert_array_equal(second.stats, second_stats)
     assert second.rows is merged.rows
+    # A worker that wrote no fingerprint (its rows [0, 4]) joins: no common step, no error.
+    lone, empty = synthetic([0.0]), synthetic([])
+    joined = variables_read.merge_variables("job", [Member(lone), Member(empty)], workers, [])
+    assert joined.steps.size == 0 and joined.rows.shape == lone.rows.shape
 
 
 def test_findings_tolerance_bits_and_sync_on_read():

@@ -537,7 +537,9 @@ def merge_variables(job, member_runs, workers, notes):
         axis=2,
     )
     _, _, comparable = copy_pairs(variables, row_of.shape[2])
-    rows, remap = share_first_rows(hash_arr, comparable, row_of, [s.rows for s in series])
+    width = widths.pop() if widths else series[0].rows.shape[1]
+    parts = [s.rows.reshape(-1, width) for s in series]  # a worker without rows: [0, width]
+    rows, remap = share_first_rows(hash_arr, comparable, row_of, parts)
     row_of = remap[row_of]
     for s, start in zip(series, starts, strict=True):
         s.rows = rows  # the same values, held once
