@@ -443,23 +443,21 @@ def read_group(provider, ctx, experiment_id, name, runs, families=None, downsamp
 
 
 def local_provider(logdir):
-    """A data provider over a local log dir that keeps every sample of this plugin.
+    """A data provider over a log dir that keeps every sample of this plugin.
 
     Args:
       logdir: the log directory (runs are its sub-directories holding event files).
 
     Returns:
-      `(provider, ctx, experiment_id)` ready for `list_runs` / `read_inputs`.
+      `(provider, ctx, experiment_id)` ready for `list_runs` / `read_run`: a
+      `core.event_files.EventFilesProvider`, which reads each run's files when it is read
+      instead of holding the whole log dir as TensorBoard's multiplexer does.
     """
     from tensorboard import context
-    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
-    multiplexer = plugin_event_multiplexer.EventMultiplexer(
-        tensor_size_guidance={metadata.PLUGIN_NAME: 0}, max_reload_threads=1
-    )
-    multiplexer.AddRunsFromDirectory(logdir)
-    multiplexer.Reload()
-    return data_provider.MultiplexerDataProvider(multiplexer, logdir), context.RequestContext(), ""
+    from tb_replica_plugin.core.event_files import EventFilesProvider
+
+    return EventFilesProvider(logdir), context.RequestContext(), ""
 
 
 def read_log_dir(logdir, run_pattern=None):

@@ -1,0 +1,90 @@
+"""`core.event_files.EventFilesProvider` answers as TensorBoard's multiplexer provider does."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from tb_replica_plugin import metadata, reader
+from tb_replica_plugin.core.event_files import EventFilesProvider
+
+
+def multiplexer_provider(logdir):
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(
+        tensor_size_guidance={metadata.PLUGIN_NAME: 0}, max_reload_threads=1
+    )
+    multiplexer.AddRunsFromDirectory(logdir)
+    multiplexer.Reload()
+    return data_provider.MultiplexerDataProvider(multiplexer, logdir)
+
+
+def both(provider, method, **kwargs):
+    from tensorboard import context
+
+    ctx = context.RequestContext()
+    return getattr(provider, method)(
+        ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, **kwargs
+    )
+
+
+def assert_same_answers(logdir, downsample=reader.ALL_SAMPLES):
+    ours, theirs = EventFilesProvider(logdir), multiplexer_provider(logdir)
+    listed = both(ours, "list_tensors")
+    assert listed == both(theirs, "list_tensors") and listed
+    read, expected = (both(p, "read_tensors", downsample=downsample) for p in (ours, theirs))
+    assert {r: sorted(t) for r, t in read.items()} == {r: sorted(t) for r, t in expected.items()}
+    count = 0
+    for run, tags in expected.items():
+        for tag, data in tags.items():
+            assert [(d.step, d.wall_time) for d in read[run][tag]] == [
+                (d.step, d.wall_time) for d in data
+            ], (run, tag)
+            for mine, want in zip(read[run][tag], data, strict=True):
+                assert mine.numpy.dtype == want.numpy.dtype
+                np.testing.assert_array_equal(mine.numpy, want.numpy)
+                count += 1
+    return listed, count
+
+
+def test_every_run_tag_and_sample_as_tensorboard_reads_them(unit_logs, bad_logs):
+    listed, count = assert_same_answers(unit_logs)
+    assert "fit_17_8/replicas" in listed and count >= 20
+    # Hostile names, a corrupt and a truncated file, another schema version, bad payloads.
+    listed, _ = assert_same_answers(bad_logs)
+    assert {"corrupt/replicas", "truncated/replicas", "newer_schema/replicas"} <= set(listed)
+
+
+def test_runs_of_several_files_the_log_dir_itself_and_downsampling(unit_logs, tmp_path):
+    # The log dir is a run ("."), and a run holds the files of two writers.
+    source = os.path.join(unit_logs, "fit_17_8", "replicas")
+    for name in os.listdir(source):
+        shutil.copy(os.path.join(source, name), tmp_path / name)
+        shutil.copy(os.path.join(source, name), tmp_path / (name + ".second"))
+    other = os.path.join(unit_logs, "loop_15_7", "replicas")
+    os.makedirs(tmp_path / "nested" / "run")
+    for name in os.listdir(other):
+        shutil.copy(os.path.join(other, name), tmp_path / "nested" / "run" / name)
+    listed, _ = assert_same_answers(str(tmp_path))
+    assert sorted(listed) == [".", "nested/run"]
+    assert_same_answers(str(tmp_path), downsample=2)
+
+
+def test_a_run_tag_filter_reads_only_what_it_names(unit_logs):
+    from tensorboard.data import provider as provider_lib
+
+    ours = EventFilesProvider(unit_logs)
+    wanted = provider_lib.RunTagFilter(runs=["fit_17_8/replicas"], tags=["inputs/batch_size"])
+    read = both(ours, "read_tensors", downsample=reader.ALL_SAMPLES, run_tag_filter=wanted)
+    assert list(read) == ["fit_17_8/replicas"] and list(read["fit_17_8/replicas"]) == [
+        "inputs/batch_size"
+    ]
+    assert read["fit_17_8/replicas"]["inputs/batch_size"]
+
+
+@pytest.mark.parametrize("missing", ["does_not_exist"])
+def test_a_log_dir_without_runs_lists_nothing(tmp_path, missing):
+    assert both(EventFilesProvider(str(tmp_path / missing)), "list_tensors") == {}
+    assert both(EventFilesProvider(str(tmp_path)), "list_tensors") == {}
