@@ -138,10 +138,11 @@ def compact_fingerprints(samples, hashes):
             count += len(tables[-1])
         elif value.ndim == 2 and value.shape[-1] == width + ids:
             written.append(value)
-            at.append(np.full(len(value), i))
+            at.append(i)
     if written:
         table = np.concatenate(written)
-        at = np.concatenate(at)
+        # The step index of each row, without an array per step (a long run has 100k of them).
+        at = np.repeat(np.array(at, dtype=np.int64), [len(v) for v in written])
         v, r = table[:, 0], table[:, 1]
         valid = (v >= 0) & (v < shape[1]) & (r >= 0) & (r < shape[2]) & (v == np.floor(v))
         table = table[valid]
