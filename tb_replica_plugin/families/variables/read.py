@@ -145,16 +145,17 @@ def compact_fingerprints(samples, hashes):
         at = np.repeat(np.array(at, dtype=np.int64), [len(v) for v in written])
         v, r = table[:, 0], table[:, 1]
         valid = (v >= 0) & (v < shape[1]) & (r >= 0) & (r < shape[2]) & (v == np.floor(v))
-        table = table[valid]
-        row_of[at[valid], v[valid].astype(np.int64), r[valid].astype(np.int64)] = count + np.arange(
-            len(table)
-        )
-        tables.append(table[:, ids:])
+        if not valid.all():  # copies only when a row names no copy (a corrupt sample)
+            table, at, v, r = table[valid], at[valid], v[valid], r[valid]
+        row_of[at, v.astype(np.int64), r.astype(np.int64)] = count + np.arange(len(table))
+        tables.append(table[:, ids:])  # a view: the id columns stay in memory, unread
         first = row_of[:, :, :1]
         from_0 = (row_of < 0) & (first >= 0) & (hashes == hashes[:, :, :1]) & (hashes != 0)
         row_of = np.where(from_0, first, row_of)
-    rows = np.concatenate(tables).astype(np.float64, copy=False) if tables else None
-    return (np.zeros((0, width)) if rows is None else rows), row_of
+    if not tables:
+        return np.zeros((0, width)), row_of
+    rows = tables[0] if len(tables) == 1 else np.concatenate(tables)
+    return rows.astype(np.float64, copy=False), row_of
 
 
 def dense_fingerprints(rows, row_of):
