@@ -292,8 +292,7 @@ def share_first_rows(hash_arr, comparable, row_of, rows_per_part):
     remap[-1] = -1
     first = np.broadcast_to(row_of[:, :, :1], row_of.shape)
     same = (hash_arr == hash_arr[:, :, :1]) & comparable[None] & (first >= 0) & (row_of >= 0)
-    remap[row_of[same]] = first[same]
-    remap[:-1] = remap[remap[:-1]]  # a row mapped to a first row that was itself mapped
+    remap[row_of[same]] = first[same]  # replica 0's own row maps to itself
     used = np.unique(remap[:-1])
     new_row = np.full(total + 1, -1, dtype=np.int64)
     new_row[used] = np.arange(len(used))
@@ -530,22 +529,21 @@ def merge_variables(job, member_runs, workers, notes):
     # One global replica axis; the workers' rows joined (offsets into their concatenation),
     # each row the job still needs held once, and shared with the workers' own series.
     starts = np.cumsum([0] + [len(s.rows) for s in series])[:-1]
+    # Each worker's rows as rows of the joined table (-1 stays -1).
+    joined_rows = [
+        np.where(s.row_of < 0, -1, s.row_of + offset)
+        for s, offset in zip(series, starts, strict=True)
+    ]
     hash_arr = np.concatenate([s.hash[i] for s, i in zip(series, at, strict=True)], axis=2)
-    row_of = np.concatenate(
-        [
-            np.where(s.row_of[i] < 0, -1, s.row_of[i] + start)
-            for s, i, start in zip(series, at, starts, strict=True)
-        ],
-        axis=2,
-    )
+    row_of = np.concatenate([own[i] for own, i in zip(joined_rows, at, strict=True)], axis=2)
     _, _, comparable = copy_pairs(variables, row_of.shape[2])
     width = widths.pop() if widths else series[0].rows.shape[1]
     parts = [s.rows.reshape(-1, width) for s in series]  # a worker without rows: [0, width]
     rows, remap = share_first_rows(hash_arr, comparable, row_of, parts)
     row_of = remap[row_of]
-    for s, start in zip(series, starts, strict=True):
+    for s, own in zip(series, joined_rows, strict=True):
         s.rows = rows  # the same values, held once
-        s.row_of = remap[np.where(s.row_of < 0, -1, s.row_of + start)]
+        s.row_of = remap[own]
     first_step = steps[0] if steps else 0
     merged = assemble_series(
         job,
