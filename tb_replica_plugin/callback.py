@@ -242,17 +242,16 @@ def gradient_observer(probe, model, optimizer, capture, batches=None):
             graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
             loss = capture.take(graph)
             batch = batches.take(graph) if batches is not None else None
-            loss_scale = (
-                info.loss_scale() if info.grads_scaled_at_apply else tf.constant(1.0, tf.float32)
-            )
             replica_loss = loss is not None and keras_loss
             divide = 1.0 / replicas if replica_loss else 1.0
+            # A Python number where no loss scale is in the gradients: no op per step for it.
+            grad_scale = info.loss_scale() * divide if info.grads_scaled_at_apply else divide
             recorder.observe(
                 grads,
                 variables,
                 loss,
                 step=None,
-                grad_scale=loss_scale * divide,
+                grad_scale=grad_scale,
                 loss_scale=divide,
                 scaling=SCALING_REPLICA_LOSS if replica_loss else SCALING_AS_GIVEN,
                 loss_scaled=info.loss_scaled,

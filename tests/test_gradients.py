@@ -299,6 +299,35 @@ def test_gradient_failure_warns_once_and_training_goes_on(tmp_path):
     probe.close()
 
 
+def test_nonfinite_counts_of_every_replica_at_once_are_each_replicas_own():
+    """The fault branch counts every replica's NaN/Inf in one set of ops (same shapes on every
+    replica) or replica by replica (shapes differ): the same exact counts either way."""
+    from tb_replica_plugin.families.gradients.record import (
+        nonfinite_counts,
+        nonfinite_counts_across,
+    )
+
+    nan, inf = float("nan"), float("inf")
+    values = [
+        [tf.constant([nan, 1.0]), tf.constant([[inf, -inf], [1.0, nan]])],
+        [tf.constant([1.0, 2.0]), tf.constant([[0.0, 0.0], [0.0, 0.0]])],
+        [tf.constant([inf, nan]), tf.constant([[nan, nan], [nan, 3.0]])],
+    ]
+    losses = [tf.constant(nan), tf.constant(inf), tf.constant(1.0)]
+    expected = [[2, 0, 4], [2, 0, 1], [1, 0, 0], [0, 1, 0]]  # rows: grad NaN, Inf, loss NaN, Inf
+    joined = nonfinite_counts_across(values, losses, True)
+    assert joined.numpy().tolist() == expected
+    each = tf.stack([nonfinite_counts(v, loss, True) for v, loss in zip(values, losses)], 1)
+    assert each.numpy().tolist() == expected
+    assert nonfinite_counts_across(values, losses, False).numpy().tolist() == [
+        *expected[:2],
+        [0, 0, 0],
+        [0, 0, 0],
+    ]
+    values[1] = [tf.constant([nan, 1.0, nan]), values[1][1]]  # a shape differs: replica by replica
+    assert nonfinite_counts_across(values, losses, True).numpy()[0].tolist() == [2, 2, 4]
+
+
 def test_ratio_to_median_leaves_the_replica_out():
     ratio = gradients_rules.ratio_to_median(np.array([[1.0, 3.0], [2.0, 2.0], [0.0, 0.0]]))
     assert ratio.tolist() == [[1 / 3, 3.0], [1.0, 1.0], [1.0, 1.0]]

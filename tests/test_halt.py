@@ -186,6 +186,27 @@ def test_custom_loop_faults_and_truncated_capture(tmp_path):
     assert captured.nonfinite_examples == {"0": [0]}
 
 
+def test_capture_blocks_of_uneven_replicas_read_back_row_for_row():
+    """Each local replica's block (one set of ops for all) reads back as that replica's batch:
+    full shapes, the first rows within the byte budget (strings and an uneven last batch)."""
+    from tb_replica_plugin.families.gradients import capture
+    from tb_replica_plugin.families.gradients import read as gradients_read
+
+    x = np.arange(24, dtype=np.float32).reshape(6, 4)  # 16 bytes a row
+    words = np.array([b"a", b"bb", b"ccc", b"dddd", b"e", b"f"], dtype=object)
+    batch = [[x[:5], words[:5]], [x[5:], words[5:]]]  # replicas of 5 and 1 examples
+    blocks = capture.capture_blocks([2, 3], ["x", "w"], batch, 64, ["/cpu:0", "/cpu:0"])
+    assert blocks.shape == (2, 5)
+    first, second = gradients_read.parse_batches(7, blocks.numpy().reshape(-1))
+    assert (first.step, first.replica, second.replica) == (7, 2, 3)
+    assert first.shapes == {"x": [5, 4], "w": [5]} and second.shapes == {"x": [1, 4], "w": [1]}
+    np.testing.assert_array_equal(first.arrays["x"], x[:2])  # 32 bytes per leaf: 2 rows
+    assert first.arrays["w"].tolist() == [b"a", b"bb", b"ccc", b"dddd", b"e"]
+    assert first.truncated == ["x"]
+    np.testing.assert_array_equal(second.arrays["x"], x[5:])
+    assert second.arrays["w"].tolist() == [b"f"] and second.truncated == []
+
+
 def test_custom_loop_check_time_fault_stops_at_the_check(tmp_path):
     """duplicate_examples (an unsharded pipeline) is found at the first check, not before."""
     strategy = mirrored(2)

@@ -27,7 +27,7 @@ import tensorflow as tf
 from tb_replica_plugin import metadata
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.flusher import FLUSHER
-from tb_replica_plugin.core.recorder import recorder_classes
+from tb_replica_plugin.core.recorder import recorder_classes, run_if
 
 logger = logging.getLogger("tb_replica_plugin.probe")
 
@@ -337,11 +337,8 @@ class ProbeCore:
                     tag=tag,
                     summary_metadata=serialized,
                 )
-            return tf.constant(True)
 
-        if isinstance(condition, bool):
-            return write() if condition else tf.constant(False)
-        return tf.cond(condition, write, lambda: tf.constant(False))
+        run_if(condition, write)
 
     def write_now(self, tag, value_fn, step, kind):
         """Host side: queues one summary now (outside any graph)."""

@@ -12,7 +12,8 @@ subclass and, for the public API, a `Recording` mixin whose `observe_*` methods 
 - `close()` when the probe closes.
 
 Everything a recorder does in-graph goes through its probe: `probe.write(...)` queues a summary,
-`probe.logged(step)` / `probe.sampled(step)` are the one step-level decision every family shares.
+`probe.logged(step)` / `probe.sampled(step)` are the one step-level decision every family shares;
+`run_if(condition, body)` runs work only where such a decision holds.
 """
 
 import importlib
@@ -20,6 +21,27 @@ import importlib
 import tensorflow as tf
 
 from tb_replica_plugin import registry
+
+
+def run_if(condition, body):
+    """Runs `body()` (for its writes and assigns) only when the bool tensor `condition` holds.
+
+    A `tf.cond` whose branches return nothing: no output tensors to trace, lower and keep, which
+    matters for conds traced with every training step and almost never taken.
+
+    Args:
+      condition: a bool scalar tensor (or a Python bool).
+      body: a function of no arguments; its return value is ignored.
+    """
+    if isinstance(condition, bool):
+        if condition:
+            body()
+        return
+
+    def taken():
+        body()
+
+    tf.cond(condition, taken, lambda: None)
 
 
 class Recorder:

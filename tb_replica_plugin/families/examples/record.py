@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from tb_replica_plugin.core.joined import leading_dims, segment_ids
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
+from tb_replica_plugin.core.recorder import run_if
 from tb_replica_plugin.families.examples import schema
 
 SKETCH_SIZE = 16
@@ -254,7 +255,7 @@ class Recorder(RecorderBase):
                 joined = fingerprints_across(per_replica)
                 if joined is not None:
                     self._record(OverlapStats.joined(*joined), step_value)
-                    return tf.constant(True)
+                    return
                 fingerprints = []
                 for replica, device in enumerate(devices):
                     with tf.device(device):
@@ -262,9 +263,8 @@ class Recorder(RecorderBase):
                             example_fingerprints([leaf[replica] for leaf in per_replica])
                         )
                 self._record(OverlapStats(fingerprints), step_value)
-                return tf.constant(True)
 
-            tf.cond(probe.sampled(step_value), sample, lambda: tf.constant(False))
+            run_if(probe.sampled(step_value), sample)
         except Exception as error:  # noqa: BLE001
             probe.warn_failed("data", error)
 

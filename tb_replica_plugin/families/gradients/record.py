@@ -20,9 +20,11 @@ import functools
 import hashlib
 import json
 
+import numpy as np
 import tensorflow as tf
 
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
+from tb_replica_plugin.core.recorder import run_if
 from tb_replica_plugin.families.gradients import capture, schema
 from tb_replica_plugin.families.inputs.record import flatten_with_names
 
@@ -99,6 +101,19 @@ def _as_float32(value):
     return value if value.dtype == tf.float32 else tf.cast(value, tf.float32)
 
 
+def _squared_factor(scale):
+    """`2 / scale**2` in float32: what a sum of `l2_loss` values is multiplied by.
+
+    A Python number gives a constant, computed as the float32 ops would (no op to trace or run at
+    every step); a tensor (a dynamic loss scale) gives the ops.
+    """
+    if isinstance(scale, (int, float)):
+        inverse = np.float32(1.0) / np.float32(scale)
+        return np.float32(2.0) * (inverse * inverse)
+    inverse = 1.0 / _as_float32(scale)
+    return 2.0 * tf.square(inverse)
+
+
 def replica_stats(grads, loss=None, scale=1.0, loss_scale=None):
     """The every-step stats of one replica's gradients, computed where they are (no copy).
 
@@ -117,18 +132,22 @@ def replica_stats(grads, loss=None, scale=1.0, loss_scale=None):
       False.
     """
     values = [_as_float32(_dense_values(g)) for g in grads]
-    inverse = 1.0 / _as_float32(scale)
     if values:
         # One op per variable: l2_loss(v) = sum(v * v) / 2, the same sum (halving is exact).
-        sq = tf.stack([tf.nn.l2_loss(v) for v in values]) * (2.0 * tf.square(inverse))
+        sq = tf.stack([tf.nn.l2_loss(v) for v in values]) * _squared_factor(scale)
     else:
         sq = tf.zeros([0], tf.float32)
     if loss is None:
         loss_value = tf.constant(float("nan"), tf.float32)
         healthy = tf.math.is_finite(tf.reduce_sum(sq))
     else:
-        loss_divisor = _as_float32(scale if loss_scale is None else loss_scale)
-        loss_value = tf.reshape(_as_float32(loss), [-1])[0] / loss_divisor
+        loss_divisor = scale if loss_scale is None else loss_scale
+        if not isinstance(loss_divisor, (int, float)):
+            loss_divisor = _as_float32(loss_divisor)
+        loss_value = _as_float32(loss)
+        if loss_value.shape.rank != 0:
+            loss_value = tf.reshape(loss_value, [-1])[0]
+        loss_value = loss_value / loss_divisor
         healthy = tf.math.is_finite(tf.reduce_sum(sq) + loss_value)
     return sq, loss_value, healthy, values
 
@@ -160,6 +179,64 @@ def nonfinite_counts(values, loss_value, has_loss):
     else:
         loss_counts = tf.zeros([2], tf.int32)
     return tf.concat([counts, loss_counts], axis=0)
+
+
+def nonfinite_counts_across(values, losses, has_loss, devices=None):
+    """int32 [4, R]: `nonfinite_counts` of every replica in one set of ops (cross-replica context).
+
+    Where every replica's gradients have the same static shapes (the usual case: one model), each
+    variable's R gradients are stacked and the counts taken from one [R, elements] matrix on the
+    host CPU: about a third of the ops of one set per replica. The branch runs only at a faulty
+    step, so the copy to the host is rare; it is traced with every step function, so its op count
+    is what a user pays. Otherwise each replica's counts are taken on its own device.
+
+    Args:
+      values: `[R][V]` the replicas' float32 gradient values (from `replica_stats`).
+      losses: `[R]` their float32 losses (from `replica_stats`).
+      has_loss: whether a loss was given (else the loss rows are 0).
+      devices: the replicas' devices, where each replica's counts are taken when the shapes
+        differ (default: where `tf.device` says).
+
+    Returns:
+      One column per replica, the rows of `NONFINITE_ROWS`.
+
+    Example:
+      >>> nan = float("nan")
+      >>> nonfinite_counts_across([[tf.constant([nan, 1.0])], [tf.constant([2.0, nan])]],
+      ...                         [tf.constant(1.0), tf.constant(nan)], True).numpy()
+      array([[1, 1],
+             [0, 0],
+             [0, 1],
+             [0, 0]], dtype=int32)
+    """
+    count = len(values)
+    shapes = [[v.shape for v in replica] for replica in values]
+    joinable = (
+        count > 1
+        and values[0]
+        and all(shape.is_fully_defined() for shape in shapes[0])
+        and all(replica == shapes[0] for replica in shapes)
+    )
+    if not joinable:
+        per_replica = []
+        for replica in range(count):
+            with tf.device(devices[replica] if devices else None):
+                per_replica.append(nonfinite_counts(values[replica], losses[replica], has_loss))
+        return tf.stack(per_replica, axis=1)
+    with tf.device("/cpu:0"):
+        # [R, elements]: each variable's gradients stacked over replicas, then flattened.
+        flat = tf.concat(
+            [tf.reshape(tf.stack(column), [count, -1]) for column in zip(*values, strict=True)],
+            axis=1,
+        )
+        kinds = tf.stack([tf.math.is_nan(flat), tf.math.is_inf(flat)])  # [2, R, elements]
+        counts = tf.reduce_sum(tf.cast(kinds, tf.int32), axis=2)  # [2, R]
+        if has_loss:
+            loss = tf.stack(losses)
+            loss_counts = tf.cast(tf.stack([tf.math.is_nan(loss), tf.math.is_inf(loss)]), tf.int32)
+        else:
+            loss_counts = tf.zeros([2, count], tf.int32)
+        return tf.concat([counts, loss_counts], axis=0)
 
 
 def raw_rows(per_replica_sq, per_replica_loss):
@@ -425,11 +502,7 @@ class Recorder(RecorderBase):
         def write_nonfinite():
             # Only at a step where some replica's squared norm or loss is not finite (on this
             # worker, or on another one with `sync_faults`).
-            per_replica = []
-            for replica, device in enumerate(devices):
-                with tf.device(device):
-                    per_replica.append(nonfinite_counts(values[replica], loss[replica], has_loss))
-            counts = tf.stack(per_replica, axis=1)  # [4, R]
+            counts = nonfinite_counts_across(values, loss, has_loss, devices)  # [4, R]
             probe.write(
                 tf.logical_and(tf.reduce_any(counts > 0), recording),
                 schema.TAG_GRAD_NONFINITE,
@@ -439,9 +512,8 @@ class Recorder(RecorderBase):
             )
             job = tf.constant(False) if job_bad is None else job_bad > 0
             self._update_fault(step_value, local_fault, job, healthy, batch_names, batch, recording)
-            return tf.constant(True)
 
-        tf.cond(any_fault, write_nonfinite, lambda: tf.constant(False))
+        run_if(any_fault, write_nonfinite)
         if probe.update_freq is None:
             # Every step keeps its raw stats (2 ops); the norms are taken at the host write.
             state["last"].assign(raw_rows(sq, loss))
@@ -478,25 +550,19 @@ class Recorder(RecorderBase):
             replicas = self.probe.static["replicas"]
             devices = self.probe.static["devices"]
 
-            def block(index):
-                with tf.device(devices[index]):
-                    return capture.capture_block(
-                        replicas[index], batch_names, batch[index], self.capture_bytes
-                    )
-
             def blocks():
                 # One block per unhealthy replica. Every block has 1 + 2 * L strings, so the
                 # blocks are stacked and the healthy replicas' rows dropped: one mask instead of
                 # one `tf.cond` per replica to trace (this runs only at the first faulty step).
-                stacked = tf.stack([block(index) for index in range(len(devices))])
+                stacked = capture.capture_blocks(
+                    replicas, batch_names, batch, self.capture_bytes, devices
+                )
                 unhealthy = tf.reshape(tf.where(tf.logical_not(tf.stack(healthy))), [-1])
                 return tf.reshape(tf.gather(stacked, unhealthy), [-1])
 
             try:
-                written = self.probe.write(
-                    take, schema.TAG_GRAD_BATCH, blocks, step, schema.KIND_GRAD_BATCH
-                )
-                captured = tf.cast(written, tf.int64)
+                self.probe.write(take, schema.TAG_GRAD_BATCH, blocks, step, schema.KIND_GRAD_BATCH)
+                captured = tf.cast(take, tf.int64)  # written exactly where `take` holds
             except Exception as error:  # noqa: BLE001 - the NaN/Inf record goes on without it
                 self.probe.warn_failed("capture", error, "the culprit batch")
         first = tf.where(before[FAULT_FIRST] < 0, step, before[FAULT_FIRST])

@@ -18,6 +18,7 @@ from tensorflow.core.protobuf import config_pb2
 
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
+from tb_replica_plugin.core.recorder import run_if
 from tb_replica_plugin.families.variables import fingerprint, rotation, schema
 
 # The family's state vector: its step counter, placement written, placement fingerprint.
@@ -203,11 +204,7 @@ class Recorder(RecorderBase):
             elif probe.update_freq is None:
                 record(step_value)
             else:
-                tf.cond(
-                    probe.logged(step_value),
-                    lambda: record(step_value),
-                    lambda: tf.constant(False),
-                )
+                run_if(probe.logged(step_value), lambda: record(step_value))
         except Exception as error:  # noqa: BLE001 - must never break training
             self.warn(error)
 
@@ -283,7 +280,6 @@ class Recorder(RecorderBase):
                 tf.constant([1, placement_fp], tf.int64),
             )
         )
-        return tf.constant(True)
 
 
 class Recording:

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tb_replica_plugin.core.joined import segment_ids
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
+from tb_replica_plugin.core.recorder import run_if
 from tb_replica_plugin.families.inputs.record import InputsStats, as_leaf, flatten_with_names
 from tb_replica_plugin.families.watch import schema
 
@@ -287,9 +288,8 @@ class Recorder(RecorderBase):
                 step_value,
                 schema.KIND_NONFINITE,
             )
-            return tf.constant(True)
 
-        tf.cond(tf.logical_or(sampled, unhealthy), write_stats, lambda: tf.constant(False))
+        run_if(tf.logical_or(sampled, unhealthy), write_stats)
         new_row = tf.stack([next_step, tf.constant(1, tf.int64), shapes.fingerprint])
         counters.assign(tf.tensor_scatter_nd_update(counters.read_value(), [[slot]], [new_row]))
 
