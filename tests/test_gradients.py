@@ -317,7 +317,9 @@ def test_nonfinite_counts_of_every_replica_at_once_are_each_replicas_own():
     expected = [[2, 0, 4], [2, 0, 1], [1, 0, 0], [0, 1, 0]]  # rows: grad NaN, Inf, loss NaN, Inf
     joined = nonfinite_counts_across(values, losses, True)
     assert joined.numpy().tolist() == expected
-    each = tf.stack([nonfinite_counts(v, loss, True) for v, loss in zip(values, losses)], 1)
+    each = tf.stack(
+        [nonfinite_counts(v, loss, True) for v, loss in zip(values, losses, strict=True)], 1
+    )
     assert each.numpy().tolist() == expected
     assert nonfinite_counts_across(values, losses, False).numpy().tolist() == [
         *expected[:2],

@@ -125,6 +125,75 @@ def test_without_halt_on_training_runs_on_and_the_capture_is_kept(tmp_path):
     assert client.get(path.replace("batch_replica=1", "batch_replica=0")).status_code == 404
 
 
+def _events(logdir):
+    """`{(step, tag): value}` of every summary a run directory holds (wall times left out)."""
+    import glob
+
+    values = {}
+    for path in sorted(glob.glob(os.path.join(logdir, "replicas", "events.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                values[(event.step, value.tag)] = tf.make_ndarray(value.tensor)
+    return values
+
+
+@pytest.mark.parametrize("as_functions", [True, False])
+def test_branches_as_functions_or_lowered_record_the_same(tmp_path, monkeypatch, as_functions):
+    """The sampled and fault branches record the same events whether they stay functions (CPU
+    replicas, the default here) or are lowered into the step's graph (accelerators): NaN/Inf
+    counts, the culprit batch, example overlaps and the outputs' stats, step for step."""
+    from tb_replica_plugin.core import probe as probe_core
+
+    runs = {}
+    for mode in (as_functions, not as_functions):
+        monkeypatch.setattr(probe_core, "BRANCHES_AS_FUNCTIONS", mode)
+        keras.backend.clear_session()  # the same layer names in both runs
+        keras.utils.set_random_seed(3)
+        logdir = str(tmp_path / str(mode))
+        _, callback, _, _ = fit_nan(logdir, None)
+        assert callback._probe.branches_as_functions is mode  # noqa: SLF001
+        runs[mode] = _events(logdir)
+    first, second = runs[as_functions], runs[not as_functions]
+    assert sorted(first) == sorted(second)
+    tags = {tag for _, tag in first}
+    for tag in ("gradients/nonfinite", "gradients/batch", "data/examples", "watch/outputs/stats"):
+        assert tag in tags
+    assert (NAN_STEP, "gradients/batch") in first
+    for key, value in first.items():
+        if value.dtype.kind == "f":
+            np.testing.assert_allclose(value, second[key], rtol=1e-6, err_msg=str(key))
+        else:
+            np.testing.assert_array_equal(value, second[key], err_msg=str(key))
+
+
+def test_run_if_keeps_a_function_branch_out_of_the_lowering():
+    """`run_if(as_function=True)` marks its `If` not to be lowered (the branch stays a function),
+    the default leaves it to TensorFlow; both run the body exactly where the condition holds."""
+    from tb_replica_plugin.core.recorder import run_if
+
+    counter = tf.Variable(0)
+    graphs = {}
+    for as_function in (True, False):
+
+        @tf.function
+        def step(flag, as_function=as_function):
+            run_if(flag, lambda: counter.assign_add(1), as_function=as_function)
+
+        for flag in (True, False, True):
+            step(tf.constant(flag))
+        graphs[as_function] = step.get_concrete_function(tf.constant(True)).graph
+    assert int(counter.numpy()) == 4
+    lowering = {
+        mode: [
+            op.get_attr("_lower_using_switch_merge")
+            for op in graph.get_operations()
+            if op.type in ("If", "StatelessIf")
+        ]
+        for mode, graph in graphs.items()
+    }
+    assert lowering == {True: [False], False: [True]}
+
+
 def test_halt_on_rejects_unknown_kinds():
     with pytest.raises(ValueError, match="unknown finding kind.*'nan'.*nonfinite_gradients"):
         ReplicaCallback("unused", halt_on=["nan"])

@@ -27,7 +27,7 @@ import tensorflow as tf
 from tb_replica_plugin import metadata
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.flusher import FLUSHER
-from tb_replica_plugin.core.recorder import recorder_classes, run_if
+from tb_replica_plugin.core.recorder import host_variable, recorder_classes, run_if
 
 logger = logging.getLogger("tb_replica_plugin.probe")
 
@@ -43,6 +43,10 @@ DEFAULT_FLUSH_SECS = 5.0
 # the queue is emptied by host-side flushes only. The queue bound is a memory guard reached only if
 # the host stops flushing (about 100 bytes per event).
 _MAX_QUEUE = 1_000_000
+# The sampled and fault branches as functional `If`s (`core.recorder.run_if(as_function=...)`):
+# None decides per probe (every local replica device a CPU); True or False forces it (tests
+# compare both ways on the same training).
+BRANCHES_AS_FUNCTIONS = None
 _NEVER_FLUSH_MILLIS = 2**31 - 1
 
 
@@ -139,6 +143,18 @@ class ProbeCore:
     def num_replicas(self):
         return len(self._static["devices"])
 
+    @property
+    def branches_as_functions(self):
+        """Whether the sampled and fault branches stay functions (`run_if(as_function=True)`):
+        where every local replica device is a CPU (their inputs move to the host by
+        reference), unless `BRANCHES_AS_FUNCTIONS` says otherwise."""
+        if BRANCHES_AS_FUNCTIONS is not None:
+            return bool(BRANCHES_AS_FUNCTIONS)
+        return all(
+            tf.DeviceSpec.from_string(device).device_type == "CPU"
+            for device in self._static["devices"]
+        )
+
     def recorder(self, name):
         """The recorder of family `name` (see `core.recorder.Recorder`).
 
@@ -195,10 +211,10 @@ class ProbeCore:
                 self._core = {
                     # Gates every in-graph write: False once recording is disabled. Its own
                     # variable: the host may turn it off while a step runs.
-                    "recording": tf.Variable(True, trainable=False, name="probe_recording"),
+                    "recording": host_variable(True, name="probe_recording"),
                     # A step sampled and logged whatever the period says (-1: none);
                     # `ReplicaCallback` sets it to the last step of each epoch.
-                    "log_at": tf.Variable(-1, dtype=tf.int64, trainable=False, name="probe_log_at"),
+                    "log_at": host_variable(tf.constant(-1, tf.int64), name="probe_log_at"),
                 }
             for recorder in self._recorders.values():
                 recorder.create_state()

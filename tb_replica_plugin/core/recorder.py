@@ -23,7 +23,7 @@ import tensorflow as tf
 from tb_replica_plugin import registry
 
 
-def run_if(condition, body):
+def run_if(condition, body, as_function=False):
     """Runs `body()` (for its writes and assigns) only when the bool tensor `condition` holds.
 
     A `tf.cond` whose branches return nothing: no output tensors to trace, lower and keep, which
@@ -32,6 +32,13 @@ def run_if(condition, body):
     Args:
       condition: a bool scalar tensor (or a Python bool).
       body: a function of no arguments; its return value is ignored.
+      as_function: keep the cond a functional `If` instead of letting TensorFlow lower it into
+        switch and merge nodes of the step's graph. The branch is then compiled on its own when
+        the step first runs (Grappler does not optimize it as part of the step), and a step that
+        does not take it does not propagate "dead" values through its ops. But the `If`'s inputs
+        are moved to its device (the host CPU, where the writer and the probe's state are) at
+        every step: only for replicas on CPU devices (`ProbeCore.branches_as_functions`), where
+        that move is a reference, never for accelerators (a GPU's gradients would be copied).
     """
     if isinstance(condition, bool):
         if condition:
@@ -41,7 +48,37 @@ def run_if(condition, body):
     def taken():
         body()
 
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations()) if graph is not None else 0
     tf.cond(condition, taken, lambda: None)
+    if as_function and graph is not None:
+        from tensorflow.core.framework import attr_value_pb2
+
+        for op in graph.get_operations()[first:]:
+            if op.type in ("If", "StatelessIf"):
+                # What cond_v2 sets to True inside a tf.function (no public switch for it).
+                op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))  # noqa: SLF001
+
+
+def host_variable(initial, shape=None, name=None):
+    """A plain (not distributed) non-trainable resource variable on the current device.
+
+    `tf.Variable` inside a `tf.distribute` strategy's scope (where a probe may be built: `fit`, or
+    the first traced step of a custom loop) makes a mirrored variable, one copy per replica
+    device, which every assign of the probe's state would update. The class itself bypasses the
+    strategy's variable creator.
+
+    Args:
+      initial: the initial value (a tensor or a value `tf.constant` accepts).
+      shape: a `tf.TensorShape` to allow other shapes later, or None.
+      name: the variable name.
+
+    Returns:
+      A `tf.Variable` (ResourceVariable).
+    """
+    from tensorflow.python.ops import resource_variable_ops
+
+    return resource_variable_ops.ResourceVariable(initial, trainable=False, shape=shape, name=name)
 
 
 class Recorder:
@@ -76,9 +113,7 @@ class Recorder:
         """
         with tf.init_scope(), tf.device("/cpu:0"):
             value = tf.constant(initial, dtype) if dtype is not None else initial
-            created = tf.Variable(
-                value, trainable=False, shape=shape, name=f"probe_{self.name}_{name}"
-            )
+            created = host_variable(value, shape=shape, name=f"probe_{self.name}_{name}")
         self.state[name] = created
         return created
 

@@ -264,7 +264,7 @@ class Recorder(RecorderBase):
                         )
                 self._record(OverlapStats(fingerprints), step_value)
 
-            run_if(probe.sampled(step_value), sample)
+            run_if(probe.sampled(step_value), sample, as_function=probe.branches_as_functions)
         except Exception as error:  # noqa: BLE001
             probe.warn_failed("data", error)
 

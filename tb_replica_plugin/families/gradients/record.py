@@ -513,7 +513,7 @@ class Recorder(RecorderBase):
             job = tf.constant(False) if job_bad is None else job_bad > 0
             self._update_fault(step_value, local_fault, job, healthy, batch_names, batch, recording)
 
-        run_if(any_fault, write_nonfinite)
+        run_if(any_fault, write_nonfinite, as_function=probe.branches_as_functions)
         if probe.update_freq is None:
             # Every step keeps its raw stats (2 ops); the norms are taken at the host write.
             state["last"].assign(raw_rows(sq, loss))

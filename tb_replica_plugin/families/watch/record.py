@@ -289,7 +289,9 @@ class Recorder(RecorderBase):
                 schema.KIND_NONFINITE,
             )
 
-        run_if(tf.logical_or(sampled, unhealthy), write_stats)
+        run_if(
+            tf.logical_or(sampled, unhealthy), write_stats, as_function=probe.branches_as_functions
+        )
         new_row = tf.stack([next_step, tf.constant(1, tf.int64), shapes.fingerprint])
         counters.assign(tf.tensor_scatter_nd_update(counters.read_value(), [[slot]], [new_row]))
 
