@@ -43,11 +43,11 @@ DEFAULT_FLUSH_SECS = 5.0
 # the queue is emptied by host-side flushes only. The queue bound is a memory guard reached only if
 # the host stops flushing (about 100 bytes per event).
 _MAX_QUEUE = 1_000_000
+_NEVER_FLUSH_MILLIS = 2**31 - 1
 # The sampled and fault branches as functional `If`s (`core.recorder.run_if(as_function=...)`):
 # None decides per probe (every local replica device a CPU); True or False forces it (tests
 # compare both ways on the same training).
 BRANCHES_AS_FUNCTIONS = None
-_NEVER_FLUSH_MILLIS = 2**31 - 1
 
 
 def check_examples_every(examples_every):
