@@ -35,6 +35,16 @@ def _leaf_bytes(leaf):
     return tf.cast(tf.size(leaf), tf.int64) * leaf.dtype.size
 
 
+def _fixed_row_count(leaf, budget):
+    """How many rows of `leaf` fit `budget` bytes when its row size is known while tracing (the
+    usual case: the row count is a constant, one slice to trace), else None."""
+    row_shape = leaf.shape[1:]
+    if leaf.dtype == tf.string or not row_shape.is_fully_defined():
+        return None
+    per_row = max(row_shape.num_elements() * leaf.dtype.size, 1)
+    return max(budget // per_row, 1)
+
+
 def kept_rows(leaf, budget):
     """The first rows of `leaf` that fit `budget` bytes (at least one row; rank 0: all of it).
 
@@ -47,11 +57,9 @@ def kept_rows(leaf, budget):
     """
     if leaf.shape.rank == 0:
         return leaf
-    row_shape = leaf.shape[1:]
-    if leaf.dtype != tf.string and row_shape.is_fully_defined():
-        # Known row size (the usual case): the row count is a constant, one slice to trace.
-        per_row = max(row_shape.num_elements() * leaf.dtype.size, 1)
-        return leaf[: max(budget // per_row, 1)]
+    fixed = _fixed_row_count(leaf, budget)
+    if fixed is not None:
+        return leaf[:fixed]
     budget = tf.constant(budget, tf.int64)
     rows = tf.cast(tf.shape(leaf, out_type=tf.int64)[0], tf.int64)
     per_row = tf.maximum(_leaf_bytes(leaf) // tf.maximum(rows, 1), 1)
@@ -73,22 +81,17 @@ def _header(replica, names, leaves, capture_bytes):
     )
 
 
-def _row_slice(values, budget):
-    """`kept_rows` of each of one leaf's replica tensors; where the row size is known and the
-    same on every replica, every slice shares one set of bounds (fewer ops to trace)."""
+def _row_slicer(values, budget):
+    """`fn(leaf)`: `kept_rows` of one leaf's replica tensors. Where every replica's rows have the
+    same known size, every slice shares one set of bounds (fewer ops to trace)."""
     first = values[0]
-    row_shape = first.shape[1:] if first.shape.rank else None
-    fixed = (
-        row_shape is not None
-        and first.dtype != tf.string
-        and row_shape.is_fully_defined()
-        and all(v.dtype == first.dtype and v.shape[1:] == row_shape for v in values)
-    )
-    if not fixed:
-        return [lambda leaf=leaf: kept_rows(leaf, budget) for leaf in values]
-    per_row = max(row_shape.num_elements() * first.dtype.size, 1)
-    begin, end, strides = (tf.constant([n]) for n in (0, max(budget // per_row, 1), 1))
-    return [lambda leaf=leaf: tf.strided_slice(leaf, begin, end, strides) for leaf in values]
+    fixed = _fixed_row_count(first, budget) if first.shape.rank else None
+    if fixed is None or any(
+        v.dtype != first.dtype or v.shape[1:] != first.shape[1:] for v in values
+    ):
+        return lambda leaf: kept_rows(leaf, budget)
+    begin, end, strides = (tf.constant([n]) for n in (0, fixed, 1))
+    return lambda leaf: tf.strided_slice(leaf, begin, end, strides)
 
 
 def capture_blocks(replicas, names, batch, capture_bytes, devices):
@@ -124,11 +127,11 @@ def capture_blocks(replicas, names, batch, capture_bytes, devices):
             shapes = tf.shape_n(values, out_type=tf.int64)  # one op for every replica
         else:
             shapes = [tf.shape(v, out_type=tf.int64) for v in values]
-        slices = _row_slice(values, budget)
+        rows_of = _row_slicer(values, budget)
         shape_parts, row_parts = [], []
         for replica in range(count):
             with tf.device(devices[replica]):
                 shape_parts.append(tf.io.serialize_tensor(shapes[replica]))
-                row_parts.append(tf.io.serialize_tensor(slices[replica]()))
+                row_parts.append(tf.io.serialize_tensor(rows_of(values[replica])))
         columns.extend([shape_parts, row_parts])
     return tf.stack([tf.stack(column) for column in columns], axis=1)

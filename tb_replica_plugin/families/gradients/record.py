@@ -101,17 +101,19 @@ def _as_float32(value):
     return value if value.dtype == tf.float32 else tf.cast(value, tf.float32)
 
 
-def _squared_factor(scale):
-    """`2 / scale**2` in float32: what a sum of `l2_loss` values is multiplied by.
+def _as_float32_factor(value):
+    """A float32 factor: a Python number stays a numpy float32 constant (no op to trace or run at
+    every step); anything else (e.g. a dynamic loss scale) becomes a float32 tensor."""
+    if isinstance(value, (int, float)):
+        return np.float32(value)
+    return _as_float32(value)
 
-    A Python number gives a constant, computed as the float32 ops would (no op to trace or run at
-    every step); a tensor (a dynamic loss scale) gives the ops.
-    """
-    if isinstance(scale, (int, float)):
-        inverse = np.float32(1.0) / np.float32(scale)
-        return np.float32(2.0) * (inverse * inverse)
-    inverse = 1.0 / _as_float32(scale)
-    return 2.0 * tf.square(inverse)
+
+def _squared_factor(scale):
+    """`2 / scale**2` in float32, what a sum of `l2_loss` values is multiplied by: the float32
+    ops' result, a constant for a Python number (`_as_float32_factor`)."""
+    inverse = np.float32(1.0) / _as_float32_factor(scale)
+    return np.float32(2.0) * (inverse * inverse)
 
 
 def replica_stats(grads, loss=None, scale=1.0, loss_scale=None):
@@ -141,9 +143,7 @@ def replica_stats(grads, loss=None, scale=1.0, loss_scale=None):
         loss_value = tf.constant(float("nan"), tf.float32)
         healthy = tf.math.is_finite(tf.reduce_sum(sq))
     else:
-        loss_divisor = scale if loss_scale is None else loss_scale
-        if not isinstance(loss_divisor, (int, float)):
-            loss_divisor = _as_float32(loss_divisor)
+        loss_divisor = _as_float32_factor(scale if loss_scale is None else loss_scale)
         loss_value = _as_float32(loss)
         if loss_value.shape.rank != 0:
             loss_value = tf.reshape(loss_value, [-1])[0]
