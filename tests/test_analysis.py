@@ -7,6 +7,7 @@ import pytest
 from tensorboard.compat.proto import summary_pb2
 
 from tb_replica_plugin import analysis, metadata
+from tb_replica_plugin.core.downsample import floats, json_floats
 from tb_replica_plugin.families.inputs import present as inputs_present
 from tb_replica_plugin.families.inputs import read as inputs_read
 from tb_replica_plugin.families.inputs import rules as inputs_rules
@@ -76,6 +77,20 @@ def test_downsampling_keeps_a_single_odd_step_in_bucket_extremes():
     assert body["batch_size_min"][77] == [8, 0]
     assert sum(row == [8, 0] for row in body["batch_size_min"]) == 1
     assert body["imbalance"][77] == 1.0  # value at the bucket's first step
+
+
+def test_json_floats_and_floats_write_nonfinite_values_as_documented():
+    values = np.array([[1.5, np.nan], [np.inf, -np.inf]], dtype=np.float32)
+    assert json_floats(values) == [[1.5, "NaN"], ["Infinity", "-Infinity"]]
+    assert json.dumps(json_floats(values), allow_nan=False) == (
+        '[[1.5, "NaN"], ["Infinity", "-Infinity"]]'
+    )
+    assert json_floats(np.float32(0.25)) == 0.25 and json_floats(np.nan) == "NaN"
+    assert json_floats(np.zeros((0, 3))) == []
+    assert type(json_floats([2, 3])[0]) is float
+    # The routes' floats: NaN is null ("not measured").
+    assert floats(values) == [[1.5, None], [np.inf, -np.inf]] and floats(np.nan) is None
+    assert floats(np.array([0.5, 2])) == [0.5, 2.0] and type(floats([1, 2])[1]) is float
 
 
 def test_findings_messages_and_thresholds():

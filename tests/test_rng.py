@@ -190,6 +190,13 @@ def test_stream_groups_and_rng_findings_on_series():
     rng_present.MATCH_CELLS = 2 * 25  # two steps of 5 × 5 pairs at a time
     try:
         np.testing.assert_array_equal(rng_present.match_fraction(streams), whole)
+        # Steps grouping the replicas alike are compared once, whatever the values drawn.
+        alike = np.array([[7, 7, 9], [1, 1, 2], [5, 6, 5], [3, 3, 3], [8, 8, 4]])
+        labels = rng_present.first_equal_replica(alike)
+        assert labels.tolist() == [[0, 0, 2], [0, 0, 2], [0, 1, 0], [0, 0, 0], [0, 0, 2]]
+        np.testing.assert_array_equal(
+            rng_present.match_fraction(alike) * 5, [[5, 4, 2], [4, 5, 1], [2, 1, 5]]
+        )
     finally:
         rng_present.MATCH_CELLS = original
     assert rng_present.match_fraction(np.array([[1, 1], [1, 2]])).tolist() == [[1, 0.5], [0.5, 1]]

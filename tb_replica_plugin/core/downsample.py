@@ -43,7 +43,12 @@ def nanmax(values, axis=None):
 def floats(values):
     """A nested list of floats with NaN as None (JSON null: 'not measured')."""
     array = np.asarray(values, dtype=np.float64)
-    return np.where(np.isnan(array), None, array).tolist()
+    missing = np.isnan(array)
+    if not missing.any():
+        return array.tolist()
+    values = array.astype(object)
+    values[missing] = None
+    return values.tolist()
 
 
 def hex64(value):
@@ -54,14 +59,12 @@ def hex64(value):
 def json_floats(array):
     """Nested lists of floats with NaN/Inf as the strings "NaN", "Infinity", "-Infinity" (as
     TensorBoard's HTTP responses write them), so the document is strict JSON."""
-
-    def convert(value):
-        if isinstance(value, list):
-            return [convert(v) for v in value]
-        if value != value:
-            return "NaN"
-        if value in (float("inf"), float("-inf")):
-            return "Infinity" if value > 0 else "-Infinity"
-        return value
-
-    return convert(np.asarray(array, np.float64).tolist())
+    array = np.asarray(array, np.float64)
+    finite = np.isfinite(array)
+    if finite.all():
+        return array.tolist()
+    values = array.astype(object)
+    values[np.isnan(array)] = "NaN"
+    values[array == np.inf] = "Infinity"
+    values[array == -np.inf] = "-Infinity"
+    return values.tolist()

@@ -52,27 +52,50 @@ def rng_body(series, max_points=None):
     }
 
 
-# Replica pairs × steps compared at once by `match_fraction` (bounds its memory to ~64 MB).
+# Replica pairs × partitions compared at once by `match_fraction` (bounds its memory to ~64 MB).
 MATCH_CELLS = 1 << 26
 
 
 def match_fraction(fingerprint):
     """float64 [R, R]: the fraction of steps at which replicas a and b drew equal streams.
 
+    When that is more than `MATCH_CELLS` comparisons, steps that split the replicas into the
+    same groups (usually all of them) are compared once: each step's replicas are labelled by
+    the first replica drawing the same stream, and each distinct labelling counts as many times
+    as steps have it.
+
     Args:
       fingerprint: int64 [S, R] (S >= 1), one generator's stream fingerprints.
 
     Returns:
-      The fractions, steps compared in chunks of at most `MATCH_CELLS` pairs (2048 replicas ×
-      1,000 steps would be 4 GB at once).
+      The fractions; labellings compared in chunks of at most `MATCH_CELLS` pairs (2048
+      replicas × 1,000 distinct labellings would be 4 GB at once).
     """
     steps, replicas = fingerprint.shape
+    labels, counts = fingerprint, np.ones(steps, dtype=np.int64)
+    if steps * replicas * replicas > MATCH_CELLS:  # worth finding the distinct labellings
+        labels, counts = np.unique(first_equal_replica(fingerprint), axis=0, return_counts=True)
     equal = np.zeros((replicas, replicas), dtype=np.int64)
     chunk = max(1, MATCH_CELLS // max(replicas * replicas, 1))
-    for start in range(0, steps, chunk):
-        part = fingerprint[start : start + chunk]
-        equal += (part[:, :, None] == part[:, None, :]).sum(axis=0)
+    for count in np.unique(counts):
+        group = labels[counts == count]
+        for start in range(0, len(group), chunk):
+            part = group[start : start + chunk]
+            equal += count * (part[:, :, None] == part[:, None, :]).sum(axis=0)
     return equal / steps
+
+
+def first_equal_replica(fingerprint):
+    """int64 [S, R]: at each step, the first replica whose fingerprint equals replica r's."""
+    steps, replicas = fingerprint.shape
+    order = np.argsort(fingerprint, axis=1, kind="stable")  # equal values: replica order
+    ordered = np.take_along_axis(fingerprint, order, axis=1)
+    starts = np.ones(ordered.shape, dtype=bool)
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    start_at = np.maximum.accumulate(np.where(starts, np.arange(replicas), 0), axis=1)
+    labels = np.empty_like(order)
+    np.put_along_axis(labels, order, np.take_along_axis(order, start_at, axis=1), axis=1)
+    return labels
 
 
 def body(run, run_data, parsed):

@@ -167,6 +167,16 @@ def dense_fingerprints(rows, row_of):
     return taken
 
 
+def fingerprint_column(rows, row_of, column):
+    """float64 `row_of.shape`: `rows[row_of, column]`, NaN where `row_of` is -1 (one column of
+    `dense_fingerprints` without the others)."""
+    if not len(rows):
+        return np.full(row_of.shape, np.nan)
+    taken = rows[np.maximum(row_of, 0), column]
+    taken[row_of < 0] = np.nan
+    return taken
+
+
 def build_variables_series(
     run, placement_events, hash_points, fingerprint_points, exact_points, window_points=()
 ):
@@ -334,7 +344,8 @@ def assemble_series(
     def row(index):
         return dense_fingerprints(rows, index)
 
-    norm0 = np.sqrt(np.maximum(row(row_of[:, :, 0])[..., 3], 0.0))[:, :, None]  # [S, V, 1]
+    squares0 = fingerprint_column(rows, row_of[:, :, 0], 3)  # replica 0's sum of squares
+    norm0 = np.sqrt(np.maximum(squares0, 0.0))[:, :, None]  # [S, V, 1]
     at = np.nonzero(both[None] & ~identical)  # the copies whose drift must be estimated
     copy, first = row(row_of[at]), row(row_of[at[0], at[1], 0])
     with np.errstate(invalid="ignore"):
