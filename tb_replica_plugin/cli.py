@@ -15,15 +15,25 @@ import importlib.util
 import json
 import os
 import sys
-import types
 
 from tb_replica_plugin import analysis
+from tb_replica_plugin.core import processes
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         self.print_usage(sys.stderr)
         self.exit(2, f"tb-replica: error: {message}\n")
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
 
 
 def _build_parser():
@@ -45,6 +55,13 @@ def _build_parser():
         default=[],
         metavar="NAME=VALUE",
         help="override a rule threshold (repeatable), e.g. max_imbalance_ratio=1.5",
+    )
+    report.add_argument(
+        "--processes",
+        type=_positive_int,
+        metavar="N",
+        help="processes reading the event files (default: one per CPU, up to "
+        f"{MAX_AUTO_PROCESSES}, for more than {PARALLEL_MIN_EVENT_BYTES // 2**20} MB of events)",
     )
 
     inspect = commands.add_parser(
@@ -92,7 +109,7 @@ def _load_function(spec):
     return function
 
 
-def _report(args):
+def _report(args, processes):
     from tb_replica_plugin import report as report_lib
 
     try:
@@ -101,7 +118,9 @@ def _report(args):
         print(f"tb-replica: error: {error}", file=sys.stderr)
         return 2
     try:
-        report = report_lib.load(args.logdir, run=args.run, thresholds=thresholds)
+        report = report_lib.load(
+            args.logdir, run=args.run, thresholds=thresholds, processes=processes
+        )
     except report_lib.LogDirError as error:
         print(f"tb-replica: error: {error}", file=sys.stderr)
         return 2
@@ -191,6 +210,11 @@ def _inspect(args):
 # Event bytes up to which TensorBoard's TF stub reads a log dir faster than TensorFlow: the stub
 # checks each record's CRC in Python (about 0.1 s of CPU per MB), TensorFlow's import costs ~3 s.
 STUB_MAX_EVENT_BYTES = 24 * 2**20
+# Event bytes beyond which `tb-replica report` reads with one process per CPU by default: a
+# process costs 1-4 s of CPU to start (TensorFlow's import included), and on 2 CPUs the split pays
+# for it from about 1 GB of events.
+PARALLEL_MIN_EVENT_BYTES = 2**30
+MAX_AUTO_PROCESSES = 8
 
 
 def _event_bytes(logdir, limit):
@@ -208,27 +232,6 @@ def _event_bytes(logdir, limit):
     return total
 
 
-def _import_tensorflow_quietly():
-    """Imports TensorFlow with its start-up lines on stderr (oneDNN, CUDA) silenced.
-
-    Those lines are written by native code before any log level applies, so file descriptor 2 is
-    pointed at /dev/null during the import. Without TensorFlow, TensorBoard uses its stub.
-    """
-    if "tensorflow" in sys.modules:
-        return
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        import tensorflow  # noqa: F401 - TensorBoard's event reader uses it once imported
-    except ImportError:
-        pass
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def _choose_event_reader(logdir):
     """TensorBoard's TF stub for a small local log dir (saves ~3 s of TF import), else TensorFlow.
 
@@ -236,16 +239,25 @@ def _choose_event_reader(logdir):
     `tensorboard.compat.notf` tells it to use its own stub, which reads local files but checks
     CRCs in Python: beyond `STUB_MAX_EVENT_BYTES` of events TensorFlow's reader is faster.
     Remote paths (gs://, s3://) keep TensorFlow's file systems.
+
+    Returns:
+      The event bytes counted (up to `PARALLEL_MIN_EVENT_BYTES`; 0 for a remote path).
     """
     if "://" in logdir:
-        return
-    if _event_bytes(logdir, STUB_MAX_EVENT_BYTES) > STUB_MAX_EVENT_BYTES:
-        _import_tensorflow_quietly()
-        return
-    if "tensorflow" not in sys.modules:
-        sys.modules.setdefault(
-            "tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf")
-        )
+        return 0
+    counted = _event_bytes(logdir, PARALLEL_MIN_EVENT_BYTES)
+    processes.use_event_reader("tensorflow" if counted > STUB_MAX_EVENT_BYTES else "stub")
+    return counted
+
+
+def _report_processes(requested, event_bytes):
+    """The processes reading the log dir: as asked, else one per CPU (at most
+    `MAX_AUTO_PROCESSES`) beyond `PARALLEL_MIN_EVENT_BYTES` of events, else 1."""
+    if requested is not None:
+        return requested
+    if event_bytes <= PARALLEL_MIN_EVENT_BYTES:
+        return 1
+    return max(1, min(os.cpu_count() or 1, MAX_AUTO_PROCESSES))
 
 
 def main(argv=None):
@@ -261,8 +273,10 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = _build_parser().parse_args(argv)
     if args.command in ("report", "export-batch"):
-        _choose_event_reader(args.logdir)
-        return _report(args) if args.command == "report" else _export_batch(args)
+        event_bytes = _choose_event_reader(args.logdir)
+        if args.command == "export-batch":
+            return _export_batch(args)
+        return _report(args, _report_processes(args.processes, event_bytes))
     return _inspect(args)
 
 

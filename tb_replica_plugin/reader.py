@@ -9,6 +9,8 @@ family's `read.merge`. The series dataclasses and their parsing live in the fami
 """
 
 import fnmatch
+import functools
+import itertools
 
 import numpy as np
 
@@ -39,6 +41,9 @@ __all__ = [
     "read_log_dir",
     "read_run",
     "read_group",
+    "read_member",
+    "read_members_in_pool",
+    "read_members_in_turn",
     "read_runs",
     "with_needs",
 ]
@@ -349,7 +354,14 @@ def merge_job(job, member_runs, families=None):
 
 
 def read_runs(
-    provider, ctx, experiment_id, run=None, runs=None, families=None, downsample=ALL_SAMPLES
+    provider,
+    ctx,
+    experiment_id,
+    run=None,
+    runs=None,
+    families=None,
+    downsample=ALL_SAMPLES,
+    read_members=None,
 ):
     """Reads runs and multi-worker jobs: `{name: RunData}`, the workers of a job as one entry.
 
@@ -360,6 +372,8 @@ def read_runs(
       provider, ctx, experiment_id, families, downsample: as for `read_run`.
       run: a run or job name to read alone (a worker's own run can be read by its name too).
       runs: `list_runs(...)` if already listed.
+      read_members: reads the runs of a candidate job, as `read_members_in_turn` does (which is
+        the default); `read_log_dir` passes one that reads them in parallel processes.
 
     Returns:
       `{name: RunData}` sorted by name.
@@ -370,17 +384,27 @@ def read_runs(
     if runs is None:
         runs = list_runs(provider, ctx, experiment_id)
     jobs = job_groups(runs)
+    read = functools.partial(
+        read_group,
+        provider,
+        ctx,
+        experiment_id,
+        runs=runs,
+        families=families,
+        downsample=downsample,
+        read_members=read_members,
+    )
     if run is not None:
         if run in runs:
-            return read_group(provider, ctx, experiment_id, run, runs, families, downsample)
+            return read(run)
         if run in jobs:
-            result = read_group(provider, ctx, experiment_id, run, runs, families, downsample)
+            result = read(run)
             if run in result:
                 return result
         raise RunNotFoundError(run)
     result = {}
     for name in groups(runs):
-        result.update(read_group(provider, ctx, experiment_id, name, runs, families, downsample))
+        result.update(read(name))
     return {name: result[name] for name in sorted(result)}
 
 
@@ -403,13 +427,23 @@ def group_runs(runs, name):
     return job_groups(runs).get(name, [])
 
 
-def read_group(provider, ctx, experiment_id, name, runs, families=None, downsample=ALL_SAMPLES):
+def read_group(
+    provider,
+    ctx,
+    experiment_id,
+    name,
+    runs,
+    families=None,
+    downsample=ALL_SAMPLES,
+    read_members=None,
+):
     """Reads one run, or the worker runs of one candidate job (merged when they are workers).
 
     Args:
       provider, ctx, experiment_id, families, downsample: as for `read_run`.
       name: a run of `runs`, or a job of `job_groups(runs)`.
       runs: `list_runs(...)`.
+      read_members: as for `read_runs` (default: `read_members_in_turn`).
 
     Returns:
       `{name: RunData}`: the run, the merged job, or (workers of no job) each worker run.
@@ -426,20 +460,42 @@ def read_group(provider, ctx, experiment_id, name, runs, families=None, downsamp
         raise RunNotFoundError(name)
     # Whether they are the workers of one job comes from the inputs family (their shapes events).
     read_families = None if families is None else with_needs([*families, "inputs"])
-    merge_tags = {tag for family in registry.families() for tag in family.merge_tags}
-    members = []
-    for member_run in members_of:
-        member = read_run(
-            provider, ctx, experiment_id, member_run, runs[member_run], read_families, downsample
-        )
-        if member.inputs is not None and member.inputs.worker is not None:
-            # A worker's series are built: keep only the samples a merge reads (memory of a
-            # 256-worker job: ~5 GB of samples otherwise, until the merge).
-            member.samples = {t: v for t, v in member.samples.items() if t in merge_tags}
-        members.append(member)
+    member_tags = {member_run: runs[member_run] for member_run in members_of}
+    members = (read_members or read_members_in_turn)(
+        provider, ctx, experiment_id, member_tags, read_families, downsample
+    )
     if all(m.inputs.worker is not None for m in members):
         return {name: merge_job(name, members, read_families)}
     return {m.run: m for m in members}
+
+
+def read_members_in_turn(provider, ctx, experiment_id, member_tags, families, downsample):
+    """The `RunData` of a candidate job's runs (`read_member` of each, one after another).
+
+    Args:
+      provider, ctx, experiment_id, families, downsample: as for `read_run`.
+      member_tags: `{run: {tag: TensorTimeSeries}}` of the runs, in order.
+
+    Returns:
+      Their `RunData`, in the same order.
+    """
+    return [
+        read_member(provider, ctx, experiment_id, run, tags, families, downsample)
+        for run, tags in member_tags.items()
+    ]
+
+
+def read_member(provider, ctx, experiment_id, run, tags_of_run, families, downsample):
+    """`read_run` of a candidate job's run; a worker's keeps only the samples a merge reads.
+
+    Its series are built by then: the rest of its samples would only take memory until the
+    merge (about 5 GB for a job of 256 workers).
+    """
+    member = read_run(provider, ctx, experiment_id, run, tags_of_run, families, downsample)
+    if member.inputs is not None and member.inputs.worker is not None:
+        merge_tags = {tag for family in registry.families() for tag in family.merge_tags}
+        member.samples = {tag: v for tag, v in member.samples.items() if tag in merge_tags}
+    return member
 
 
 def local_provider(logdir):
@@ -460,20 +516,58 @@ def local_provider(logdir):
     return EventFilesProvider(logdir), context.RequestContext(), ""
 
 
-def read_log_dir(logdir, run_pattern=None):
+def read_log_dir(logdir, run_pattern=None, processes=1):
     """Reads every run of this plugin under a log dir, keeping every sample.
 
     Args:
       logdir: the log directory.
       run_pattern: optional shell-style pattern (`fnmatch`) the run names must match.
+      processes: how many processes read the event files: with more than 1, a pool of new
+        processes (`core.processes.reading_pool`) lists the runs and reads the workers of each
+        multi-worker job in parallel; this process merges them and reads the other runs.
 
     Returns:
       A dict `{run: RunData}` sorted by run name; the workers of a multi-worker job are one
       entry named after the job (see `read_runs`).
+
+    Example:
+      >>> runs = read_log_dir("logs", processes=2)
+      >>> runs["job"].inputs.batch_size.shape  # [steps, replicas of every worker]
+      (1000, 2048)
     """
     provider, ctx, experiment_id = local_provider(logdir)
+    if processes > 1:
+        from tb_replica_plugin.core.processes import reading_pool
+
+        with reading_pool(processes) as pool:
+            runs = read_runs(
+                provider.list_runs_with(pool),
+                ctx,
+                experiment_id,
+                read_members=functools.partial(read_members_in_pool, pool),
+            )
+    else:
+        runs = read_runs(provider, ctx, experiment_id)
     return {
         name: data
-        for name, data in read_runs(provider, ctx, experiment_id).items()
+        for name, data in runs.items()
         if run_pattern is None or fnmatch.fnmatchcase(name, run_pattern)
     }
+
+
+def read_members_in_pool(pool, provider, ctx, experiment_id, member_tags, families, downsample):
+    """`read_members_in_turn`, each run read by `pool` (a process pool) from a provider of that
+    run alone (`EventFilesProvider.for_runs`)."""
+    count = len(member_tags)
+    return list(
+        pool.map(
+            read_member,
+            [provider.for_runs([run]) for run in member_tags],
+            itertools.repeat(ctx, count),
+            itertools.repeat(experiment_id, count),
+            list(member_tags),
+            list(member_tags.values()),
+            itertools.repeat(families, count),
+            itertools.repeat(downsample, count),
+        )
+    )

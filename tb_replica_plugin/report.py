@@ -126,13 +126,16 @@ def _header_lines(name, run_data):
     return lines
 
 
-def load(logdir, run=None, thresholds=None):
+def load(logdir, run=None, thresholds=None, processes=1):
     """Reads a log dir into per-run per-replica numpy arrays and findings.
 
     Args:
       logdir: the log directory (as given to `tensorboard --logdir`).
       run: optional shell-style pattern of run names to keep, e.g. `"*/replicas"`.
       thresholds: `analysis.Thresholds` for the findings (default: `analysis.Thresholds()`).
+      processes: processes reading the event files (`reader.read_log_dir`): more than 1 reads
+        the workers of a large multi-worker job in parallel (each new process takes a second or
+        more to start, so it pays off from a few hundred MB of events).
 
     Returns:
       A `Report`.
@@ -154,7 +157,7 @@ def load(logdir, run=None, thresholds=None):
             raise LogDirError(f"log dir {logdir!r} does not exist or is not a directory")
         if not os.access(logdir, os.R_OK | os.X_OK):
             raise LogDirError(f"log dir {logdir!r} is not readable")
-    runs = reader.read_log_dir(logdir, run)
+    runs = reader.read_log_dir(logdir, run, processes=processes)
     thresholds = thresholds or analysis.Thresholds()
     findings = {name: analysis.find_run(data, thresholds) for name, data in runs.items()}
     return Report(logdir=logdir, runs=runs, findings=findings, thresholds=thresholds)

@@ -84,6 +84,26 @@ def test_a_run_tag_filter_reads_only_what_it_names(unit_logs):
     assert read["fit_17_8/replicas"]["inputs/batch_size"]
 
 
+def test_runs_listed_by_an_executor_and_a_provider_of_one_run_answer_the_same(unit_logs):
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    alone = EventFilesProvider(unit_logs)
+    with ThreadPoolExecutor(2) as executor:
+        pooled = EventFilesProvider(unit_logs).list_runs_with(executor)
+        assert both(pooled, "list_tensors") == both(alone, "list_tensors")
+    # A provider of one run, as sent to another process: that run's listing and samples only.
+    view = pickle.loads(pickle.dumps(pooled.for_runs(["fit_17_8/replicas"])))
+    assert list(both(view, "list_tensors")) == ["fit_17_8/replicas"]
+    mine = both(view, "read_tensors", downsample=reader.ALL_SAMPLES)["fit_17_8/replicas"]
+    want = both(alone, "read_tensors", downsample=reader.ALL_SAMPLES)["fit_17_8/replicas"]
+    assert sorted(mine) == sorted(want)
+    for tag, data in want.items():
+        assert [d.step for d in mine[tag]] == [d.step for d in data]
+        for got, expected in zip(mine[tag], data, strict=True):
+            np.testing.assert_array_equal(got.numpy, expected.numpy)
+
+
 @pytest.mark.parametrize("missing", ["does_not_exist"])
 def test_a_log_dir_without_runs_lists_nothing(tmp_path, missing):
     assert both(EventFilesProvider(str(tmp_path / missing)), "list_tensors") == {}

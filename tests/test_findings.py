@@ -138,6 +138,12 @@ def test_bad_threshold_is_refused_with_exit_status_2(demo_logs, override, messag
     assert done.returncode == 2 and message in done.stderr
 
 
+def test_bad_process_count_is_refused_with_exit_status_2(demo_logs):
+    done = _report(demo_logs, "--processes", "0")
+    assert done.returncode == 2
+    assert "argument --processes: expected a whole number >= 1, got '0'" in done.stderr
+
+
 def test_gradient_threshold_override(demo_logs):
     run = "gradient_outlier/replicas"  # replica 2's shard ×100: ratios in the thousands
     loose = _report(demo_logs, "--run", run, "--json", "--threshold", "max_grad_norm_ratio=1e9")

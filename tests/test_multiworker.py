@@ -328,6 +328,24 @@ def test_report_json_and_text(report):
     assert "worker_1 (replicas 1): busy" in text
 
 
+def test_report_read_by_two_processes_is_the_same(demo_logs, report):
+    """`processes=2`: new processes list the runs and read each job's workers, same report."""
+    parallel = load(demo_logs, "mw_*", processes=2)
+    assert sorted(parallel.runs) == sorted(report.runs)
+    assert json.dumps(parallel.to_json(), sort_keys=True) == json.dumps(
+        report.to_json(), sort_keys=True
+    )
+    assert parallel.to_text() == report.to_text()
+    straggler = parallel.runs["mw_straggler/replicas"]
+    assert [w["name"] for w in straggler.workers] == ["worker_0", "worker_1"]
+    # The workers' own series came back from the processes, trimmed to what the merge reads.
+    worker_runs = straggler.worker_runs
+    assert sorted(worker_runs) == [f"mw_straggler/replicas/worker_{i}" for i in (0, 1)]
+    assert {tag for run in worker_runs.values() for tag in run.samples} == {
+        step_time_schema.TAG_STEP_TIME
+    }
+
+
 # ----------------------------------------------------------------- pure (no TensorFlow job)
 
 

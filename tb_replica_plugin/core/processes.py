@@ -1,0 +1,75 @@
+"""Process pools that read event files the way this process does (`tb-replica report`).
+
+A large log dir is read faster by several processes: each reads and builds whole runs (the
+workers of a job), and sends back their series. TensorBoard's event reader checks CRCs in C++
+when TensorFlow is imported and in Python with its stub (`tensorboard.compat.notf`), so a pool's
+processes make the same choice as the process that starts them. No TensorFlow import here unless
+this process has one.
+"""
+
+import concurrent.futures
+import multiprocessing
+import os
+import sys
+import types
+
+__all__ = ["event_reader", "import_tensorflow_quietly", "reading_pool", "use_event_reader"]
+
+_STUB_MODULE = "tensorboard.compat.notf"
+
+
+def import_tensorflow_quietly():
+    """Imports TensorFlow with its start-up lines on stderr (oneDNN, CUDA) silenced.
+
+    Those lines are written by native code before any log level applies, so file descriptor 2 is
+    pointed at /dev/null during the import. Without TensorFlow, TensorBoard uses its stub.
+    """
+    if "tensorflow" in sys.modules:
+        return
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401 - TensorBoard's event reader uses it once imported
+    except ImportError:
+        pass
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def event_reader():
+    """How TensorBoard reads event files in this process: "tensorflow", "stub", or None (not
+    chosen yet: TensorBoard tries TensorFlow at its first read)."""
+    if "tensorflow" in sys.modules:
+        return "tensorflow"
+    return "stub" if _STUB_MODULE in sys.modules else None
+
+
+def use_event_reader(choice):
+    """Makes TensorBoard read event files as `choice` (an `event_reader()` value) says."""
+    if choice == "tensorflow":
+        import_tensorflow_quietly()
+    elif choice == "stub" and "tensorflow" not in sys.modules:
+        sys.modules.setdefault(_STUB_MODULE, types.ModuleType(_STUB_MODULE))
+
+
+def reading_pool(processes):
+    """A `ProcessPoolExecutor` of `processes` new processes reading as this one does.
+
+    New interpreters (`spawn`), not forks: a fork of a process running TensorFlow's threads may
+    hang. Each starts in about a second (3 s more when it imports TensorFlow).
+
+    Args:
+      processes: the number of processes (>= 1).
+
+    Returns:
+      The executor (a context manager that waits for its processes and stops them).
+    """
+    return concurrent.futures.ProcessPoolExecutor(
+        processes,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=use_event_reader,
+        initargs=(event_reader(),),
+    )
