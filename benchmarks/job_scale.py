@@ -338,7 +338,9 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, default=256)
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--steps", type=int, default=1000, help="logged steps")
-    parser.add_argument("--loaders", default="python,rust", help="python, rust or both")
+    parser.add_argument(
+        "--loaders", default="python,rust", help='python, rust, both, or "" (the report alone)'
+    )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to load, per loader")
     parser.add_argument(
         "--logdir",
@@ -370,7 +372,7 @@ def main(argv=None):
                 1,
             ),
         }
-        for loader in args.loaders.split(","):
+        for loader in filter(None, args.loaders.split(",")):  # "": the report alone
             figures = measure_tensorboard(
                 logdir, args.workers, load_fast=loader == "rust", timeout=args.timeout
             )
