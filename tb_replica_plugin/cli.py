@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import sys
+from concurrent.futures.process import BrokenProcessPool
 
 from tb_replica_plugin import analysis
 from tb_replica_plugin.core import processes
@@ -123,6 +124,13 @@ def _report(args, processes):
         )
     except report_lib.LogDirError as error:
         print(f"tb-replica: error: {error}", file=sys.stderr)
+        return 2
+    except BrokenProcessPool:
+        print(
+            f"tb-replica: error: a process reading the log dir ({processes} at once) stopped "
+            "abruptly, most likely out of memory: run again with fewer, e.g. --processes 1",
+            file=sys.stderr,
+        )
         return 2
     if args.json:
         # Indented for a person at a terminal; compact otherwise (json's C encoder: an indented

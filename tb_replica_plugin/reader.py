@@ -524,7 +524,9 @@ def read_log_dir(logdir, run_pattern=None, processes=1):
       run_pattern: optional shell-style pattern (`fnmatch`) the run names must match.
       processes: how many processes read the event files: with more than 1, a pool of new
         processes (`core.processes.reading_pool`) lists the runs and reads the workers of each
-        multi-worker job in parallel; this process merges them and reads the other runs.
+        multi-worker job in parallel; this process merges them and reads the other runs. From
+        a script, call it under `if __name__ == "__main__":` then (the new processes import the
+        main module).
 
     Returns:
       A dict `{run: RunData}` sorted by run name; the workers of a multi-worker job are one

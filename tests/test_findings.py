@@ -144,6 +144,24 @@ def test_bad_process_count_is_refused_with_exit_status_2(demo_logs):
     assert "argument --processes: expected a whole number >= 1, got '0'" in done.stderr
 
 
+def test_a_reading_process_that_dies_is_reported_with_what_to_do(demo_logs, monkeypatch, capsys):
+    from concurrent.futures.process import BrokenProcessPool
+
+    from tb_replica_plugin import cli
+    from tb_replica_plugin import report as report_lib
+
+    def die(*args, **kwargs):
+        assert kwargs["processes"] == 3
+        raise BrokenProcessPool("A child process terminated abruptly")
+
+    monkeypatch.setattr(report_lib, "load", die)
+    assert cli.main(["report", demo_logs, "--processes", "3"]) == 2
+    assert capsys.readouterr().err == (
+        "tb-replica: error: a process reading the log dir (3 at once) stopped abruptly, most "
+        "likely out of memory: run again with fewer, e.g. --processes 1\n"
+    )
+
+
 def test_gradient_threshold_override(demo_logs):
     run = "gradient_outlier/replicas"  # replica 2's shard ×100: ratios in the thousands
     loose = _report(demo_logs, "--run", run, "--json", "--threshold", "max_grad_norm_ratio=1e9")
