@@ -362,6 +362,7 @@ def read_runs(
     families=None,
     downsample=ALL_SAMPLES,
     read_members=None,
+    keep=None,
 ):
     """Reads runs and multi-worker jobs: `{name: RunData}`, the workers of a job as one entry.
 
@@ -374,6 +375,8 @@ def read_runs(
       runs: `list_runs(...)` if already listed.
       read_members: reads the runs of a candidate job, as `read_members_in_turn` does (which is
         the default); `read_log_dir` passes one that reads them in parallel processes.
+      keep: without `run`, reads only the runs and jobs for which `keep(name, runs_of_name)`
+        is true (`runs_of_name`: `group_runs(runs, name)`); default: all.
 
     Returns:
       `{name: RunData}` sorted by name.
@@ -404,7 +407,8 @@ def read_runs(
         raise RunNotFoundError(run)
     result = {}
     for name in groups(runs):
-        result.update(read(name))
+        if keep is None or keep(name, group_runs(runs, name)):
+            result.update(read(name))
     return {name: result[name] for name in sorted(result)}
 
 
@@ -521,7 +525,8 @@ def read_log_dir(logdir, run_pattern=None, processes=1):
 
     Args:
       logdir: the log directory.
-      run_pattern: optional shell-style pattern (`fnmatch`) the run names must match.
+      run_pattern: optional shell-style pattern (`fnmatch`) the run names must match: only
+        the runs and jobs that match (or one of whose runs matches) are read.
       processes: how many processes read the event files: with more than 1, a pool of new
         processes (`core.processes.reading_pool`) lists the runs and reads the workers of each
         multi-worker job in parallel; this process merges them and reads the other runs. From
@@ -538,6 +543,11 @@ def read_log_dir(logdir, run_pattern=None, processes=1):
       (1000, 2048)
     """
     provider, ctx, experiment_id = local_provider(logdir)
+
+    def matches(name, runs_of_name):  # a job is read when its name or one of its runs matches
+        return any(fnmatch.fnmatchcase(n, run_pattern) for n in (name, *runs_of_name))
+
+    keep = None if run_pattern is None else matches
     if processes > 1:
         from tb_replica_plugin.core.processes import reading_pool
 
@@ -547,9 +557,10 @@ def read_log_dir(logdir, run_pattern=None, processes=1):
                 ctx,
                 experiment_id,
                 read_members=functools.partial(read_members_in_pool, pool),
+                keep=keep,
             )
     else:
-        runs = read_runs(provider, ctx, experiment_id)
+        runs = read_runs(provider, ctx, experiment_id, keep=keep)
     return {
         name: data
         for name, data in runs.items()

@@ -104,6 +104,20 @@ def test_runs_listed_by_an_executor_and_a_provider_of_one_run_answer_the_same(un
             np.testing.assert_array_equal(got.numpy, expected.numpy)
 
 
+def test_a_run_pattern_reads_only_the_runs_it_matches(unit_logs, monkeypatch):
+    asked = []
+    read_tensors = EventFilesProvider.read_tensors
+
+    def recording(self, *args, run_tag_filter=None, **kwargs):
+        asked.extend(run_tag_filter.runs)
+        return read_tensors(self, *args, run_tag_filter=run_tag_filter, **kwargs)
+
+    monkeypatch.setattr(EventFilesProvider, "read_tensors", recording)
+    runs = reader.read_log_dir(unit_logs, "fit_17_*")
+    assert list(runs) == asked == ["fit_17_8/replicas"]
+    assert runs["fit_17_8/replicas"].inputs.batch_size.shape[1] == 2
+
+
 @pytest.mark.parametrize("missing", ["does_not_exist"])
 def test_a_log_dir_without_runs_lists_nothing(tmp_path, missing):
     assert both(EventFilesProvider(str(tmp_path / missing)), "list_tensors") == {}
