@@ -407,7 +407,7 @@ def read_runs(
         raise RunNotFoundError(run)
     result = {}
     for name in groups(runs):
-        if keep is None or keep(name, group_runs(runs, name)):
+        if keep is None or keep(name, [name] if name in runs else jobs[name]):
             result.update(read(name))
     return {name: result[name] for name in sorted(result)}
 
