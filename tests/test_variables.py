@@ -489,6 +489,14 @@ def test_job_holds_each_row_bit_identical_to_global_replica_0_once():
     np.testing.assert_array_equal(merged.stats[:, :, 2:], second_stats)
     np.testing.assert_array_equal(second.stats, second_stats)
     assert second.rows is merged.rows
+    # A worker that logged a step more keeps reading its own fingerprints at every step.
+    longer = synthetic([0.0, 0.0, 1e-3, 2e-3])
+    longer_stats = longer.stats.copy()
+    shorter = synthetic([0.0, 0.0, 1e-3])
+    merged = variables_read.merge_variables("job", [Member(shorter), Member(longer)], workers, [])
+    assert merged.steps.tolist() == [0, 1, 2] and longer.row_of.shape[0] == 4
+    np.testing.assert_array_equal(longer.stats, longer_stats)
+    np.testing.assert_array_equal(merged.stats[:, :, 2:], longer_stats[:3])
     # A worker that wrote no fingerprint (its rows [0, 4]) joins: no common step, no error.
     lone, empty = synthetic([0.0]), synthetic([])
     joined = variables_read.merge_variables("job", [Member(lone), Member(empty)], workers, [])

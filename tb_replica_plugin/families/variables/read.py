@@ -465,6 +465,11 @@ def from_samples(run, samples, notes, needed=None):
     return series
 
 
+def _at_steps(array, index):
+    """`array[index]`, or `array` itself when `index` takes every step in order."""
+    return array if index.size == len(array) else array[index]
+
+
 def merge_variables(job, member_runs, workers, notes):
     """Cross-worker weight drift of a job from the per-copy fingerprints each worker wrote.
 
@@ -540,21 +545,23 @@ def merge_variables(job, member_runs, workers, notes):
     # One global replica axis; the workers' rows joined (offsets into their concatenation),
     # each row the job still needs held once, and shared with the workers' own series.
     starts = np.cumsum([0] + [len(s.rows) for s in series])[:-1]
-    # Each worker's rows as rows of the joined table (-1 stays -1).
-    joined_rows = [
-        np.where(s.row_of < 0, -1, s.row_of + offset)
-        for s, offset in zip(series, starts, strict=True)
-    ]
-    hash_arr = np.concatenate([s.hash[i] for s, i in zip(series, at, strict=True)], axis=2)
-    row_of = np.concatenate([own[i] for own, i in zip(joined_rows, at, strict=True)], axis=2)
+    hash_arr = np.concatenate([_at_steps(s.hash, i) for s, i in zip(series, at, strict=True)], 2)
+    row_of = np.concatenate([_at_steps(s.row_of, i) for s, i in zip(series, at, strict=True)], 2)
+    # Each copy's row in the joined table (-1 stays -1): its worker's offset added in place (a
+    # new array would cost a page fault per 4 KB of a [steps, variables, 2048] array).
+    columns = np.cumsum([0] + [s.row_of.shape[2] for s in series])
+    np.add(row_of, np.repeat(starts, np.diff(columns)), out=row_of, where=row_of >= 0)
     _, _, comparable = copy_pairs(variables, row_of.shape[2])
     width = widths.pop() if widths else series[0].rows.shape[1]
     parts = [s.rows.reshape(-1, width) for s in series]  # a worker without rows: [0, width]
     rows, remap = share_first_rows(hash_arr, comparable, row_of, parts)
     row_of = remap[row_of]
-    for s, own in zip(series, joined_rows, strict=True):
+    for s, i, offset, first, end in zip(series, at, starts, columns, columns[1:], strict=False):
         s.rows = rows  # the same values, held once
-        s.row_of = remap[own]
+        if i.size == s.steps.size:  # the worker logged the job's steps: its columns of the job's
+            s.row_of = row_of[:, :, first:end]
+        else:
+            s.row_of = remap[np.where(s.row_of < 0, -1, s.row_of + offset)]
     first_step = steps[0] if steps else 0
     merged = assemble_series(
         job,
