@@ -464,11 +464,14 @@ def test_workers_with_different_fingerprint_versions_are_not_merged():
     assert "different versions" in notes[-1]
 
 
-def test_job_holds_each_row_bit_identical_to_global_replica_0_once():
+@pytest.mark.parametrize("chunk_cells", [None, 4])  # 4: the copies of one step at a time
+def test_job_holds_each_row_bit_identical_to_global_replica_0_once(chunk_cells, monkeypatch):
     class Member:
         def __init__(self, series):
             self.variables = series
 
+    if chunk_cells is not None:
+        monkeypatch.setattr(variables_read, "_CHUNK_CELLS", chunk_cells)
     first, second = synthetic([0.0, 0.0, 1e-3]), synthetic([0.0, 0.0, 1e-3])
     second.hash[1] += 1  # at step 1 worker 1's copies agree with each other, not with worker 0's
     second_stats = second.stats.copy()

@@ -278,6 +278,10 @@ def copy_pairs(variables, num_r):
     return present, both, both & (algorithm == algorithm[:, :1])
 
 
+# Copies compared at once by `share_first_rows` (8 MB per int64 temporary).
+_CHUNK_CELLS = 1 << 20
+
+
 def share_first_rows(hash_arr, comparable, row_of, rows_per_part):
     """Joins parts' fingerprint rows, keeping one row for copies bit-identical to replica 0's.
 
@@ -300,9 +304,13 @@ def share_first_rows(hash_arr, comparable, row_of, rows_per_part):
     total = sum(len(r) for r in rows_per_part)
     remap = np.arange(total + 1, dtype=np.int64)
     remap[-1] = -1
-    first = np.broadcast_to(row_of[:, :, :1], row_of.shape)
-    same = (hash_arr == hash_arr[:, :, :1]) & comparable[None] & (first >= 0) & (row_of >= 0)
-    remap[row_of[same]] = first[same]  # replica 0's own row maps to itself
+    # A few steps at a time: the temporaries stay small enough to be reused, not page-faulted.
+    chunk = max(1, _CHUNK_CELLS // max(int(np.prod(row_of.shape[1:])), 1))
+    for start in range(0, len(row_of), chunk):
+        rows_of, hashes = row_of[start : start + chunk], hash_arr[start : start + chunk]
+        first = np.broadcast_to(rows_of[:, :, :1], rows_of.shape)
+        same = (hashes == hashes[:, :, :1]) & comparable[None] & (first >= 0) & (rows_of >= 0)
+        remap[rows_of[same]] = first[same]  # replica 0's own row maps to itself
     used = np.unique(remap[:-1])
     new_row = np.full(total + 1, -1, dtype=np.int64)
     new_row[used] = np.arange(len(used))
