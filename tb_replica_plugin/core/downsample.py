@@ -43,11 +43,18 @@ def nanmax(values, axis=None):
 def floats(values):
     """A nested list of floats with NaN as None (JSON null: 'not measured')."""
     array = np.asarray(values, dtype=np.float64)
-    missing = np.isnan(array)
-    if not missing.any():
+    return _list_replacing(array, [(np.isnan(array), None)])
+
+
+def _list_replacing(array, replacements):
+    """`array.tolist()` with the elements where each `(mask, value)`'s mask holds as `value`
+    (an object array is made only when some mask holds)."""
+    replacements = [(mask, value) for mask, value in replacements if mask.any()]
+    if not replacements:
         return array.tolist()
     values = array.astype(object)
-    values[missing] = None
+    for mask, value in replacements:
+        values[mask] = value
     return values.tolist()
 
 
@@ -60,11 +67,7 @@ def json_floats(array):
     """Nested lists of floats with NaN/Inf as the strings "NaN", "Infinity", "-Infinity" (as
     TensorBoard's HTTP responses write them), so the document is strict JSON."""
     array = np.asarray(array, np.float64)
-    finite = np.isfinite(array)
-    if finite.all():
-        return array.tolist()
-    values = array.astype(object)
-    values[np.isnan(array)] = "NaN"
-    values[array == np.inf] = "Infinity"
-    values[array == -np.inf] = "-Infinity"
-    return values.tolist()
+    return _list_replacing(
+        array,
+        [(np.isnan(array), "NaN"), (array == np.inf, "Infinity"), (array == -np.inf, "-Infinity")],
+    )

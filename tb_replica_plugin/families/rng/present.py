@@ -87,7 +87,7 @@ def match_fraction(fingerprint):
 
 def first_equal_replica(fingerprint):
     """int64 [S, R]: at each step, the first replica whose fingerprint equals replica r's."""
-    steps, replicas = fingerprint.shape
+    replicas = fingerprint.shape[1]
     order = np.argsort(fingerprint, axis=1, kind="stable")  # equal values: replica order
     ordered = np.take_along_axis(fingerprint, order, axis=1)
     starts = np.ones(ordered.shape, dtype=bool)

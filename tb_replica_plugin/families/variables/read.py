@@ -564,7 +564,7 @@ def merge_variables(job, member_runs, workers, notes):
     parts = [s.rows.reshape(-1, width) for s in series]  # a worker without rows: [0, width]
     rows, remap = share_first_rows(hash_arr, comparable, row_of, parts)
     row_of = remap[row_of]
-    for s, i, offset, first, end in zip(series, at, starts, columns, columns[1:], strict=False):
+    for s, i, offset, first, end in zip(series, at, starts, columns[:-1], columns[1:], strict=True):
         s.rows = rows  # the same values, held once
         if i.size == s.steps.size:  # the worker logged the job's steps: its columns of the job's
             s.row_of = row_of[:, :, first:end]
