@@ -535,17 +535,9 @@ def copy_summary(value, dtype, projection=None):
 
 
 def copy_fingerprint(value, dtype, projection=None, algorithm=HASH_MIX):
-    """Hash, stats and sketch of one copy; call under `tf.device(copy.device)`.
-
-    Args:
-      value: the copy's value (a tensor).
-      dtype: its `tf.DType`.
-      projection: optional cache of hash index terms per device and word count.
-      algorithm: the hash algorithm, `hash_algorithm(device, dtype)` of the copy's device.
-
-    Returns:
-      `(hash int64 scalar, stats_and_sketch float64 [4 + SKETCH_SIZE])`.
-    """
+    """`(copy_hash(...), copy_summary(...))` of one copy (int64 scalar, float64 [4 + K]), e.g. as
+    a reference for tests; call under `tf.device(copy.device)`. `algorithm`: the copy device's
+    `hash_algorithm`; `projection`: optional cache shared by the copies of one graph."""
     return copy_hash(value, dtype, algorithm, projection), copy_summary(value, dtype, projection)
 
 
@@ -578,6 +570,23 @@ class _Column:
         self.single = {}  # variable index -> summary of a copy outside the fused summary
         self.device = None
         self.joined = None  # the fused copies' elements (`_joined_by_dtype`), once joined
+
+    def hash_vector(self, num):
+        """int64 [num]: each variable's copy's hash (0 where the device holds none), assembled
+        on the device, so one tensor per device leaves it (not one scalar per copy)."""
+        order = [index for index, _ in self.farm_rows] + sorted(self.hashes)
+        if not order:
+            return tf.zeros([num], tf.int64)
+        with tf.device(self.device):
+            parts = [tf.stack([self.hashes[i] for i in sorted(self.hashes)])] if self.hashes else []
+            if self.farm_rows:
+                rows = tf.concat([row for _, row in self.farm_rows], axis=0)
+                parts.insert(0, tf.reshape(tf.bitcast(rows, tf.int64), [-1]))
+            if order == list(range(num)):
+                return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+            where = {index: i for i, index in enumerate(order)}
+            table = tf.concat([*parts, tf.zeros([1], tf.int64)], axis=0)
+            return tf.gather(table, [where.get(i, len(order)) for i in range(num)])
 
     def join(self):
         """Joins the fused copies' elements by dtype now (a branch then captures a few tensors)."""
@@ -667,18 +676,7 @@ class VariablesStats:
                             row[column] = exact_difference(value, present[0], entry.dtype)
                 exacts.append(tf.stack(row))
         num = len(entries)
-        hashes = []
-        for column in columns:
-            if column.farm_rows:
-                with tf.device(column.device):
-                    stacked = tf.concat([row for _, row in column.farm_rows], axis=0)
-                    digests = tf.unstack(tf.reshape(tf.bitcast(stacked, tf.int64), [-1]))
-                for (index, _), digest in zip(column.farm_rows, digests, strict=True):
-                    column.hashes[index] = digest
-            zero = tf.constant(0, tf.int64)
-            hashes.append(
-                tf.stack([column.hashes.get(i, zero) for i in range(num)]) if num else None
-            )
+        hashes = [column.hash_vector(num) for column in columns]
         self.hash = tf.stack(hashes, axis=1) if num else tf.zeros([0, num_replicas], tf.int64)
 
         missing = tf.fill([1, width], tf.constant(np.nan, tf.float64))
