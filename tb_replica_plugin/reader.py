@@ -363,6 +363,7 @@ def read_runs(
     downsample=ALL_SAMPLES,
     read_members=None,
     keep=None,
+    read_alone=None,
 ):
     """Reads runs and multi-worker jobs: `{name: RunData}`, the workers of a job as one entry.
 
@@ -377,6 +378,8 @@ def read_runs(
         the default); `read_log_dir` passes one that reads them in parallel processes.
       keep: without `run`, reads only the runs and jobs for which `keep(name, runs_of_name)`
         is true (`runs_of_name`: `group_runs(runs, name)`); default: all.
+      read_alone: without `run`, reads the runs outside jobs, all at once before the jobs (a
+        function like `read_members`, reading each with `read_run`); default: each in turn.
 
     Returns:
       `{name: RunData}` sorted by name.
@@ -405,9 +408,18 @@ def read_runs(
             if run in result:
                 return result
         raise RunNotFoundError(run)
+    names = [
+        name
+        for name in groups(runs)
+        if keep is None or keep(name, [name] if name in runs else jobs[name])
+    ]
     result = {}
-    for name in groups(runs):
-        if keep is None or keep(name, [name] if name in runs else jobs[name]):
+    if read_alone is not None:
+        alone = {name: runs[name] for name in names if name in runs}
+        read_data = read_alone(provider, ctx, experiment_id, alone, families, downsample)
+        result.update(zip(alone, read_data, strict=True))
+    for name in names:
+        if name not in result:
             result.update(read(name))
     return {name: result[name] for name in sorted(result)}
 
@@ -528,8 +540,9 @@ def read_log_dir(logdir, run_pattern=None, processes=1):
       run_pattern: optional shell-style pattern (`fnmatch`) the run names must match: only
         the runs and jobs that match (or one of whose runs matches) are read.
       processes: how many processes read the event files: with more than 1, a pool of new
-        processes (`core.processes.reading_pool`) lists the runs and reads the workers of each
-        multi-worker job in parallel; this process merges them and reads the other runs. From
+        processes (`core.processes.reading_pool`) lists the runs and reads them in parallel
+        (the runs outside jobs, then the workers of each multi-worker job, which this process
+        merges). From
         a script, call it under `if __name__ == "__main__":` then (the new processes import the
         main module).
 
@@ -558,6 +571,7 @@ def read_log_dir(logdir, run_pattern=None, processes=1):
                 experiment_id,
                 read_members=functools.partial(read_members_in_pool, pool),
                 keep=keep,
+                read_alone=functools.partial(read_members_in_pool, pool, read=read_run),
             )
     else:
         runs = read_runs(provider, ctx, experiment_id, keep=keep)
@@ -568,13 +582,16 @@ def read_log_dir(logdir, run_pattern=None, processes=1):
     }
 
 
-def read_members_in_pool(pool, provider, ctx, experiment_id, member_tags, families, downsample):
+def read_members_in_pool(
+    pool, provider, ctx, experiment_id, member_tags, families, downsample, read=read_member
+):
     """`read_members_in_turn`, each run read by `pool` (a process pool) from a provider of that
-    run alone (`EventFilesProvider.for_runs`)."""
+    run alone (`EventFilesProvider.for_runs`), with `read` (`read_member`, or `read_run` for the
+    runs outside jobs)."""
     count = len(member_tags)
     return list(
         pool.map(
-            read_member,
+            read,
             [provider.for_runs([run]) for run in member_tags],
             itertools.repeat(ctx, count),
             itertools.repeat(experiment_id, count),

@@ -328,9 +328,18 @@ def test_report_json_and_text(report):
     assert "worker_1 (replicas 1): busy" in text
 
 
-def test_report_read_by_two_processes_is_the_same(demo_logs, report):
-    """`processes=2`: new processes list the runs and read each job's workers, same report."""
-    parallel = load(demo_logs, "mw_*", processes=2)
+def test_report_read_by_two_processes_is_the_same(demo_logs):
+    """`processes=2`: new processes list the runs, read the runs outside jobs and each job's
+    workers: the same report."""
+    pattern = "[mb]*"  # every job, and the runs of the scenarios starting with "b"
+    report = load(demo_logs, pattern)
+    parallel = load(demo_logs, pattern, processes=2)
+    alone = sorted(name for name in report.runs if not report.runs[name].workers)
+    assert alone == [
+        "balanced/replicas",
+        "batch_not_divisible/inspect_dataset",
+        "batch_not_divisible/replicas",
+    ]
     assert sorted(parallel.runs) == sorted(report.runs)
     assert json.dumps(parallel.to_json(), sort_keys=True) == json.dumps(
         report.to_json(), sort_keys=True
@@ -344,6 +353,32 @@ def test_report_read_by_two_processes_is_the_same(demo_logs, report):
     assert {tag for run in worker_runs.values() for tag in run.samples} == {
         step_time_schema.TAG_STEP_TIME
     }
+
+
+def test_runs_outside_jobs_are_read_at_once_before_the_jobs(demo_logs):
+    """`read_runs(read_alone=...)` gets every kept run outside a job in one call (what the
+    process pool reads in parallel); the jobs are read and merged as before."""
+    provider, ctx, experiment_id = reader.local_provider(demo_logs)
+    calls = []
+
+    def read_alone(provider, ctx, experiment_id, tags, families, downsample):
+        calls.append(list(tags))
+        return [
+            reader.read_run(provider, ctx, experiment_id, run, tags_of_run, families, downsample)
+            for run, tags_of_run in tags.items()
+        ]
+
+    runs = reader.read_runs(
+        provider,
+        ctx,
+        experiment_id,
+        keep=lambda name, _: name.startswith(("balanced", "mw_clean")),
+        read_alone=read_alone,
+    )
+    assert calls == [["balanced/replicas"]]
+    assert list(runs) == ["balanced/replicas", "mw_clean/replicas"]
+    assert [w["name"] for w in runs["mw_clean/replicas"].workers] == ["worker_0", "worker_1"]
+    assert runs["balanced/replicas"].inputs.batch_size.shape[1] == 4
 
 
 # ----------------------------------------------------------------- pure (no TensorFlow job)
