@@ -122,3 +122,32 @@ def test_a_run_pattern_reads_only_the_runs_it_matches(unit_logs, monkeypatch):
 def test_a_log_dir_without_runs_lists_nothing(tmp_path, missing):
     assert both(EventFilesProvider(str(tmp_path / missing)), "list_tensors") == {}
     assert both(EventFilesProvider(str(tmp_path)), "list_tensors") == {}
+
+
+def test_pool_processes_send_broadcast_arrays_compact():
+    """A reading process pickles a broadcast view (a series' "not checked" NaN arrays) as its
+    repeated block: the parent gets the same values, shape and read-only view, in a few bytes."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from tb_replica_plugin.core.processes import reduce_array
+
+    class Pickler(ForkingPickler):
+        _extra_reducers = {}  # its own: registering on ForkingPickler would change this process's
+
+    Pickler.register(np.ndarray, reduce_array)
+    not_checked = np.broadcast_to(np.nan, (1000, 21, 8))
+    per_row = np.broadcast_to(np.arange(3.0)[:, None], (3, 5))
+    plain = np.arange(12.0).reshape(3, 4)[:, ::2]
+    sent = {
+        name: bytes(Pickler.dumps(a))
+        for name, a in [("not_checked", not_checked), ("per_row", per_row), ("plain", plain)]
+    }
+    assert len(sent["not_checked"]) < 300 < len(pickle.dumps(not_checked))
+    back = {name: pickle.loads(data) for name, data in sent.items()}
+    assert back["not_checked"].shape == (1000, 21, 8) and np.isnan(back["not_checked"]).all()
+    assert back["not_checked"].strides == (0, 0, 0) and not back["not_checked"].flags.writeable
+    np.testing.assert_array_equal(back["per_row"], per_row)
+    assert back["per_row"].strides[1] == 0
+    np.testing.assert_array_equal(back["plain"], plain)
+    assert back["plain"].flags.writeable  # an ordinary array comes back as numpy sends it

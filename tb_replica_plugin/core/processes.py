@@ -13,7 +13,13 @@ import os
 import sys
 import types
 
-__all__ = ["event_reader", "import_tensorflow_quietly", "reading_pool", "use_event_reader"]
+__all__ = [
+    "event_reader",
+    "import_tensorflow_quietly",
+    "reading_pool",
+    "reduce_array",
+    "use_event_reader",
+]
 
 _STUB_MODULE = "tensorboard.compat.notf"
 
@@ -55,6 +61,45 @@ def use_event_reader(choice):
         sys.modules.setdefault(_STUB_MODULE, types.ModuleType(_STUB_MODULE))
 
 
+def _start_reading_process(choice):
+    """A pool process's initializer: the event reader, and broadcast arrays sent compact."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import numpy as np
+
+    use_event_reader(choice)
+    ForkingPickler.register(np.ndarray, reduce_array)
+
+
+def reduce_array(array):
+    """Pickles a numpy array; a broadcast view (a stride of 0) as its one repeated block.
+
+    numpy pickles a view as a full copy: a series' "not checked" arrays, one `np.broadcast_to`
+    of NaN, would reach the parent process as full arrays (a few MB per worker of a large job).
+    The block is sent with the shape instead, and the parent gets the same read-only view.
+
+    Args:
+      array: a numpy array.
+
+    Returns:
+      The `(callable, args)` pair of `pickle`'s `__reduce__` protocol.
+
+    Example:
+      >>> import pickle, numpy as np
+      >>> view = np.broadcast_to(np.nan, (1000, 64))
+      >>> function, args = reduce_array(view)
+      >>> function(*args).shape, len(pickle.dumps(args)) < 1000
+      ((1000, 64), True)
+    """
+    import numpy as np
+
+    repeated = [s == 0 and n > 1 for s, n in zip(array.strides, array.shape, strict=True)]
+    if array.dtype.hasobject or not any(repeated):
+        return array.__reduce__()
+    block = array[tuple(slice(0, 1) if r else slice(None) for r in repeated)].copy()
+    return np.broadcast_to, (block, array.shape)
+
+
 def reading_pool(processes):
     """A `ProcessPoolExecutor` of `processes` new processes reading as this one does.
 
@@ -70,6 +115,6 @@ def reading_pool(processes):
     return concurrent.futures.ProcessPoolExecutor(
         processes,
         mp_context=multiprocessing.get_context("spawn"),
-        initializer=use_event_reader,
+        initializer=_start_reading_process,
         initargs=(event_reader(),),
     )
