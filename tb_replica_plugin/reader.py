@@ -542,9 +542,8 @@ def read_log_dir(logdir, run_pattern=None, processes=1):
       processes: how many processes read the event files: with more than 1, a pool of new
         processes (`core.processes.reading_pool`) lists the runs and reads them in parallel
         (the runs outside jobs, then the workers of each multi-worker job, which this process
-        merges). From
-        a script, call it under `if __name__ == "__main__":` then (the new processes import the
-        main module).
+        merges). From a script, call it under `if __name__ == "__main__":` then (the new
+        processes import the main module).
 
     Returns:
       A dict `{run: RunData}` sorted by run name; the workers of a multi-worker job are one

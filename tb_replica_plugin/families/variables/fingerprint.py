@@ -574,11 +574,12 @@ class _Column:
     def hash_vector(self, num):
         """int64 [num]: each variable's copy's hash (0 where the device holds none), assembled
         on the device, so one tensor per device leaves it (not one scalar per copy)."""
-        order = [index for index, _ in self.farm_rows] + sorted(self.hashes)
+        others = sorted(self.hashes)  # copies not hashed by `tf.fingerprint` rows
+        order = [index for index, _ in self.farm_rows] + others
         if not order:
             return tf.zeros([num], tf.int64)
         with tf.device(self.device):
-            parts = [tf.stack([self.hashes[i] for i in sorted(self.hashes)])] if self.hashes else []
+            parts = [tf.stack([self.hashes[i] for i in others])] if others else []
             if self.farm_rows:
                 rows = tf.concat([row for _, row in self.farm_rows], axis=0)
                 parts.insert(0, tf.reshape(tf.bitcast(rows, tf.int64), [-1]))
