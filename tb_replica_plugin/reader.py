@@ -508,7 +508,7 @@ def read_member(provider, ctx, experiment_id, run, tags_of_run, families, downsa
     merge (about 5 GB for a job of 256 workers).
     """
     member = read_run(provider, ctx, experiment_id, run, tags_of_run, families, downsample)
-    if member.inputs is not None and member.inputs.worker is not None:
+    if member.inputs.worker is not None:  # `inputs` is always read (empty without its tags)
         merge_tags = {tag for family in registry.families() for tag in family.merge_tags}
         member.samples = {tag: v for tag, v in member.samples.items() if tag in merge_tags}
     return member

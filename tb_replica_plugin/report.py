@@ -134,9 +134,10 @@ def load(logdir, run=None, thresholds=None, processes=1):
       run: optional shell-style pattern of run names to keep, e.g. `"*/replicas"`.
       thresholds: `analysis.Thresholds` for the findings (default: `analysis.Thresholds()`).
       processes: processes reading the event files (`reader.read_log_dir`): more than 1 reads
-        the workers of a large multi-worker job in parallel (each new process takes a second or
-        more to start, so it pays off from about 1 GB of events). From a script, call `load`
-        under `if __name__ == "__main__":` then (the new processes import the main module).
+        the runs and the workers of each multi-worker job in parallel (each new process takes a
+        second or more to start, so it pays off from about 1 GB of events). From a script,
+        call `load` under `if __name__ == "__main__":` then (the new processes import the main
+        module).
 
     Returns:
       A `Report`.
