@@ -40,14 +40,36 @@ __all__ = [
     "ReplicasPlugin",
     "parse_max_points",
     "parse_step",
+    "run_view_query",
 ]
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 _CONTENT_TYPES = {".js": "text/javascript", ".css": "text/css", ".map": "application/json"}
 
 
-# The arguments of the tab's run view (frontend/src/sections.js: MAX_POINTS, TOP_VARIABLES).
-RUN_VIEW_QUERY = {"max_points": "10000", "top": "8"}
+# The tab's run view (frontend/src/sections.js: MAX_POINTS, MAX_CELLS, TOP_VARIABLES): at most
+# this many steps, fewer when steps × replicas would pass MAX_CELLS; the most divergent variables.
+RUN_VIEW_MAX_POINTS = 10000
+RUN_VIEW_MAX_CELLS = 262144
+RUN_VIEW_TOP = 8
+
+
+def run_view_query(replicas):
+    """The arguments the tab's run view sends for a run of `replicas` replicas.
+
+    Args:
+      replicas: the run's (or job's) number of replicas (its `/runs` entry's `replicas`).
+
+    Returns:
+      `{"max_points": str, "top": str}`: `RUN_VIEW_MAX_POINTS` steps, or fewer so that steps ×
+      replicas stay within `RUN_VIEW_MAX_CELLS` (at least 2), and `RUN_VIEW_TOP` variables.
+
+    Example:
+      >>> run_view_query(2048)
+      {'max_points': '128', 'top': '8'}
+    """
+    points = max(2, min(RUN_VIEW_MAX_POINTS, RUN_VIEW_MAX_CELLS // max(1, int(replicas))))
+    return {"max_points": str(points), "top": str(RUN_VIEW_TOP)}
 
 
 def _error(request, status, message):
@@ -217,17 +239,22 @@ class ReplicasPlugin(base_plugin.TBPlugin):
 
         return make_body
 
-    def _run_view(self, run):
+    def _run_view(self, run, run_data):
         """The family routes the tab's run view asks for `run`, with the tab's arguments.
+
+        Args:
+          run: the run or job name.
+          run_data: its `reader.RunData` (its replicas set the view's `max_points`).
 
         Returns:
           `[(family name, parsed arguments, make_body)]` (`store.RunStore`'s `run_view`).
         """
+        query = run_view_query(len(overview.overview(run_data)["replicas"]))
         view = []
         for family in registry.families():
             if family.route:
                 arguments = family.present.ARGS.items()
-                parsed = {name: parse(RUN_VIEW_QUERY.get(name)) for name, parse in arguments}
+                parsed = {name: parse(query.get(name)) for name, parse in arguments}
                 view.append((family.name, parsed, self._make_body(run, family, parsed)))
         return view
 

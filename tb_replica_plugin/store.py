@@ -60,9 +60,10 @@ class RunStore:
         provider: a TensorBoard `DataProvider`.
         max_bytes: the cache budget.
         downsample: samples per tag asked of the provider (see `downsample_from_hint`).
-        run_view: optional `fn(run) -> [(family, args, make_body)]`, the bodies a run's view
-          asks for (see `body`). When a run's full read is too large to keep (a large job),
-          `summaries` builds them from it, so opening the run does not read it again.
+        run_view: optional `fn(run, run_data) -> [(family, args, make_body)]`, the bodies a
+          run's view asks for (see `body`). When a run's full read is too large to keep (a
+          large job), `summaries` builds them from it, so opening the run does not read it
+          again.
         """
         self._provider = provider
         self._downsample = downsample
@@ -196,7 +197,7 @@ class RunStore:
                 if self._run_view is not None and self.cache.get(key) is None:
                     # Too large to keep: the run view's bodies now, from this read.
                     self._count("view")
-                    for family, args, make_body in self._run_view(name):
+                    for family, args, make_body in self._run_view(name, run_data):
                         try:
                             self.body(ctx, experiment_id, name, family, args, make_body, run_data)
                         except Exception:  # noqa: BLE001 - the route gives it when asked

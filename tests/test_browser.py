@@ -595,3 +595,36 @@ def test_tensorboard_reload_redraws_the_open_run_when_it_has_new_steps(browser, 
         page.close()
     finally:
         server.stop()
+
+
+def test_a_run_of_many_replicas_is_asked_for_fewer_steps(demo_server, browser):
+    """The run view asks at most 2^18 step × replica values per series (plugin.run_view_query):
+    a 2,048-replica entry gets `max_points=128`, a 4-replica run every step up to 10,000."""
+    from tb_replica_plugin.plugin import run_view_query
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    asked = []
+    page.on("request", lambda r: asked.append(r.url) if "max_points=" in r.url else None)
+
+    def many_replicas(route):  # the overview says balanced/replicas has 2,048 replicas
+        body = route.fetch().json()
+        for entry in body["runs"]:
+            if entry["run"] == "balanced/replicas":
+                entry["replicas"] = list(range(2048))
+        route.fulfill(json=body)
+
+    page.route("**/data/plugin/replicas/overview", many_replicas)
+    entry = demo_server.url + "/data/plugin_entry.html?name=replicas#run="
+    page.goto(entry + "balanced%2Freplicas", wait_until="load")
+    page.wait_for_function("['ready', 'error'].includes(document.body.dataset.state)")
+    routes = {url.split("/replicas/")[1].split("?")[0]: url for url in asked}
+    assert {"inputs", "gradients", "rng", "data", "variables"} <= set(routes)
+    assert all("max_points=128&" in url or url.endswith("max_points=128") for url in asked)
+    assert run_view_query(2048)["max_points"] == "128"
+
+    asked.clear()
+    page.unroute("**/data/plugin/replicas/overview")
+    page.goto(entry + "gradient_outlier%2Freplicas", wait_until="load")
+    wait_ready(page.main_frame)
+    assert asked and all("max_points=10000" in url for url in asked)
+    page.close()

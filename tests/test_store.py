@@ -153,14 +153,19 @@ def test_a_route_after_the_findings_reuses_the_full_read(unit_logs):
 def test_a_run_too_large_to_keep_gets_its_view_built_from_the_full_read(unit_logs):
     import re
 
-    from tb_replica_plugin.plugin import RUN_VIEW_QUERY
+    from tb_replica_plugin import plugin as plugin_lib
 
     # The arguments the tab's run view sends.
     with open(os.path.join(REPO, "frontend", "src", "sections.js"), encoding="utf-8") as handle:
         sections = handle.read()
-    sent = re.findall(r"const (MAX_POINTS|TOP_VARIABLES) = (\d+);", sections)
-    assert dict(sent) == {"MAX_POINTS": RUN_VIEW_QUERY["max_points"], "TOP_VARIABLES": "8"}
-    assert RUN_VIEW_QUERY["top"] == "8"
+    sent = re.findall(r"const (MAX_POINTS|MAX_CELLS|TOP_VARIABLES) = (\d+);", sections)
+    assert dict(sent) == {"MAX_POINTS": "10000", "MAX_CELLS": "262144", "TOP_VARIABLES": "8"}
+    assert (plugin_lib.RUN_VIEW_MAX_POINTS, plugin_lib.RUN_VIEW_MAX_CELLS) == (10000, 262144)
+    assert plugin_lib.RUN_VIEW_TOP == 8
+    # Fewer steps for many replicas: 2^18 step × replica values per series.
+    counts = [plugin_lib.run_view_query(n)["max_points"] for n in (0, 4, 26, 27, 2048, 10**6)]
+    assert counts == ["10000", "10000", "10000", "9709", "128", "2"]
+    RUN_VIEW_QUERY = plugin_lib.run_view_query(2)  # fit_17_8 has 2 replicas
 
     run = "fit_17_8/replicas"
     reference, _, _, _ = serve(unit_logs)
@@ -175,6 +180,24 @@ def test_a_run_too_large_to_keep_gets_its_view_built_from_the_full_read(unit_log
         assert status == 200 and body == get_json(reference, f"{route}?run={run}&{view}")[1]
     assert len(provider.reads) == reads and plugin.store.computed["read"] == 0
     get_json(client, f"/inputs?run={run}&max_points=3")  # not the view's arguments: read
+    assert plugin.store.computed["read"] == 1
+
+
+def test_a_job_of_many_replicas_gets_its_view_built_with_fewer_steps(tmp_path):
+    from benchmarks.multiworker_load import write_job
+    from tb_replica_plugin.plugin import run_view_query
+
+    write_job(str(tmp_path), workers=2, replicas=20, steps=5)
+    client, provider, plugin, _ = serve(str(tmp_path))
+    plugin.store.cache = cache_lib.ByteLRU(60_000)  # keeps bodies, not the job's merged read
+    get_json(client, "/findings?run=job")
+    assert plugin.store.computed["view"] == 1 and plugin.store.computed["read"] == 0
+    # 40 replicas: the tab asks 262,144 // 40 steps; that answer was built from the full read.
+    assert run_view_query(40) == {"max_points": "6553", "top": "8"}
+    status, body = get_json(client, "/inputs?run=job&max_points=6553")
+    assert status == 200 and body["steps"] == [0, 1, 2, 3, 4] and len(body["replicas"]) == 40
+    assert plugin.store.computed["read"] == 0
+    get_json(client, "/inputs?run=job&max_points=10000")  # not this view's arguments: read
     assert plugin.store.computed["read"] == 1
 
 

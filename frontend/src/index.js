@@ -6,7 +6,7 @@ import { fetchOverview, fetchGradients } from './data.js';
 import { createZoom } from './zoom.js';
 import { createOverview } from './views/overview.js';
 import { connectHost, onHost } from './host.js';
-import { MAX_POINTS, SECTIONS, deviceNamer, routeLoaders } from './sections.js';
+import { SECTIONS, deviceNamer, maxPoints, routeLoaders } from './sections.js';
 
 const setState = (s) => (document.body.dataset.state = s);
 let onResize = null;
@@ -162,7 +162,7 @@ export async function render() {
       const reloadGradients = async (step) => {
         setState('loading');
         try {
-          const next = await fetchGradients(runName, MAX_POINTS, step, { signal: abort.signal });
+          const next = await fetchGradients(runName, maxPoints(run), step, { signal: abort.signal });
           if (abort.signal.aborted) return;
           current.rebuildGradients?.(next);
           setState('ready');

@@ -23,8 +23,19 @@ import { createWatchView } from './views/watch_view.js';
 
 /** Steps asked of every route: exact up to this many, bucketed (with min/max) beyond. */
 export const MAX_POINTS = 10000;
+/** Step × replica values asked per series: a run of many replicas gets fewer steps. */
+const MAX_CELLS = 262144;
 /** Most divergent variables drawn over steps. */
 const TOP_VARIABLES = 8;
+
+/**
+ * The `max_points` the run view asks for `run` (a `/runs` entry): MAX_POINTS steps, fewer when
+ * steps × replicas would pass MAX_CELLS (a 2,048-replica job: 128 step buckets), so a large
+ * job's bodies stay a few MB to parse and draw. plugin.py's run_view_query gives the same.
+ */
+export function maxPoints(run) {
+  return Math.max(2, Math.min(MAX_POINTS, Math.floor(MAX_CELLS / Math.max(1, run.replicas.length))));
+}
 const BATCH_KINDS = new Set(['uneven_batch', 'empty_shard', 'first_batch_uneven']);
 
 /** "CPU:0" from "/job:localhost/replica:0/task:0/device:CPU:0", with the task when tasks differ. */
@@ -74,7 +85,7 @@ export const SECTIONS = [
     name: 'step_time',
     route: 'step_time',
     // Multi-worker jobs only: per-worker step time.
-    load: (run, opts) => (run.workers.length ? fetchStepTime(run.run, MAX_POINTS, opts) : null),
+    load: (run, opts) => (run.workers.length ? fetchStepTime(run.run, maxPoints(run), opts) : null),
     title: 'Step time per worker',
     description: () =>
       'Busy time per step of each worker of this multi-worker job: its step period minus the time it waited for the last worker to arrive (taken when its step inputs were ready). The workers wait for a straggler at every all-reduce.',
@@ -86,7 +97,7 @@ export const SECTIONS = [
   {
     name: 'batch',
     route: 'inputs',
-    load: (run, opts) => fetchInputs(run.run, MAX_POINTS, opts),
+    load: (run, opts) => fetchInputs(run.run, maxPoints(run), opts),
     title: 'Batch size per replica',
     description: (ctx) =>
       ctx.data.inputs.downsampled
@@ -138,7 +149,7 @@ export const SECTIONS = [
   {
     name: 'gradients',
     route: 'gradients',
-    load: (run, opts) => (run.families.includes('gradients') ? fetchGradients(run.run, MAX_POINTS, null, opts) : null),
+    load: (run, opts) => (run.families.includes('gradients') ? fetchGradients(run.run, maxPoints(run), null, opts) : null),
     title: 'Gradients per replica',
     description: (ctx) => {
       const grads = ctx.data.gradients;
@@ -173,7 +184,7 @@ export const SECTIONS = [
   {
     name: 'rng',
     route: 'rng',
-    load: (run, opts) => fetchRng(run.run, MAX_POINTS, opts),
+    load: (run, opts) => fetchRng(run.run, maxPoints(run), opts),
     title: 'Random streams',
     description: () =>
       "Per generator: how often two replicas draw identical numbers (same next-draw fingerprint), and each replica's state at the last logged step. A state equal on every replica does not mean equal streams: tf.random.Generator folds the replica id into its key.",
@@ -182,7 +193,7 @@ export const SECTIONS = [
   {
     name: 'data',
     route: 'data',
-    load: (run, opts) => fetchData(run.run, MAX_POINTS, opts),
+    load: (run, opts) => fetchData(run.run, maxPoints(run), opts),
     title: 'Examples per replica',
     description: () =>
       'Per pair of replicas: the share of examples both got at the same step (per-example fingerprints). Non-zero off the diagonal means replicas train on the same data: an unsharded input pipeline.',
@@ -191,7 +202,7 @@ export const SECTIONS = [
   {
     name: 'drift',
     route: 'variables',
-    load: (run, opts) => fetchVariables(run.run, MAX_POINTS, TOP_VARIABLES, opts),
+    load: (run, opts) => fetchVariables(run.run, maxPoints(run), TOP_VARIABLES, opts),
     title: 'Weight drift',
     description: () =>
       "How far each variable's copies are from replica 0's: relative L2 distance ||copy_r − copy_0|| / ||copy_0|| at each logged step, for the most divergent variables (worst replica). Estimated from small per-copy fingerprints unless the exact check ran; 0 means bit-identical.",
@@ -218,7 +229,7 @@ export const SECTIONS = [
   {
     name: 'watch',
     route: 'watch',
-    load: (run, opts) => (run.families.includes('watch') ? fetchWatch(run.run, MAX_POINTS, opts) : null),
+    load: (run, opts) => (run.families.includes('watch') ? fetchWatch(run.run, maxPoints(run), opts) : null),
     title: 'Watched values',
     description: () =>
       "Values recorded with probe.watch (in fit: the model's outputs), per replica: each leaf's local shape and dtype at every change (highlighted: strategy.gather(axis=0) would fail on them; a ragged dimension is None), and min, max, mean, L2, NaN/Inf and sizes at the latest sampled step.",
