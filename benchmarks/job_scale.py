@@ -3,9 +3,11 @@
 Writes a job of `--workers` workers × `--replicas` replicas × `--steps` logged steps, then, for
 each loader (TensorBoard's Python loader and RustBoard, `--load_fast=true`), starts a real
 `tensorboard --samples_per_plugin replicas=0` on it, waits until it has loaded the data (every
-worker run listed and the server idle), and times what the tab asks: `/overview`, then the run
-view of the job (`/findings` and every family route, 6 at a time like a browser). Then
-`tb-replica report --json` on the same log dir. Prints one JSON line.
+worker run listed and the server idle; by default idle again after the plugin has had time to
+compute settled runs ahead, which `--cold` turns off), and times what the tab asks:
+`/overview`, then the run view of the job (`/findings` and every family route with the tab's
+arguments for its replicas, `plugin.run_view_query`; 6 at a time and gzip accepted, like a
+browser). Then `tb-replica report --json` on the same log dir. Prints one JSON line.
 
 The job: worker 0 is written by the real write path, a Keras `fit` with `ReplicaCallback`
 (every family: inputs, step time, gradients, rng from a Dropout layer, examples, variables; the
@@ -16,9 +18,13 @@ devices): a 2-core machine cannot run hundreds of workers, and the readers cost 
 
     python -m benchmarks.job_scale --workers 256 --replicas 8 --steps 1000
 
-Figures: `first_load_s` / `cached_load_s` (wall seconds of the requests, first and repeated) and
+Figures: `first_load_s` / `cached_load_s` (wall seconds of the requests, first and repeated,
+this client's decompression and JSON parsing included: `first_parse_s` / `cached_parse_s` are
+its CPU seconds over the requests, a browser's own parsing differs) and
 `first_load_cpu_s` / `cached_load_cpu_s` (CPU seconds of the tensorboard processes meanwhile),
-`peak_rss_mb` (high-water mark of the tensorboard process and its data server), and for the
+`tensorboard_load_s` / `tensorboard_load_cpu_s` (until loaded and idle, what the plugin
+computed ahead included), `peak_rss_mb` (high-water mark of the tensorboard process and its
+data server), and for the
 report `report_s`, `report_cpu_s` and `report_peak_rss_mb`. A loader that fails (TensorBoard
 exits, e.g. killed when out of memory, or a request fails) gives the figures it reached and
 `error`; a failed report gives `report_error`.
@@ -26,6 +32,7 @@ exits, e.g. killed when out of memory, or a request fails) gives the figures it 
 
 import argparse
 import concurrent.futures
+import gzip
 import json
 import os
 import re
@@ -38,15 +45,15 @@ import urllib.request
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 PLUGIN = "/data/plugin/replicas"
-# What the tab's run view asks (frontend/src/sections.js: MAX_POINTS, TOP_VARIABLES).
+# What the tab's run view asks (frontend/src/sections.js; the arguments: plugin.run_view_query).
 RUN_VIEW = (
     "/findings?run={run}",
-    "/inputs?run={run}&max_points=10000",
-    "/step_time?run={run}&max_points=10000",
-    "/gradients?run={run}&max_points=10000",
-    "/rng?run={run}&max_points=10000",
-    "/data?run={run}&max_points=10000",
-    "/variables?run={run}&max_points=10000&top=8",
+    "/inputs?run={run}&max_points={max_points}",
+    "/step_time?run={run}&max_points={max_points}",
+    "/gradients?run={run}&max_points={max_points}",
+    "/rng?run={run}&max_points={max_points}",
+    "/data?run={run}&max_points={max_points}",
+    "/variables?run={run}&max_points={max_points}&top={top}",
 )
 JOB = "job"
 
@@ -209,9 +216,15 @@ def _peak_rss_mb(pid):
 
 
 def _get(url, timeout=3600):
-    with urllib.request.urlopen(url, timeout=timeout) as response:
+    """`(document, seconds)`: the JSON answer of `url` (gzip accepted, as a browser asks) and the
+    CPU seconds this client's thread spent decompressing and parsing it."""
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         body = response.read()
-    return json.loads(body)
+        compressed = response.headers.get("Content-Encoding") == "gzip"
+    start = time.thread_time()
+    document = json.loads(gzip.decompress(body) if compressed else body)
+    return document, time.thread_time() - start
 
 
 def _free_port():
@@ -222,8 +235,9 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-def _wait_loaded(url, process, workers, timeout):
-    """Waits until TensorBoard lists every worker run and its CPU use has settled."""
+def _wait_loaded(url, process, workers, timeout, settle_s=0.0):
+    """Waits until TensorBoard lists every worker run and is idle (a second with almost no CPU
+    used); with `settle_s`, waits that long more and until it is idle again."""
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
@@ -231,13 +245,21 @@ def _wait_loaded(url, process, workers, timeout):
         if time.monotonic() > deadline:
             raise TimeoutError("tensorboard did not load the job in time")
         try:
-            runs = _get(url + "/data/runs", timeout=30)
+            runs, _ = _get(url + "/data/runs", timeout=30)
             if sum(run.startswith(JOB + "/worker_") for run in runs) >= workers:
                 break
         except OSError:
             pass
         time.sleep(0.5)
-    # Loaded: the process (and RustBoard's data server) stops using CPU.
+    _wait_idle(process, deadline)
+    if settle_s:
+        time.sleep(settle_s)
+        _wait_idle(process, deadline)
+
+
+def _wait_idle(process, deadline):
+    """Waits for a second in which the process (and RustBoard's data server) used almost no CPU
+    (RustBoard's own reloads of a loaded log dir leave most seconds idle)."""
     previous = _cpu_s(process.pid)
     while time.monotonic() < deadline:
         time.sleep(1.0)
@@ -249,19 +271,34 @@ def _wait_loaded(url, process, workers, timeout):
 
 
 def _run_view(url):
-    """`/overview`, then the job's run view (6 requests at a time); checks what they answer."""
-    overview = _get(url + PLUGIN + "/overview")
+    """`/overview`, then the job's run view (6 requests at a time); checks what they answer.
+
+    Returns:
+      `(the job's overview entry, the route bodies, CPU seconds spent parsing them all)`.
+    """
+    from tb_replica_plugin.plugin import run_view_query
+
+    overview, parse_s = _get(url + PLUGIN + "/overview")
     names = [entry["run"] for entry in overview["runs"]]
     if names != [JOB]:
         raise RuntimeError(f"/overview lists {names}, not the job")
-    paths = [PLUGIN + path.format(run=JOB) for path in RUN_VIEW]
+    query = run_view_query(len(overview["runs"][0]["replicas"]))
+    paths = [PLUGIN + path.format(run=JOB, **query) for path in RUN_VIEW]
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        bodies = list(pool.map(lambda path: _get(url + path), paths))
-    return overview["runs"][0], bodies
+        answers = list(pool.map(lambda path: _get(url + path), paths))
+    return overview["runs"][0], [body for body, _ in answers], parse_s + sum(s for _, s in answers)
 
 
-def measure_tensorboard(logdir, workers, load_fast, timeout):
-    """The figures of one loader: load, first and cached run view, peak RSS."""
+def measure_tensorboard(logdir, workers, load_fast, timeout, warm=True):
+    """The figures of one loader: load, first and cached run view, peak RSS.
+
+    `warm`: the plugin computes settled runs ahead (its default); once TensorBoard is idle, the
+    load waits two of the plugin's `WARM_SECONDS` (the versions seen twice) and until it is
+    idle again, so `tensorboard_load_s` includes that work. False sets `TB_REPLICA_WARM=0`: the
+    first load computes the job.
+    """
+    from tb_replica_plugin import plugin
+
     port = _free_port()
     tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
     command = [
@@ -270,18 +307,24 @@ def measure_tensorboard(logdir, workers, load_fast, timeout):
         f"--load_fast={'true' if load_fast else 'false'}",
         *("--samples_per_plugin", "replicas=0"),
     ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, plugin.WARM_ENV: "1" if warm else "0"}
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
     url = f"http://127.0.0.1:{port}"
-    figures = {}
+    figures = {"warm": warm}
     try:
         start = time.perf_counter()
-        _wait_loaded(url, process, workers, timeout)
+        settle_s = 2 * plugin.WARM_SECONDS + 1 if warm else 0.0
+        _wait_loaded(url, process, workers, timeout, settle_s=settle_s)
         loaded_s = time.perf_counter() - start
         figures["tensorboard_load_s"] = round(loaded_s, 2)
+        figures["tensorboard_load_cpu_s"] = round(_cpu_s(process.pid), 2)
         for name in ("first", "cached"):
             cpu, wall = _cpu_s(process.pid), time.perf_counter()
-            entry, bodies = _run_view(url)
+            entry, bodies, parse_s = _run_view(url)
             figures[f"{name}_load_s"] = round(time.perf_counter() - wall, 3)
+            figures[f"{name}_parse_s"] = round(parse_s, 3)
             figures[f"{name}_load_cpu_s"] = round(_cpu_s(process.pid) - cpu, 3)
         figures["peak_rss_mb"] = round(_peak_rss_mb(process.pid), 1)
         figures["replicas_served"] = len(entry["replicas"])
@@ -343,6 +386,11 @@ def main(argv=None):
     )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to load, per loader")
     parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="TB_REPLICA_WARM=0: the tab's first load computes the job (no work ahead)",
+    )
+    parser.add_argument(
         "--logdir",
         help="keep the job here and reuse it when already written (default: a temporary dir)",
     )
@@ -374,7 +422,11 @@ def main(argv=None):
         }
         for loader in filter(None, args.loaders.split(",")):  # "": the report alone
             figures = measure_tensorboard(
-                logdir, args.workers, load_fast=loader == "rust", timeout=args.timeout
+                logdir,
+                args.workers,
+                load_fast=loader == "rust",
+                timeout=args.timeout,
+                warm=not args.cold,
             )
             result[loader] = figures
         result.update(measure_report(logdir))

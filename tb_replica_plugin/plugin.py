@@ -13,8 +13,10 @@ without it.
 import functools
 import gzip
 import json
+import logging
 import os
 import re
+import threading
 
 from tensorboard.backend import http_util, json_util
 from tensorboard.plugins import base_plugin
@@ -44,6 +46,10 @@ __all__ = [
 ]
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+# Seconds between two looks at the data provider by the thread computing settled runs ahead.
+WARM_SECONDS = 10.0
+# Set to "0" to turn that thread off (TensorBoard then computes a run when the tab asks).
+WARM_ENV = "TB_REPLICA_WARM"
 _CONTENT_TYPES = {".js": "text/javascript", ".css": "text/css", ".map": "application/json"}
 
 
@@ -135,9 +141,13 @@ class ReplicasPlugin(base_plugin.TBPlugin):
 
     plugin_name = metadata.PLUGIN_NAME
 
-    def __init__(self, context):
+    def __init__(self, context, warm=None):
         """Args:
         context: the `base_plugin.TBContext` given by TensorBoard.
+        warm: whether a daemon thread computes the findings of settled runs and jobs ahead
+          (`RunStore.warm`, every `WARM_SECONDS`), so the tab opens without reading them.
+          None: when TensorBoard's server made the context (it has `flags`) and the
+          environment variable `TB_REPLICA_WARM` is not "0".
         """
         self._provider = context.data_provider
         hint = (getattr(context, "sampling_hints", None) or {}).get(metadata.PLUGIN_NAME)
@@ -147,6 +157,33 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             downsample=store.downsample_from_hint(hint),
             run_view=self._run_view,
         )
+        if warm is None:
+            warm = getattr(context, "flags", None) is not None
+            warm = warm and os.environ.get(WARM_ENV, "1") != "0"
+        self.stop_warming = threading.Event()
+        if warm:
+            threading.Thread(target=self._warm, name="tb_replica_warm", daemon=True).start()
+
+    def _warm(self):
+        """The warming thread: `RunStore.warm` every `WARM_SECONDS` until `stop_warming`.
+
+        A failure is logged once and the thread goes on (a request computes what it needs).
+        """
+        from tensorboard import context as context_lib
+
+        ctx, seen, warmed, failed = context_lib.RequestContext(), {}, set(), False
+        while not self.stop_warming.wait(WARM_SECONDS):
+            try:
+                seen = self.store.warm(ctx, "", runs_entry, seen, warmed)
+            except Exception as error:  # noqa: BLE001 - never stop TensorBoard for this
+                if not failed:
+                    logging.getLogger(__name__).warning(
+                        "tb_replica_plugin: computing runs ahead failed (%s: %s); the tab "
+                        "computes them when it asks",
+                        type(error).__name__,
+                        error,
+                    )
+                failed = True
 
     def get_plugin_apps(self):
         apps = {

@@ -45,7 +45,8 @@ class RunStore:
       cache: the `ByteLRU` holding `RunData`, findings and `/runs` entries.
       computed: `collections.Counter` of computations by kind (`"read"`: a run or job read
         for a route, `"summary"`: a run or job read in full and its findings computed,
-        `"view"`: a run view's bodies built from a full read too large to keep).
+        `"view"`: a run view's bodies built from a full read too large to keep, `"warm"`: a
+        settled run or job computed ahead by `warm`).
 
     Example:
       >>> store = RunStore(provider)
@@ -209,6 +210,37 @@ class RunStore:
             compute,
             slot=("summary", experiment_id, group),
         )
+
+    def warm(self, ctx, experiment_id, make_entry, seen, warmed):
+        """Computes ahead the findings and `/runs` entry of every run or job whose data has
+        settled: its data version is the one the previous call saw (`seen`).
+
+        A job whose full read is too large to keep also gets its run view's bodies (`run_view`),
+        so opening the tab after TensorBoard has loaded a large log dir reads nothing. Each
+        settled version is computed once (`warmed`), even when the cache evicts it later.
+
+        Args:
+          ctx, experiment_id: as for `reader.read_run`.
+          make_entry: as for `summaries`.
+          seen: `{group: version}` returned by the previous call (`{}` at first).
+          warmed: a set of `(group, version)` already computed ahead; updated.
+
+        Returns:
+          `{group: version}` of the runs and jobs listed now: pass it to the next call.
+
+        Example:
+          >>> seen, warmed = {}, set()
+          >>> seen = store.warm(ctx, "", runs_entry, seen, warmed)  # lists the versions
+          >>> seen = store.warm(ctx, "", runs_entry, seen, warmed)  # computes the settled ones
+        """
+        runs = self.list_runs(ctx, experiment_id)
+        now = {group: self.version(runs, group) for group in reader.groups(runs)}
+        for group, version in now.items():
+            if seen.get(group) == version and (group, version) not in warmed:
+                warmed.add((group, version))
+                self._count("warm")
+                self._summaries(ctx, experiment_id, runs, group, make_entry)
+        return now
 
     def summaries(self, ctx, experiment_id, make_entry, run=None):
         """The findings and `/runs` entry of every run and job, or of `run` only.

@@ -100,6 +100,8 @@ def test_job_scale_serves_the_whole_job_on_both_loaders():
         assert figures["steps_served"] == 4
         assert set(figures["findings"]) == {"error", "warning", "info"}
         assert figures["first_load_s"] > 0 and figures["cached_load_s"] > 0
+        assert figures["first_parse_s"] > 0 and figures["cached_parse_s"] > 0
+        assert figures["warm"] is True and figures["tensorboard_load_cpu_s"] > 0
         assert figures["peak_rss_mb"] > 50
     assert result["report_replicas"] == 4 and result["report_s"] > 0
     assert result["report_peak_rss_mb"] > 50

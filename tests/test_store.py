@@ -1,9 +1,11 @@
 """Reads scoped to the view and findings computed once: the plugin in-process on a real loader."""
 
+import argparse
 import fnmatch
 import json
 import os
 import shutil
+import threading
 
 import pytest
 from conftest import REPO, custom_loop_inputs, mirrored
@@ -141,6 +143,71 @@ def test_findings_computed_once_then_again_after_new_data(unit_logs, tmp_path, m
     assert plugin.store.computed["summary"] == 5
 
 
+def test_settled_runs_are_computed_ahead_once_and_a_run_with_new_data_after_it_settles(
+    unit_logs, tmp_path
+):
+    import numpy as np
+    import tensorflow as tf
+    from tensorboard import context as context_lib
+
+    from tb_replica_plugin.plugin import runs_entry
+
+    logdir = str(tmp_path / "logs")
+    shutil.copytree(unit_logs, logdir)
+    client, provider, plugin, multiplexer = serve(logdir)
+    assert not any(t.name == "tb_replica_warm" for t in threading.enumerate())
+    store, ctx, warmed = plugin.store, context_lib.RequestContext(), set()
+    seen = store.warm(ctx, "", runs_entry, {}, warmed)  # versions listed, nothing computed
+    assert len(seen) == 4 and not warmed and store.computed["summary"] == 0
+    seen = store.warm(ctx, "", runs_entry, seen, warmed)  # all four settled: computed
+    assert store.computed["summary"] == 4 and store.computed["warm"] == 4
+    seen = store.warm(ctx, "", runs_entry, seen, warmed)
+    reads = len(provider.reads)
+    _, runs = get_json(client, "/runs")  # from what was computed ahead
+    assert len(runs["runs"]) == 4 and len(provider.reads) == reads
+    before = {r["run"]: r for r in runs["runs"]}["loop_15_7/replicas"]
+    assert store.computed["summary"] == 4 and store.computed["warm"] == 4
+
+    # New data for one run: computed ahead once it has not changed between two looks.
+    strategy = mirrored(2)
+    data = tf.data.Dataset.from_tensor_slices(
+        {"x": np.zeros((8, 2), "float32"), "y": np.zeros((8,), "int64")}
+    ).batch(4)
+    custom_loop_inputs(
+        strategy,
+        os.path.join(logdir, "loop_15_7", "replicas"),
+        strategy.experimental_distribute_dataset(data),
+    )
+    multiplexer.Reload()
+    seen = store.warm(ctx, "", runs_entry, seen, warmed)
+    assert store.computed["summary"] == 4
+    store.warm(ctx, "", runs_entry, seen, warmed)
+    assert store.computed["summary"] == 5 and store.computed["warm"] == 5
+    _, runs = get_json(client, "/runs")
+    loop = {r["run"]: r for r in runs["runs"]}["loop_15_7/replicas"]
+    assert store.computed["summary"] == 5
+    assert before["notes"] == [] and loop["notes"] and loop != before  # the new data's entry
+
+
+def test_tensorboard_starts_the_warming_thread_unless_turned_off(unit_logs, monkeypatch):
+    from tensorboard.plugins import base_plugin
+
+    from tb_replica_plugin import plugin as plugin_lib
+
+    def started(**context):
+        before = {id(t) for t in threading.enumerate()}
+        made = plugin_lib.ReplicasPlugin(base_plugin.TBContext(**context))
+        new = [t for t in threading.enumerate() if id(t) not in before]
+        made.stop_warming.set()
+        return [t.name for t in new]
+
+    flags = argparse.Namespace(logdir=unit_logs)
+    assert started(flags=flags, data_provider=None) == ["tb_replica_warm"]
+    assert started(data_provider=None) == []  # no TensorBoard server around it
+    monkeypatch.setenv(plugin_lib.WARM_ENV, "0")
+    assert started(flags=flags, data_provider=None) == []
+
+
 def test_a_route_after_the_findings_reuses_the_full_read(unit_logs):
     client, provider, plugin, _ = serve(unit_logs)
     get_json(client, "/findings?run=fit_17_8/replicas")
@@ -220,6 +287,43 @@ def test_byte_lru_evicts_least_recently_used_and_replaces_a_slot():
     assert lru.get(("run", 3)) == [2] and lru.get("a") is not None
     with pytest.raises(ValueError, match="must be positive"):
         cache_lib.ByteLRU(0)
+
+
+def test_byte_lru_computes_a_key_once_for_threads_missing_it_together():
+    import threading
+    import time
+
+    import numpy as np
+
+    lru = cache_lib.ByteLRU(10_000)
+    release, calls, results = threading.Event(), [], []
+
+    def compute():  # too large to keep: the second thread gets it only from the computation
+        calls.append(threading.current_thread().name)
+        release.wait(10)
+        return np.arange(5_000)
+
+    threads = [
+        threading.Thread(target=lambda: results.append(lru.get_or_compute("run", compute)))
+        for _ in range(2)
+    ]
+    threads[0].start()
+    while not calls:
+        time.sleep(0.01)
+    threads[1].start()
+    time.sleep(0.3)  # the second thread is waiting for the first's computation
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert len(calls) == 1 and len(results) == 2 and results[0] is results[1]
+    assert lru.get("run") is None and not lru._computing
+
+    def fail():
+        raise ValueError("unreadable")
+
+    with pytest.raises(ValueError, match="unreadable"):
+        lru.get_or_compute("bad", fail)
+    assert lru.get_or_compute("bad", lambda: [1]) == [1] and not lru._computing
 
 
 def test_with_needs_and_family_tags():

@@ -104,6 +104,7 @@ class ByteLRU:
         self.bytes = 0
         self._entries = collections.OrderedDict()  # key -> (value, size, slot)
         self._slots = {}  # slot -> key
+        self._computing = {}  # key -> _Computation of the thread computing it now
         self._lock = threading.Lock()
 
     def __len__(self):
@@ -150,13 +151,32 @@ class ByteLRU:
     def get_or_compute(self, key, compute, slot=None):
         """The cached value of `key`, else `compute()` kept under `key` (see `put`).
 
-        Two threads missing the same key at once may both compute it; the value kept is the last.
+        One thread computes a key at a time: another thread missing the same key meanwhile
+        waits for that computation and gets its value (even one too large to keep); if it
+        raised, the waiting thread computes the key itself.
         """
-        missing = object()
-        value = self.get(key, missing)
-        if value is not missing:
-            return value
-        return self.put(key, compute(), slot=slot)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                return entry[0]
+            computation = self._computing.get(key)
+            computing = computation is None
+            if computing:
+                computation = self._computing[key] = _Computation()
+        if not computing:
+            computation.done.wait()
+            if computation.succeeded:
+                return computation.value
+            return self.get_or_compute(key, compute, slot=slot)
+        try:
+            computation.value = compute()
+            computation.succeeded = True
+            return self.put(key, computation.value, slot=slot)
+        finally:
+            with self._lock:
+                del self._computing[key]
+            computation.done.set()
 
     def clear(self):
         """Drops every entry."""
@@ -171,3 +191,12 @@ class ByteLRU:
             self.bytes -= entry[1]
             if entry[2] is not None and self._slots.get(entry[2]) == key:
                 del self._slots[entry[2]]
+
+
+class _Computation:
+    """A value being computed by one thread of `ByteLRU.get_or_compute`, awaited by others."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.succeeded = False
+        self.value = None
