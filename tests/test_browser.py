@@ -628,3 +628,46 @@ def test_a_run_of_many_replicas_is_asked_for_fewer_steps(demo_server, browser):
     wait_ready(page.main_frame)
     assert asked and all("max_points=10000" in url for url in asked)
     page.close()
+
+
+def test_the_match_matrix_of_many_replicas_is_a_canvas(demo_server, browser):
+    """Beyond 64 replicas (a job of many workers) the rng matrix is drawn on a canvas, not as a
+    table of R² cells. dropout_fit's /rng answer is widened to 100 replicas: 25 copies of its 4
+    replicas, each copy drawing the same numbers within itself (4 × 3 ordered pairs each)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+
+    def widened(route):
+        body = route.fetch().json()
+        size = len(body["replicas"])
+        pick = [r % size for r in range(100)]
+        body["replicas"] = list(range(100))
+        for gen in body["generators"]:
+            gen["match"] = [
+                [
+                    gen["match"][a % size][b % size] if a // size == b // size else 0.0
+                    for b in range(100)
+                ]
+                for a in range(100)
+            ]
+            for key in ("last_state", "last_fingerprint"):
+                gen[key] = [gen[key][r] for r in pick]
+            for key in ("stream_groups", "state_groups"):
+                gen[key] = [[groups[r] for r in pick] for groups in gen[key]]
+        route.fulfill(json=body)
+
+    page.route("**/data/plugin/replicas/rng?*", widened)
+    page.goto(
+        demo_server.url + "/data/plugin_entry.html?name=replicas#run=dropout_fit%2Freplicas",
+        wait_until="load",
+    )
+    wait_ready(page.main_frame)
+    block = '[data-view="rng"] [data-generator="dropout"]'
+    canvas = page.query_selector(block + " canvas.match-canvas")
+    assert canvas is not None and not page.query_selector(block + " table.match-matrix")
+    assert canvas.get_attribute("data-replicas") == "100"
+    assert canvas.get_attribute("data-matches") == str(25 * 4 * 3)
+    assert "150 pairs above 0" in page.text_content(block + " figcaption")
+    assert errors == []
+    page.close()

@@ -22,6 +22,75 @@ function workerRow(replicas, workerOf) {
   ]);
 }
 
+/** Beyond this many replicas the matrix is a canvas: a table of R² cells takes a page minutes. */
+export const TABLE_REPLICAS = 64;
+/** The canvas's side in CSS pixels at most; each pixel shows the largest share it covers. */
+const CANVAS_SIDE = 640;
+
+/** An "r,g,b" share colour: the table's red over white, white for 0, grey on the diagonal. */
+function shareRgb(share, self) {
+  if (self) return [238, 238, 238];
+  if (!(share > 0)) return [255, 255, 255];
+  const a = 0.12 + 0.68 * Math.min(1, share);
+  return [229, 57, 53].map((c) => Math.round(255 + (c - 255) * a));
+}
+
+/**
+ * The match matrix of many replicas on a canvas: image pixel (i, j) shows the largest share of
+ * the replica pairs it covers (so one matching pair stays visible), the tooltip names that pair.
+ * The canvas carries data-replicas and data-matches (pairs r ≠ q with a share above 0).
+ */
+function createMatchCanvas({ replicas, matrix, cellText, title, workerOf }) {
+  const R = replicas.length;
+  const P = Math.min(R, CANVAS_SIDE);
+  const scale = Math.max(1, Math.floor(CANVAS_SIDE / R));
+  const best = new Float32Array(P * P).fill(-1);
+  const pair = new Int32Array(P * P * 2);
+  let matches = 0;
+  for (let r = 0; r < R; r++) {
+    const row = matrix[r] || [];
+    const i = Math.floor((r * P) / R);
+    for (let q = 0; q < R; q++) {
+      const share = r === q ? 0 : Number(row[q] ?? 0);
+      if (r !== q && share > 0) matches++;
+      const k = i * P + Math.floor((q * P) / R);
+      if (share > best[k] || (best[k] < 0 && r === q)) {
+        best[k] = share;
+        pair[2 * k] = r;
+        pair[2 * k + 1] = q;
+      }
+    }
+  }
+  const canvas = h('canvas', { class: 'match-canvas', dataset: { replicas: R, matches } });
+  canvas.width = P;
+  canvas.height = P;
+  canvas.style.width = `${P * scale}px`;
+  canvas.style.height = `${P * scale}px`;
+  const ctx = canvas.getContext('2d');
+  const img = ctx.createImageData(P, P);
+  for (let k = 0; k < P * P; k++) {
+    const [red, green, blue] = shareRgb(best[k], best[k] <= 0 && pair[2 * k] === pair[2 * k + 1]);
+    img.data.set([red, green, blue, 255], 4 * k);
+  }
+  ctx.putImageData(img, 0, 0);
+  const tooltip = h('div', { class: 'chart-tooltip', hidden: true });
+  canvas.addEventListener('mousemove', (event) => {
+    const box = canvas.getBoundingClientRect();
+    const i = Math.min(P - 1, Math.floor(((event.clientY - box.top) / box.height) * P));
+    const j = Math.min(P - 1, Math.floor(((event.clientX - box.left) / box.width) * P));
+    const [r, q] = [pair[2 * (i * P + j)], pair[2 * (i * P + j) + 1]];
+    tooltip.textContent = r === q ? replicaText(replicas[r], workerOf) : `${replicaText(replicas[r], workerOf)} and ${replicaText(replicas[q], workerOf)}: ${cellText(r, q)}`;
+    tooltip.style.left = `${event.clientX - box.left + 12}px`;
+    tooltip.style.top = `${event.clientY - box.top + 12}px`;
+    tooltip.hidden = false;
+  });
+  canvas.addEventListener('mouseleave', () => {
+    tooltip.hidden = true;
+  });
+  const caption = `${title ?? ''} (${R} replicas: ${matches ? `${matches / 2} pairs above 0` : 'no pair above 0'}; each pixel the largest share of the pairs it covers)`;
+  return h('figure', { class: 'match-matrix-canvas' }, [h('figcaption', {}, caption), h('div', { class: 'heatmap-wrap' }, [canvas, tooltip])]);
+}
+
 /**
  * matrix[r][q] in [0, 1]; cellText(r, q) gives the text of a cell. The diagonal is drawn
  * muted (a replica always matches itself). Cells carry data-r, data-q and data-share. For a
@@ -29,6 +98,7 @@ function workerRow(replicas, workerOf) {
  * rows say their worker and cells of two different workers get the class `cross-worker`.
  */
 export function createMatchMatrix({ replicas, matrix, cellText, title, deviceName, workerOf = () => null }) {
+  if (replicas.length > TABLE_REPLICAS) return createMatchCanvas({ replicas, matrix, cellText, title, workerOf });
   const label = (r) => (deviceName?.(r) ? `${replicaText(replicas[r], workerOf)} (${deviceName(r)})` : replicaText(replicas[r], workerOf));
   const head = h('tr', {}, [h('th', {}, ''), ...replicas.map((_, q) => h('th', { scope: 'col' }, `${replicas[q]}`))]);
   const rows = replicas.map((_, r) =>
