@@ -316,14 +316,49 @@ def test_byte_lru_computes_a_key_once_for_threads_missing_it_together():
     for thread in threads:
         thread.join(10)
     assert len(calls) == 1 and len(results) == 2 and results[0] is results[1]
-    assert lru.get("run") is None and not lru._computing
+    assert lru.get("run") is None and not len(lru._computing)
 
     def fail():
         raise ValueError("unreadable")
 
     with pytest.raises(ValueError, match="unreadable"):
         lru.get_or_compute("bad", fail)
-    assert lru.get_or_compute("bad", lambda: [1]) == [1] and not lru._computing
+    assert lru.get_or_compute("bad", lambda: [1]) == [1] and not len(lru._computing)
+
+
+def test_requests_listing_at_once_share_one_listing(unit_logs):
+    import time
+
+    from tensorboard import context as context_lib
+
+    _, provider, plugin, _ = serve(unit_logs)
+    ctx = context_lib.RequestContext()
+    release, calls, listings = threading.Event(), [], []
+    list_tensors = provider.list_tensors
+
+    def slow_list_tensors(*args, **kwargs):
+        calls.append(1)
+        release.wait(10)
+        return list_tensors(*args, **kwargs)
+
+    provider.list_tensors = slow_list_tensors
+    store = plugin.store
+    threads = [
+        threading.Thread(target=lambda: listings.append(store.list_runs(ctx, ""))) for _ in range(3)
+    ]
+    threads[0].start()
+    while not calls:
+        time.sleep(0.01)
+    for thread in threads[1:]:
+        thread.start()
+    time.sleep(0.3)  # the others are waiting for the first listing
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert len(calls) == 1 and len(listings) == 3
+    assert listings[0] is listings[1] is listings[2] and len(listings[0]) == 4
+    store.list_runs(ctx, "")  # nothing kept: a later request lists again
+    assert len(calls) == 2
 
 
 def test_with_needs_and_family_tags():

@@ -104,7 +104,7 @@ class ByteLRU:
         self.bytes = 0
         self._entries = collections.OrderedDict()  # key -> (value, size, slot)
         self._slots = {}  # slot -> key
-        self._computing = {}  # key -> _Computation of the thread computing it now
+        self._computing = SingleFlight()
         self._lock = threading.Lock()
 
     def __len__(self):
@@ -155,28 +155,16 @@ class ByteLRU:
         waits for that computation and gets its value (even one too large to keep); if it
         raised, the waiting thread computes the key itself.
         """
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-                return entry[0]
-            computation = self._computing.get(key)
-            computing = computation is None
-            if computing:
-                computation = self._computing[key] = _Computation()
-        if not computing:
-            computation.done.wait()
-            if computation.succeeded:
-                return computation.value
-            return self.get_or_compute(key, compute, slot=slot)
-        try:
-            computation.value = compute()
-            computation.succeeded = True
-            return self.put(key, computation.value, slot=slot)
-        finally:
-            with self._lock:
-                del self._computing[key]
-            computation.done.set()
+        missing = object()
+        value = self.get(key, missing)
+        if value is not missing:
+            return value
+
+        def compute_and_keep():
+            kept = self.get(key, missing)  # by a computation that ended since the look above
+            return self.put(key, compute(), slot=slot) if kept is missing else kept
+
+        return self._computing.run(key, compute_and_keep)
 
     def clear(self):
         """Drops every entry."""
@@ -193,8 +181,58 @@ class ByteLRU:
                 del self._slots[entry[2]]
 
 
+class SingleFlight:
+    """Runs a computation of a key in one thread at a time.
+
+    A thread asking for a key being computed waits for that computation and gets its value; if
+    it raised, the waiting thread computes the key itself. Nothing is kept afterwards.
+
+    Example:
+      >>> SingleFlight().run("listing", lambda: [1, 2])
+      [1, 2]
+    """
+
+    def __init__(self):
+        self._running = {}  # key -> _Computation
+        self._lock = threading.Lock()
+
+    def __len__(self):
+        """The number of keys being computed now."""
+        return len(self._running)
+
+    def run(self, key, compute):
+        """`compute()`, or the value of the computation of `key` under way in another thread.
+
+        Args:
+          key: a hashable key.
+          compute: `fn() -> value`.
+
+        Returns:
+          The value.
+
+        Raises:
+          Whatever `compute` raises (in the thread that ran it).
+        """
+        with self._lock:
+            computation = self._running.get(key)
+            computing = computation is None
+            if computing:
+                computation = self._running[key] = _Computation()
+        if not computing:
+            computation.done.wait()
+            return computation.value if computation.succeeded else self.run(key, compute)
+        try:
+            computation.value = compute()
+            computation.succeeded = True
+            return computation.value
+        finally:
+            with self._lock:
+                del self._running[key]
+            computation.done.set()
+
+
 class _Computation:
-    """A value being computed by one thread of `ByteLRU.get_or_compute`, awaited by others."""
+    """A value being computed by one thread of `SingleFlight.run`, awaited by others."""
 
     def __init__(self):
         self.done = threading.Event()
