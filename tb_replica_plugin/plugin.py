@@ -171,7 +171,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         """
         from tensorboard import context as context_lib
 
-        ctx, seen, warmed, failed = context_lib.RequestContext(), {}, set(), False
+        ctx, seen, warmed, failed = context_lib.RequestContext(), {}, {}, False
         while not self.stop_warming.wait(WARM_SECONDS):
             try:
                 seen = self.store.warm(ctx, "", runs_entry, seen, warmed)

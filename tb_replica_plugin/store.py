@@ -12,14 +12,17 @@ workers'), without their workers' own series (`RunData.without_worker_runs`). No
 
 import collections
 import threading
+import time
 
 from tb_replica_plugin import analysis, reader
 from tb_replica_plugin.core.cache import ByteLRU, SingleFlight
 
-__all__ = ["DEFAULT_CACHE_BYTES", "RunStore", "downsample_from_hint"]
+__all__ = ["DEFAULT_CACHE_BYTES", "WARM_BACKOFF", "RunStore", "downsample_from_hint"]
 
 # The cache's budget: runs, merged jobs, findings and `/runs` entries of the tab.
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
+# A run computed ahead (`RunStore.warm`) waits this many times what that took before the next.
+WARM_BACKOFF = 10
 
 
 def downsample_from_hint(hint):
@@ -219,36 +222,46 @@ class RunStore:
             slot=("summary", experiment_id, group),
         )
 
-    def warm(self, ctx, experiment_id, make_entry, seen, warmed):
+    def warm(self, ctx, experiment_id, make_entry, seen, warmed, clock=time.monotonic):
         """Computes ahead the findings and `/runs` entry of every run or job whose data has
         settled: its data version is the one the previous call saw (`seen`).
 
         A job whose full read is too large to keep also gets its run view's bodies (`run_view`),
         so opening the tab after TensorBoard has loaded a large log dir reads nothing. Each
-        settled version is computed once (`warmed`), even when the cache evicts it later.
+        settled version is computed once. A run or job still training that settles between
+        its logged steps is computed ahead again only `WARM_BACKOFF` times as long after its
+        last computation ahead as that took (a 90-s job: every 15 minutes at most); a request
+        computes its newest data when the tab asks.
 
         Args:
           ctx, experiment_id: as for `reader.read_run`.
           make_entry: as for `summaries`.
           seen: `{group: version}` returned by the previous call (`{}` at first).
-          warmed: a set of `(group, version)` already computed ahead; updated.
+          warmed: `{group: (version, monotonic time before which it waits)}` of what was
+            computed ahead; updated.
+          clock: `fn() -> seconds`, the time (tests give their own).
 
         Returns:
           `{group: version}` of the runs and jobs listed now: pass it to the next call.
 
         Example:
-          >>> seen, warmed = {}, set()
+          >>> seen, warmed = {}, {}
           >>> seen = store.warm(ctx, "", runs_entry, seen, warmed)  # lists the versions
           >>> seen = store.warm(ctx, "", runs_entry, seen, warmed)  # computes the settled ones
         """
         runs = self.list_runs(ctx, experiment_id)
-        now = {group: self.version(runs, group) for group in reader.groups(runs)}
-        for group, version in now.items():
-            if seen.get(group) == version and (group, version) not in warmed:
-                warmed.add((group, version))
-                self._count("warm")
-                self._summaries(ctx, experiment_id, runs, group, make_entry)
-        return now
+        current = {group: self.version(runs, group) for group in reader.groups(runs)}
+        for group, version in current.items():
+            done, wait_until = warmed.get(group, (None, float("-inf")))
+            if seen.get(group) != version or done == version:
+                continue
+            start = clock()
+            if start < wait_until:
+                continue
+            self._count("warm")
+            self._summaries(ctx, experiment_id, runs, group, make_entry)
+            warmed[group] = (version, start + WARM_BACKOFF * (clock() - start))
+        return current
 
     def summaries(self, ctx, experiment_id, make_entry, run=None):
         """The findings and `/runs` entry of every run and job, or of `run` only.

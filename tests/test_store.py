@@ -144,24 +144,38 @@ def test_findings_computed_once_then_again_after_new_data(unit_logs, tmp_path, m
 
 
 def test_settled_runs_are_computed_ahead_once_and_a_run_with_new_data_after_it_settles(
-    unit_logs, tmp_path
+    unit_logs, tmp_path, monkeypatch
 ):
     import numpy as np
     import tensorflow as tf
     from tensorboard import context as context_lib
 
+    from tb_replica_plugin import store as store_lib
     from tb_replica_plugin.plugin import runs_entry
 
     logdir = str(tmp_path / "logs")
     shutil.copytree(unit_logs, logdir)
     client, provider, plugin, multiplexer = serve(logdir)
     assert not any(t.name == "tb_replica_warm" for t in threading.enumerate())
-    store, ctx, warmed = plugin.store, context_lib.RequestContext(), set()
-    seen = store.warm(ctx, "", runs_entry, {}, warmed)  # versions listed, nothing computed
+    now, find_run = [0.0], analysis.find_run
+
+    def one_second_each(run_data, *args, **kwargs):  # each run's findings "take" 1 s
+        now[0] += 1.0
+        return find_run(run_data, *args, **kwargs)
+
+    monkeypatch.setattr(analysis, "find_run", one_second_each)
+    store, ctx, warmed = plugin.store, context_lib.RequestContext(), {}
+
+    def warm(seen):
+        return store.warm(ctx, "", runs_entry, seen, warmed, clock=lambda: now[0])
+
+    seen = warm({})  # versions listed, nothing computed
     assert len(seen) == 4 and not warmed and store.computed["summary"] == 0
-    seen = store.warm(ctx, "", runs_entry, seen, warmed)  # all four settled: computed
+    seen = warm(seen)  # all four settled: computed
     assert store.computed["summary"] == 4 and store.computed["warm"] == 4
-    seen = store.warm(ctx, "", runs_entry, seen, warmed)
+    # The fourth run was computed from 3 s to 4 s: not again before 3 s + 10 × 1 s.
+    assert warmed["loop_15_7/replicas"][1] == 3.0 + store_lib.WARM_BACKOFF * 1.0
+    seen = warm(seen)
     reads = len(provider.reads)
     _, runs = get_json(client, "/runs")  # from what was computed ahead
     assert len(runs["runs"]) == 4 and len(provider.reads) == reads
@@ -179,9 +193,12 @@ def test_settled_runs_are_computed_ahead_once_and_a_run_with_new_data_after_it_s
         strategy.experimental_distribute_dataset(data),
     )
     multiplexer.Reload()
-    seen = store.warm(ctx, "", runs_entry, seen, warmed)
+    seen = warm(seen)
     assert store.computed["summary"] == 4
-    store.warm(ctx, "", runs_entry, seen, warmed)
+    seen = warm(seen)  # settled, but 10 × its last second has not passed
+    assert store.computed["summary"] == 4
+    now[0] = 13.0
+    warm(seen)
     assert store.computed["summary"] == 5 and store.computed["warm"] == 5
     _, runs = get_json(client, "/runs")
     loop = {r["run"]: r for r in runs["runs"]}["loop_15_7/replicas"]
