@@ -173,17 +173,21 @@ class ReplicasPlugin(base_plugin.TBPlugin):
 
         ctx, seen, warmed, failed = context_lib.RequestContext(), {}, {}, False
         while not self.stop_warming.wait(WARM_SECONDS):
+            errors = []
             try:
-                seen = self.store.warm(ctx, "", runs_entry, seen, warmed)
+                seen = self.store.warm(ctx, "", runs_entry, seen, warmed, errors=errors)
             except Exception as error:  # noqa: BLE001 - never stop TensorBoard for this
-                if not failed:
-                    logging.getLogger(__name__).warning(
-                        "tb_replica_plugin: computing runs ahead failed (%s: %s); the tab "
-                        "computes them when it asks",
-                        type(error).__name__,
-                        error,
-                    )
+                errors.append(("", error))
+            if errors and not failed:
                 failed = True
+                name, error = errors[0]
+                logging.getLogger(__name__).warning(
+                    "tb_replica_plugin: computing %r ahead failed (%s: %s); the tab computes "
+                    "it when it asks",
+                    name or "the runs",
+                    type(error).__name__,
+                    error,
+                )
 
     def get_plugin_apps(self):
         apps = {

@@ -222,7 +222,7 @@ class RunStore:
             slot=("summary", experiment_id, group),
         )
 
-    def warm(self, ctx, experiment_id, make_entry, seen, warmed, clock=time.monotonic):
+    def warm(self, ctx, experiment_id, make_entry, seen, warmed, clock=time.monotonic, errors=None):
         """Computes ahead the findings and `/runs` entry of every run or job whose data has
         settled: its data version is the one the previous call saw (`seen`).
 
@@ -240,6 +240,9 @@ class RunStore:
           warmed: `{group: (version, monotonic time before which it waits)}` of what was
             computed ahead; updated.
           clock: `fn() -> seconds`, the time (tests give their own).
+          errors: a list getting `(group, exception)` of each run or job whose computation
+            raised (the others are computed all the same; that version is not tried again,
+            a request for it raises the error to the tab).
 
         Returns:
           `{group: version}` of the runs and jobs listed now: pass it to the next call.
@@ -259,7 +262,11 @@ class RunStore:
             if start < wait_until:
                 continue
             self._count("warm")
-            self._summaries(ctx, experiment_id, runs, group, make_entry)
+            try:
+                self._summaries(ctx, experiment_id, runs, group, make_entry)
+            except Exception as error:  # noqa: BLE001 - the others are computed all the same
+                if errors is not None:
+                    errors.append((group, error))
             warmed[group] = (version, start + WARM_BACKOFF * (clock() - start))
         return current
 

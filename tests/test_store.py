@@ -198,12 +198,28 @@ def test_settled_runs_are_computed_ahead_once_and_a_run_with_new_data_after_it_s
     seen = warm(seen)  # settled, but 10 × its last second has not passed
     assert store.computed["summary"] == 4
     now[0] = 13.0
-    warm(seen)
+    seen = warm(seen)
     assert store.computed["summary"] == 5 and store.computed["warm"] == 5
     _, runs = get_json(client, "/runs")
     loop = {r["run"]: r for r in runs["runs"]}["loop_15_7/replicas"]
     assert store.computed["summary"] == 5
     assert before["notes"] == [] and loop["notes"] and loop != before  # the new data's entry
+
+    # A run whose computation raises: the others are computed, the error is handed back once.
+    def broken(run_data, *args, **kwargs):
+        if run_data.run == "fit_17_8/replicas":
+            raise ValueError("unreadable")
+        return find_run(run_data, *args, **kwargs)
+
+    monkeypatch.setattr(analysis, "find_run", broken)
+    store.cache.clear()
+    warmed.clear()
+    errors = []
+    store.warm(ctx, "", runs_entry, seen, warmed, clock=lambda: now[0], errors=errors)
+    assert [(group, str(error)) for group, error in errors] == [("fit_17_8/replicas", "unreadable")]
+    assert store.computed["warm"] == 9 and len(warmed) == 4
+    store.warm(ctx, "", runs_entry, seen, warmed, clock=lambda: now[0], errors=errors)
+    assert len(errors) == 1 and store.computed["warm"] == 9
 
 
 def test_tensorboard_starts_the_warming_thread_unless_turned_off(unit_logs, monkeypatch):
