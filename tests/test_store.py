@@ -57,6 +57,22 @@ def serve(logdir, hint=0):
     return werkzeug_test.Client(app), provider, plugin, multiplexer
 
 
+def append_balanced_steps(logdir):
+    """New data for loop_15_7/replicas: a second probe appends 2 balanced steps of 2 replicas."""
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = mirrored(2)
+    data = tf.data.Dataset.from_tensor_slices(
+        {"x": np.zeros((8, 2), "float32"), "y": np.zeros((8,), "int64")}
+    ).batch(4)
+    custom_loop_inputs(
+        strategy,
+        os.path.join(logdir, "loop_15_7", "replicas"),
+        strategy.experimental_distribute_dataset(data),
+    )
+
+
 def get_json(client, path):
     response = client.get(PLUGIN + path)
     return response.status_code, json.loads(response.get_data())
@@ -93,8 +109,6 @@ def test_a_family_route_reads_only_its_family_tags(unit_logs, family):
 
 
 def test_findings_computed_once_then_again_after_new_data(unit_logs, tmp_path, monkeypatch):
-    import numpy as np
-    import tensorflow as tf
 
     logdir = str(tmp_path / "logs")
     shutil.copytree(unit_logs, logdir)
@@ -126,15 +140,7 @@ def test_findings_computed_once_then_again_after_new_data(unit_logs, tmp_path, m
     assert loop_counts == {"error": 1, "warning": 2, "info": 0}  # first batch, uneven, empty
 
     # New data for one run (a second probe appends 2 balanced steps): only it is computed again.
-    strategy = mirrored(2)
-    data = tf.data.Dataset.from_tensor_slices(
-        {"x": np.zeros((8, 2), "float32"), "y": np.zeros((8,), "int64")}
-    ).batch(4)
-    custom_loop_inputs(
-        strategy,
-        os.path.join(logdir, "loop_15_7", "replicas"),
-        strategy.experimental_distribute_dataset(data),
-    )
+    append_balanced_steps(logdir)
     multiplexer.Reload()
     _, third = get_json(client, "/findings")
     assert calls[4:] == ["loop_15_7/replicas"]
@@ -146,8 +152,6 @@ def test_findings_computed_once_then_again_after_new_data(unit_logs, tmp_path, m
 def test_settled_runs_are_computed_ahead_once_and_a_run_with_new_data_after_it_settles(
     unit_logs, tmp_path, monkeypatch
 ):
-    import numpy as np
-    import tensorflow as tf
     from tensorboard import context as context_lib
 
     from tb_replica_plugin import store as store_lib
@@ -183,15 +187,7 @@ def test_settled_runs_are_computed_ahead_once_and_a_run_with_new_data_after_it_s
     assert store.computed["summary"] == 4 and store.computed["warm"] == 4
 
     # New data for one run: computed ahead once it has not changed between two looks.
-    strategy = mirrored(2)
-    data = tf.data.Dataset.from_tensor_slices(
-        {"x": np.zeros((8, 2), "float32"), "y": np.zeros((8,), "int64")}
-    ).batch(4)
-    custom_loop_inputs(
-        strategy,
-        os.path.join(logdir, "loop_15_7", "replicas"),
-        strategy.experimental_distribute_dataset(data),
-    )
+    append_balanced_steps(logdir)
     multiplexer.Reload()
     seen = warm(seen)
     assert store.computed["summary"] == 4
