@@ -27,12 +27,16 @@ export const TABLE_REPLICAS = 64;
 /** The canvas's side in CSS pixels at most; each pixel shows the largest share it covers. */
 const CANVAS_SIDE = 640;
 
+/** A share's red and its opacity, shared by the table's cells and the canvas's pixels. */
+const MATCH_RGB = [229, 57, 53];
+const matchAlpha = (share) => 0.12 + 0.68 * Math.max(0, Math.min(1, share));
+
 /** An "r,g,b" share colour: the table's red over white, white for 0, grey on the diagonal. */
 function shareRgb(share, self) {
   if (self) return [238, 238, 238];
   if (!(share > 0)) return [255, 255, 255];
-  const a = 0.12 + 0.68 * Math.min(1, share);
-  return [229, 57, 53].map((c) => Math.round(255 + (c - 255) * a));
+  const a = matchAlpha(share);
+  return MATCH_RGB.map((c) => Math.round(255 + (c - 255) * a));
 }
 
 /**
@@ -107,14 +111,13 @@ export function createMatchMatrix({ replicas, matrix, cellText, title, deviceNam
       ...replicas.map((_, q) => {
         const share = Number(matrix[r]?.[q] ?? 0);
         if (r === q) return h('td', { class: 'self', dataset: { r, q, share } }, '—');
-        const alpha = Math.max(0, Math.min(1, share));
         const cross = workerOf(replicas[r]) !== workerOf(replicas[q]);
         return h(
           'td',
           {
             class: [share > 0 ? 'match' : 'no-match', cross ? 'cross-worker' : null].filter(Boolean).join(' '),
             dataset: { r, q, share },
-            style: { background: share > 0 ? `rgba(229, 57, 53, ${0.12 + 0.68 * alpha})` : '' },
+            style: { background: share > 0 ? `rgba(${MATCH_RGB.join(', ')}, ${matchAlpha(share)})` : '' },
             title: `${replicaText(replicas[r], workerOf)} and ${replicaText(replicas[q], workerOf)}: ${cellText(r, q)}`,
           },
           cellText(r, q),
