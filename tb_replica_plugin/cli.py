@@ -240,7 +240,7 @@ def _event_bytes(logdir, limit):
     return total
 
 
-def _choose_event_reader(logdir):
+def _choose_event_reader(logdir, counted, defer=False):
     """TensorBoard's TF stub for a small local log dir (saves ~3 s of TF import), else TensorFlow.
 
     TensorBoard's event reader uses TensorFlow when it is importable; the presence of the module
@@ -248,14 +248,15 @@ def _choose_event_reader(logdir):
     CRCs in Python: beyond `STUB_MAX_EVENT_BYTES` of events TensorFlow's reader is faster.
     Remote paths (gs://, s3://) keep TensorFlow's file systems.
 
-    Returns:
-      The event bytes counted (up to `PARALLEL_MIN_EVENT_BYTES`; 0 for a remote path).
+    Args:
+      logdir: the log dir.
+      counted: its event bytes (`_event_bytes`).
+      defer: TensorFlow is imported only if this process reads events itself (a report read by
+        a pool of processes is merged here: `core.processes.use_event_reader`).
     """
-    if "://" in logdir:
-        return 0
-    counted = _event_bytes(logdir, PARALLEL_MIN_EVENT_BYTES)
-    processes.use_event_reader("tensorflow" if counted > STUB_MAX_EVENT_BYTES else "stub")
-    return counted
+    if "://" not in logdir:
+        choice = "tensorflow" if counted > STUB_MAX_EVENT_BYTES else "stub"
+        processes.use_event_reader(choice, defer=defer)
 
 
 def _report_processes(requested, event_bytes):
@@ -281,10 +282,13 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = _build_parser().parse_args(argv)
     if args.command in ("report", "export-batch"):
-        event_bytes = _choose_event_reader(args.logdir)
+        counted = 0 if "://" in args.logdir else _event_bytes(args.logdir, PARALLEL_MIN_EVENT_BYTES)
         if args.command == "export-batch":
+            _choose_event_reader(args.logdir, counted)
             return _export_batch(args)
-        return _report(args, _report_processes(args.processes, event_bytes))
+        reading = _report_processes(args.processes, counted)
+        _choose_event_reader(args.logdir, counted, defer=reading > 1)
+        return _report(args, reading)
     return _inspect(args)
 
 

@@ -10,7 +10,6 @@ family's `read.merge`. The series dataclasses and their parsing live in the fami
 
 import fnmatch
 import functools
-import itertools
 
 import numpy as np
 
@@ -42,7 +41,7 @@ __all__ = [
     "read_run",
     "read_group",
     "read_member",
-    "read_members_in_pool",
+    "list_and_read",
     "read_members_in_turn",
     "read_runs",
     "with_needs",
@@ -535,15 +534,17 @@ def local_provider(logdir):
 def read_log_dir(logdir, run_pattern=None, processes=1):
     """Reads every run of this plugin under a log dir, keeping every sample.
 
+    Each run's event files are read once (`list_and_read`: the listing and the samples in one
+    pass), then the workers of each multi-worker job are merged here.
+
     Args:
       logdir: the log directory.
       run_pattern: optional shell-style pattern (`fnmatch`) the run names must match: only
         the runs and jobs that match (or one of whose runs matches) are read.
       processes: how many processes read the event files: with more than 1, a pool of new
-        processes (`core.processes.reading_pool`) lists the runs and reads them in parallel
-        (the runs outside jobs, then the workers of each multi-worker job, which this process
-        merges). From a script, call it under `if __name__ == "__main__":` then (the new
-        processes import the main module).
+        processes (`core.processes.reading_pool`) reads the runs in parallel and this process
+        merges the jobs. From a script, call it under `if __name__ == "__main__":` then (the
+        new processes import the main module).
 
     Returns:
       A dict `{run: RunData}` sorted by run name; the workers of a multi-worker job are one
@@ -555,25 +556,48 @@ def read_log_dir(logdir, run_pattern=None, processes=1):
       (1000, 2048)
     """
     provider, ctx, experiment_id = local_provider(logdir)
+    names = provider.run_names()
+    jobs = candidate_jobs(names)
 
     def matches(name, runs_of_name):  # a job is read when its name or one of its runs matches
         return any(fnmatch.fnmatchcase(n, run_pattern) for n in (name, *runs_of_name))
 
-    keep = None if run_pattern is None else matches
-    if processes > 1:
+    def may_be_read(name):  # by `matches`, whichever runs turn out to have data
+        job = job_of_run(name)
+        return matches(name, []) or (job is not None and matches(job, jobs.get(job, [])))
+
+    wanted = [name for name in names if run_pattern is None or may_be_read(name)]
+    # A run named like a job's worker is read as one (`read_member`) unless the job is a run.
+    as_member = [job_of_run(name) not in (None, *names) for name in wanted]
+    views = [provider.for_run_read_once(name, metadata.PLUGIN_NAME) for name in wanted]
+    count = len(wanted)
+    arguments = (views, [ctx] * count, [experiment_id] * count, wanted, as_member)
+    if processes > 1 and count > 1:
         from tb_replica_plugin.core.processes import reading_pool
 
-        with reading_pool(processes) as pool:
-            runs = read_runs(
-                provider.list_runs_with(pool),
-                ctx,
-                experiment_id,
-                read_members=functools.partial(read_members_in_pool, pool),
-                keep=keep,
-                read_alone=functools.partial(read_members_in_pool, pool, read=read_run),
-            )
+        with reading_pool(min(processes, count)) as pool:
+            listed_and_read = list(pool.map(list_and_read, *arguments))
     else:
-        runs = read_runs(provider, ctx, experiment_id, keep=keep)
+        from tb_replica_plugin.core.processes import use_deferred_event_reader
+
+        use_deferred_event_reader()
+        listed_and_read = list(map(list_and_read, *arguments))
+    runs = {name: tags for name, (tags, _) in zip(wanted, listed_and_read, strict=True) if tags}
+    read = {name: data for name, (_, data) in zip(wanted, listed_and_read, strict=True)}
+
+    def already_read(provider, ctx, experiment_id, member_tags, families, downsample):
+        return [read[name] for name in member_tags]
+
+    keep = None if run_pattern is None else matches
+    runs = read_runs(
+        provider,
+        ctx,
+        experiment_id,
+        runs={name: runs[name] for name in sorted(runs)},
+        read_members=already_read,
+        keep=keep,
+        read_alone=already_read,
+    )
     return {
         name: data
         for name, data in runs.items()
@@ -581,22 +605,12 @@ def read_log_dir(logdir, run_pattern=None, processes=1):
     }
 
 
-def read_members_in_pool(
-    pool, provider, ctx, experiment_id, member_tags, families, downsample, read=read_member
-):
-    """`read_members_in_turn`, each run read by `pool` (a process pool) from a provider of that
-    run alone (`EventFilesProvider.for_runs`), with `read` (`read_member`, or `read_run` for the
-    runs outside jobs)."""
-    count = len(member_tags)
-    return list(
-        pool.map(
-            read,
-            [provider.for_runs([run]) for run in member_tags],
-            itertools.repeat(ctx, count),
-            itertools.repeat(experiment_id, count),
-            list(member_tags),
-            list(member_tags.values()),
-            itertools.repeat(families, count),
-            itertools.repeat(downsample, count),
-        )
-    )
+def list_and_read(provider, ctx, experiment_id, run, as_member):
+    """`(tags, RunData)` of a run: its listing (as `list_runs` gives it) and its data, read as
+    `read_member` (`as_member`) or `read_run` does; `({}, None)` for a run without this plugin's
+    data. With a provider of `EventFilesProvider.for_run_read_once`, the files are read once."""
+    tags = list_runs(provider, ctx, experiment_id).get(run)
+    if not tags:
+        return {}, None
+    read = read_member if as_member else read_run
+    return tags, read(provider, ctx, experiment_id, run, tags, None, ALL_SAMPLES)

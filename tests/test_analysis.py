@@ -7,7 +7,7 @@ import pytest
 from tensorboard.compat.proto import summary_pb2
 
 from tb_replica_plugin import analysis, metadata
-from tb_replica_plugin.core.downsample import floats, json_floats
+from tb_replica_plugin.core.downsample import float32_list, floats, json_floats
 from tb_replica_plugin.families.inputs import present as inputs_present
 from tb_replica_plugin.families.inputs import read as inputs_read
 from tb_replica_plugin.families.inputs import rules as inputs_rules
@@ -91,6 +91,36 @@ def test_json_floats_and_floats_write_nonfinite_values_as_documented():
     # The routes' floats: NaN is null ("not measured").
     assert floats(values) == [[1.5, None], [np.inf, -np.inf]] and floats(np.nan) is None
     assert floats(np.array([0.5, 2])) == [0.5, 2.0] and type(floats([1, 2])[1]) is float
+
+
+def test_float32_values_are_written_with_their_shortest_digits():
+    """A float32 widened to float64 is written with up to 17 digits; the JSON gets the shortest
+    decimal that reads back as the same float32 (numpy's own `str`), non-finite values and
+    zeros as they are."""
+    rng = np.random.default_rng(7)
+    values = np.concatenate(
+        [
+            (rng.standard_normal(5000) * 10.0 ** rng.integers(-30, 30, 5000)).astype(np.float32),
+            np.float32([0.1, 1e-45, 3.4e38, -0.0, 0.0, np.nan, np.inf, -np.inf, 16777217.0]),
+        ]
+    )
+    written = float32_list(values)
+    assert json.dumps(float32_list(np.float32([0.1, 13.783748626708984, 2.0]))) == (
+        "[0.1, 13.783749, 2.0]"
+    )
+    finite = np.isfinite(values)
+    assert np.array_equal(np.float32(written)[finite], values[finite])  # the same float32s
+    assert np.isnan(written[-4]) and written[-3:-1] == [np.inf, -np.inf]
+    usual = finite & (np.abs(values) > 1e-13) & (np.abs(values) < 1e13)
+    assert usual.sum() > 2000
+    shortest = [float(str(v)) for v in values[usual]]  # numpy's shortest decimal of each
+    assert [w for w, u in zip(written, usual, strict=True) if u] == shortest
+    assert float32_list(np.float64([0.1 + 1e-12, 0.25])) == [
+        0.1 + 1e-12,
+        0.25,
+    ]  # not a float32: as is
+    assert json_floats(np.float32([[0.1, np.nan]])) == [[0.1, "NaN"]]
+    assert floats(np.float32([0.3, np.nan])) == [0.3, None]
 
 
 def test_findings_messages_and_thresholds():

@@ -84,24 +84,32 @@ def test_a_run_tag_filter_reads_only_what_it_names(unit_logs):
     assert read["fit_17_8/replicas"]["inputs/batch_size"]
 
 
-def test_runs_listed_by_an_executor_and_a_provider_of_one_run_answer_the_same(unit_logs):
+def test_a_provider_of_one_run_reads_its_files_once_and_answers_the_same(unit_logs, monkeypatch):
+    """`for_run_read_once`, as sent to another process: that run's listing and samples only,
+    its files read once for both; a second `read_tensors` reads them again."""
     import pickle
-    from concurrent.futures import ThreadPoolExecutor
 
+    run = "fit_17_8/replicas"
     alone = EventFilesProvider(unit_logs)
-    with ThreadPoolExecutor(2) as executor:
-        pooled = EventFilesProvider(unit_logs).list_runs_with(executor)
-        assert both(pooled, "list_tensors") == both(alone, "list_tensors")
-    # A provider of one run, as sent to another process: that run's listing and samples only.
-    view = pickle.loads(pickle.dumps(pooled.for_runs(["fit_17_8/replicas"])))
-    assert list(both(view, "list_tensors")) == ["fit_17_8/replicas"]
-    mine = both(view, "read_tensors", downsample=reader.ALL_SAMPLES)["fit_17_8/replicas"]
-    want = both(alone, "read_tensors", downsample=reader.ALL_SAMPLES)["fit_17_8/replicas"]
+    assert run in alone.run_names() and "loop_15_7/replicas" in alone.run_names()
+    want_listed = both(alone, "list_tensors")[run]
+    want = both(alone, "read_tensors", downsample=reader.ALL_SAMPLES)[run]
+    view = pickle.loads(pickle.dumps(alone.for_run_read_once(run, metadata.PLUGIN_NAME)))
+    passes = []
+    values = EventFilesProvider._values
+    monkeypatch.setattr(
+        EventFilesProvider, "_values", staticmethod(lambda paths: passes.append(1) or values(paths))
+    )
+    assert both(view, "list_tensors") == {run: want_listed}
+    mine = both(view, "read_tensors", downsample=reader.ALL_SAMPLES)[run]
+    assert passes == [1]  # one pass over the run's files for the listing and the samples
     assert sorted(mine) == sorted(want)
     for tag, data in want.items():
-        assert [d.step for d in mine[tag]] == [d.step for d in data]
+        assert [(d.step, d.wall_time) for d in mine[tag]] == [(d.step, d.wall_time) for d in data]
         for got, expected in zip(mine[tag], data, strict=True):
             np.testing.assert_array_equal(got.numpy, expected.numpy)
+    again = both(view, "read_tensors", downsample=reader.ALL_SAMPLES)[run]
+    assert passes == [1, 1] and sorted(again) == sorted(want)
 
 
 def test_a_run_pattern_reads_only_the_runs_it_matches(unit_logs, monkeypatch):
@@ -151,3 +159,27 @@ def test_pool_processes_send_broadcast_arrays_compact():
     assert back["per_row"].strides[1] == 0
     np.testing.assert_array_equal(back["plain"], plain)
     assert back["plain"].flags.writeable  # an ordinary array comes back as numpy sends it
+
+
+def test_a_report_read_by_a_pool_imports_tensorflow_in_the_pool_only():
+    """`use_event_reader("tensorflow", defer=True)`: the pool's processes read with TensorFlow's
+    reader, the process that merges imports it only when it reads itself."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+from tb_replica_plugin.core import processes
+processes.use_event_reader("tensorflow", defer=True)
+print("tensorflow" in sys.modules)
+with processes.reading_pool(1) as pool:
+    print(pool.submit(processes.event_reader).result())
+print("tensorflow" in sys.modules)
+processes.use_deferred_event_reader()
+print(processes.event_reader())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "tensorflow", "False", "tensorflow"]

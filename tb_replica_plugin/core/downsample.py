@@ -41,9 +41,68 @@ def nanmax(values, axis=None):
 
 
 def floats(values):
-    """A nested list of floats with NaN as None (JSON null: 'not measured')."""
-    array = np.asarray(values, dtype=np.float64)
+    """A nested list of floats with NaN as None (JSON null: 'not measured'); float32 values
+    as `float32_list` writes them."""
+    array = shortest_float32(values)
     return _list_replacing(array, [(np.isnan(array), None)])
+
+
+def float32_list(values):
+    """`values.tolist()` with each float32 number written with its fewest digits
+    (`shortest_float32`): about half the JSON text of float32 series, encoded in about half
+    the time."""
+    return shortest_float32(values).tolist()
+
+
+def shortest_float32(values):
+    """float64 values to write numbers with: each value that is a float32 number (recorded as
+    float32, held in any dtype) becomes the shortest decimal of at most 9 significant digits
+    that reads back as the same float32, as `str(np.float32(v))` writes it; other values (and
+    magnitudes beyond about 1e±13) stay as they are.
+
+    A float32 widened to float64 is written with up to 17 digits (0.1 as 0.10000000149011612);
+    a JSON reader that keeps it as a float32 gets the same value from the short form.
+
+    Args:
+      values: an array (or nested lists) of numbers.
+
+    Returns:
+      A float64 array of the same shape.
+
+    Example:
+      >>> shortest_float32(np.float32([0.1, 13.783748626708984, np.nan])).tolist()
+      [0.1, 13.783749, nan]
+      >>> shortest_float32([float(np.float32(0.1)), 0.3]).tolist()  # 0.3: a float64
+      [0.1, 0.3]
+    """
+    wide = np.asarray(values).astype(np.float64)
+    result = wide.copy()
+    if not wide.size:
+        return result
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        narrow = wide.astype(np.float32)
+        pending = np.isfinite(wide) & (wide != 0) & (narrow == wide)
+        if not pending.any():
+            return result
+        exponent = np.floor(np.log10(np.abs(np.where(pending, wide, 1.0))))
+        for digits in SIGNIFICANT_DIGITS:
+            # Decimals of 10**power, power in ±22 (exact in float64, so that the quotient or
+            # product is the float64 nearest to the decimal and prints as it).
+            power = np.clip(digits - 1 - exponent, -EXACT_POWER, EXACT_POWER)
+            scale = 10.0 ** np.abs(power)
+            up = power >= 0
+            rounded = np.where(up, np.round(wide * scale) / scale, np.round(wide / scale) * scale)
+            exact = pending & (rounded.astype(np.float32) == narrow)
+            result[exact] = rounded[exact]
+            pending &= ~exact
+            if not pending.any():
+                break
+    return result
+
+
+# Significant digits tried, fewest first: 9 write every float32 exactly, fewer mostly do.
+SIGNIFICANT_DIGITS = (6, 7, 8, 9)
+EXACT_POWER = 22  # the largest power of ten held exactly by a float64
 
 
 def _list_replacing(array, replacements):
@@ -65,8 +124,9 @@ def hex64(value):
 
 def json_floats(array):
     """Nested lists of floats with NaN/Inf as the strings "NaN", "Infinity", "-Infinity" (as
-    TensorBoard's HTTP responses write them), so the document is strict JSON."""
-    array = np.asarray(array, np.float64)
+    TensorBoard's HTTP responses write them), so the document is strict JSON; float32 values as
+    `float32_list` writes them."""
+    array = shortest_float32(array)
     return _list_replacing(
         array,
         [(np.isnan(array), "NaN"), (array == np.inf, "Infinity"), (array == -np.inf, "-Infinity")],

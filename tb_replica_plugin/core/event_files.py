@@ -4,7 +4,10 @@ TensorBoard's `MultiplexerDataProvider` first loads every run into memory (as pr
 reservoirs: about 2.4× the event bytes) and then converts each tensor. A report reads each run
 once, so this provider keeps nothing but each run's tag list: `list_tensors` scans every event
 file once for it, and `read_tensors` reads the files of the runs asked for again and decodes only
-the tags asked for. A 4.4 GB log dir is read without holding it.
+the tags asked for. A 4.4 GB log dir is read without holding it. A
+provider of one run (`for_run_read_once`) does both in one pass: it keeps the plugin's samples
+of the listing for its first `read_tensors` (what `reader.read_log_dir` uses: every run it lists
+it reads).
 
 It answers as `MultiplexerDataProvider` does for what the reader asks (`list_tensors`,
 `read_tensors`): runs are the directories holding `*tfevents*` files, named by their path relative
@@ -20,6 +23,7 @@ import gc
 import os
 
 import numpy as np
+from tensorboard.data import provider
 
 __all__ = ["EventFilesProvider"]
 
@@ -43,28 +47,38 @@ class EventFilesProvider:
       2
     """
 
-    def __init__(self, logdir, executor=None):
+    def __init__(self, logdir):
         self._logdir = os.fspath(logdir)
-        self._executor = executor  # lists the runs in parallel when given (`list_runs_with`)
         self._files = None  # {run: [event file paths]}, found by the first `list_tensors`
         self._listed = None  # {run: {tag: _Tag}} of every tag, after the first `list_tensors`
+        self._kept = None  # {run: {tag: [TensorDatum]}}: `for_run_read_once`
+        self._kept_plugin = None
 
-    def __getstate__(self):
-        return {**self.__dict__, "_executor": None}  # a copy sent to another process lists alone
+    def run_names(self):
+        """The runs: directories holding event files, with or without this plugin's data."""
+        if self._files is None:
+            self._files = self._runs()
+        return list(self._files)
 
-    def list_runs_with(self, executor):
-        """Lists the runs' files with `executor.map` (e.g. a process pool) at the first
-        `list_tensors`; returns self."""
-        self._executor = executor
-        return self
+    def for_run_read_once(self, run, plugin_name):
+        """A provider of one run (of `run_names`) that lists and reads its files in one pass.
 
-    def for_runs(self, runs):
-        """A provider of these runs alone, sharing this one's listing (small to send to another
-        process that reads them)."""
-        self._list_all()
+        Its first `list_tensors` keeps the samples of the tags that are (or may be) the plugin's
+        for its first `read_tensors`, which answers from them and lets them go; later calls read
+        the files again. Small to send to another process (no listing yet).
+
+        Args:
+          run: the run.
+          plugin_name: the plugin whose samples are kept.
+
+        Returns:
+          The provider.
+        """
+        self.run_names()
         view = EventFilesProvider(self._logdir)
-        view._files = {run: self._files[run] for run in runs}
-        view._listed = {run: self._listed[run] for run in runs}
+        view._files = {run: self._files[run]}
+        view._kept = {}
+        view._kept_plugin = plugin_name
         return view
 
     def _runs(self):
@@ -107,10 +121,11 @@ class EventFilesProvider:
 
     def _list_all(self):
         if self._listed is None:
-            self._files = self._runs()
-            map_runs = map if self._executor is None else self._executor.map
-            listings = map_runs(_list_run, self._files.values())
-            self._listed = dict(zip(self._files, listings, strict=True))
+            self.run_names()
+            self._listed = {}
+            for run, paths in self._files.items():
+                kept = None if self._kept is None else self._kept.setdefault(run, {})
+                self._listed[run] = _list_run(paths, kept, self._kept_plugin)
         return self._listed
 
     def _index(self, plugin_name, run_tag_filter):
@@ -136,8 +151,6 @@ class EventFilesProvider:
 
     def list_tensors(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
         """`{run: {tag: TensorTimeSeries}}` of the plugin's tensor tags (files scanned once)."""
-        from tensorboard.data import provider
-
         return {
             run: {
                 tag: provider.TensorTimeSeries(
@@ -157,22 +170,18 @@ class EventFilesProvider:
     ):
         """`{run: {tag: [TensorDatum]}}`: the runs' files read again, the tags asked decoded."""
         from tensorboard.backend.event_processing import data_provider
-        from tensorboard.data import provider
 
         index = self._index(plugin_name, run_tag_filter)
         result = {}
         for run, tags in index.items():
-            data = {tag: [] for tag in tags}
-            for event, value in self._values(self._files[run]):
-                series = data.get(value.tag)
-                if series is not None and value.HasField("tensor"):
-                    series.append(
-                        provider.TensorDatum(
-                            step=event.step,
-                            wall_time=event.wall_time,
-                            numpy=tensor_to_numpy(value.tensor),
-                        )
-                    )
+            kept = (self._kept or {}).pop(run, None)
+            if kept is None:
+                kept = {tag: [] for tag in tags}
+                for event, value in self._values(self._files[run]):
+                    series = kept.get(value.tag)
+                    if series is not None and value.HasField("tensor"):
+                        series.append(_datum(event, value))
+            data = {tag: kept.get(tag, []) for tag in tags}
             if downsample is not None:
                 # TensorBoard's own choice of samples (the last one and a seeded random subset).
                 data = {tag: data_provider._downsample(xs, downsample) for tag, xs in data.items()}
@@ -180,8 +189,15 @@ class EventFilesProvider:
         return result
 
 
-def _list_run(paths):
-    """`{tag: _Tag}` of every summary value in one run's event files."""
+def _list_run(paths, kept=None, plugin_name=None):
+    """`{tag: _Tag}` of every summary value in one run's event files.
+
+    Args:
+      paths: the run's event files, in order.
+      kept: a dict that gets `{tag: [TensorDatum]}` of the tensor values of
+        every tag whose metadata names `plugin_name` (or has come with none yet), or None.
+      plugin_name: see `kept`.
+    """
     tags = {}
     for event, value in EventFilesProvider._values(paths):
         tag = tags.get(value.tag)
@@ -194,7 +210,17 @@ def _list_run(paths):
             tag.metadata = value.metadata
         tag.max_step = max(tag.max_step, event.step)
         tag.max_wall_time = max(tag.max_wall_time, event.wall_time)
+        ours = tag.metadata is None or tag.metadata.plugin_data.plugin_name == plugin_name
+        if kept is not None and ours and value.HasField("tensor"):
+            kept.setdefault(value.tag, []).append(_datum(event, value))
     return tags
+
+
+def _datum(event, value):
+    """The `TensorDatum` of a summary value with a tensor."""
+    return provider.TensorDatum(
+        step=event.step, wall_time=event.wall_time, numpy=tensor_to_numpy(value.tensor)
+    )
 
 
 def tensor_to_numpy(tensor):

@@ -9,7 +9,7 @@ import io
 import numpy as np
 
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import bucket_max, json_floats
+from tb_replica_plugin.core.downsample import bucket_max, float32_list, json_floats
 from tb_replica_plugin.families.gradients import rules
 
 ARGS = {
@@ -55,7 +55,7 @@ def gradients_body(series, max_points, step=None):
     else:
         matrix = series.variable_norms[layer_index]
         layer_step = int(series.steps[layer_index])
-        layer_norms = matrix.tolist()
+        layer_norms = float32_list(matrix)
         layer_ratio = rules.ratio_to_median(matrix).tolist()
     return {
         "run": series.run,
@@ -65,9 +65,9 @@ def gradients_body(series, max_points, step=None):
         "has_loss": series.has_loss,
         "scaling": series.scaling,
         "steps": steps.tolist(),
-        "global_norm": norms.tolist(),
+        "global_norm": float32_list(norms),
         "ratio": ratio.tolist(),
-        "loss": loss.tolist(),
+        "loss": float32_list(loss),
         "downsampled": count > max_points,
         "layer_step": layer_step,
         "layer_norms": layer_norms,
