@@ -161,16 +161,18 @@ def test_pool_processes_send_broadcast_arrays_compact():
     assert back["plain"].flags.writeable  # an ordinary array comes back as numpy sends it
 
 
-def test_a_report_read_by_a_pool_imports_tensorflow_in_the_pool_only():
+def test_a_report_read_by_a_pool_imports_tensorflow_in_the_pool_only(unit_logs):
     """`use_event_reader("tensorflow", defer=True)`: the pool's processes read with TensorFlow's
-    reader, the process that merges imports it only when it reads itself."""
+    reader, the process that lists the runs and merges imports it only when it reads itself."""
     import subprocess
     import sys
 
     script = """
 import sys
 from tb_replica_plugin.core import processes
+from tb_replica_plugin.core.event_files import EventFilesProvider
 processes.use_event_reader("tensorflow", defer=True)
+assert "fit_17_8/replicas" in EventFilesProvider(sys.argv[1]).run_names()
 print("tensorflow" in sys.modules)
 with processes.reading_pool(1) as pool:
     print(pool.submit(processes.event_reader).result())
@@ -179,7 +181,7 @@ processes.use_deferred_event_reader()
 print(processes.event_reader())
 """
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script, unit_logs], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "tensorflow", "False", "tensorflow"]

@@ -83,18 +83,30 @@ class EventFilesProvider:
 
     def _runs(self):
         """`{run: [event file paths, sorted]}`, as TensorBoard's `AddRunsFromDirectory` names
-        runs."""
-        from tensorboard.backend.event_processing import io_wrapper
+        runs: the directories holding a `*tfevents*` file, their files but `.profile-empty`
+        ones. A local log dir is walked with `os.walk` (TensorBoard's walk imports TensorFlow
+        for `tf.io.gfile`), others with TensorBoard's functions."""
+        if "://" in self._logdir:
+            from tensorboard.backend.event_processing import io_wrapper
 
+            walked = (
+                (
+                    directory,
+                    [os.path.basename(p) for p in io_wrapper.ListDirectoryAbsolute(directory)],
+                )
+                for directory in io_wrapper.GetLogdirSubdirectories(self._logdir)
+            )
+        else:
+            walked = ((directory, names) for directory, _, names in os.walk(self._logdir))
         runs = {}
-        for directory in io_wrapper.GetLogdirSubdirectories(self._logdir):
-            name = os.path.relpath(directory, self._logdir)
-            files = [
-                path
-                for path in io_wrapper.ListDirectoryAbsolute(directory)
-                if io_wrapper.IsSummaryEventsFile(path)
-            ]
-            runs[name] = sorted(files)
+        for directory, names in walked:
+            if any("tfevents" in name for name in names):
+                name = os.path.relpath(directory, self._logdir)
+                runs[name] = sorted(
+                    os.path.join(directory, n)
+                    for n in names
+                    if "tfevents" in n and not n.endswith(".profile-empty")
+                )
         return runs
 
     @staticmethod
