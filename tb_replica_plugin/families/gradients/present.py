@@ -56,7 +56,7 @@ def gradients_body(series, max_points, step=None):
         matrix = series.variable_norms[layer_index]
         layer_step = int(series.steps[layer_index])
         layer_norms = float32_list(matrix)
-        layer_ratio = rules.ratio_to_median(matrix).tolist()
+        layer_ratio = float32_list(np.float32(rules.ratio_to_median(matrix)))
     return {
         "run": series.run,
         "replicas": series.replicas,
@@ -66,7 +66,7 @@ def gradients_body(series, max_points, step=None):
         "scaling": series.scaling,
         "steps": steps.tolist(),
         "global_norm": float32_list(norms),
-        "ratio": ratio.tolist(),
+        "ratio": float32_list(np.float32(ratio)),
         "loss": float32_list(loss),
         "downsampled": count > max_points,
         "layer_step": layer_step,
@@ -151,7 +151,7 @@ def gradients_json(series):
         "scaling": series.scaling,
         "steps": series.steps.tolist(),
         "global_norm": json_floats(series.global_norm),
-        "ratio_to_median": json_floats(rules.ratio_to_median(series.global_norm)),
+        "ratio_to_median": json_floats(np.float32(rules.ratio_to_median(series.global_norm))),
         "loss": json_floats(series.loss),
         "variable_norms": json_floats(series.variable_norms),
         "nonfinite": [
