@@ -134,7 +134,8 @@ def test_a_log_dir_without_runs_lists_nothing(tmp_path, missing):
 
 def test_pool_processes_send_broadcast_arrays_compact():
     """A reading process pickles a broadcast view (a series' "not checked" NaN arrays) as its
-    repeated block: the parent gets the same values, shape and read-only view, in a few bytes."""
+    repeated block, and an array of one value (zero drift) as that value: the parent gets the
+    same values, dtype and shape as a read-only view, in a few bytes."""
     import pickle
     from multiprocessing.reduction import ForkingPickler
 
@@ -147,11 +148,15 @@ def test_pool_processes_send_broadcast_arrays_compact():
     not_checked = np.broadcast_to(np.nan, (1000, 21, 8))
     per_row = np.broadcast_to(np.arange(3.0)[:, None], (3, 5))
     plain = np.arange(12.0).reshape(3, 4)[:, ::2]
-    sent = {
-        name: bytes(Pickler.dumps(a))
-        for name, a in [("not_checked", not_checked), ("per_row", per_row), ("plain", plain)]
-    }
+    zeros = np.zeros((1000, 21, 8))  # a healthy job's drift: one value throughout
+    signed = np.zeros(1000)
+    signed[500] = -0.0  # equal to 0.0, other bits: sent whole
+    arrays = {"not_checked": not_checked, "per_row": per_row, "plain": plain, "zeros": zeros}
+    arrays.update(signed=signed, identical=np.ones((1000, 8), bool), ramp=np.arange(1000))
+    sent = {name: bytes(Pickler.dumps(a)) for name, a in arrays.items()}
     assert len(sent["not_checked"]) < 300 < len(pickle.dumps(not_checked))
+    assert len(sent["zeros"]) < 300 and len(sent["identical"]) < 300
+    assert len(sent["signed"]) > 8000 and len(sent["ramp"]) > 8000
     back = {name: pickle.loads(data) for name, data in sent.items()}
     assert back["not_checked"].shape == (1000, 21, 8) and np.isnan(back["not_checked"]).all()
     assert back["not_checked"].strides == (0, 0, 0) and not back["not_checked"].flags.writeable
@@ -159,6 +164,11 @@ def test_pool_processes_send_broadcast_arrays_compact():
     assert back["per_row"].strides[1] == 0
     np.testing.assert_array_equal(back["plain"], plain)
     assert back["plain"].flags.writeable  # an ordinary array comes back as numpy sends it
+    for name in ("zeros", "identical", "signed", "ramp"):
+        assert back[name].dtype == arrays[name].dtype and back[name].shape == arrays[name].shape
+        np.testing.assert_array_equal(back[name], arrays[name])
+    assert not back["zeros"].flags.writeable and back["zeros"].strides == (0, 0, 0)
+    assert np.signbit(back["signed"][500]) and back["signed"].flags.writeable
 
 
 def test_a_report_read_by_a_pool_imports_tensorflow_in_the_pool_only(unit_logs):

@@ -93,11 +93,14 @@ def _start_reading_process(choice):
 
 
 def reduce_array(array):
-    """Pickles a numpy array; a broadcast view (a stride of 0) as its one repeated block.
+    """Pickles a numpy array; a broadcast view (a stride of 0) as its one repeated block, and an
+    array holding one value throughout as that value.
 
     numpy pickles a view as a full copy: a series' "not checked" arrays, one `np.broadcast_to`
     of NaN, would reach the parent process as full arrays (a few MB per worker of a large job).
-    The block is sent with the shape instead, and the parent gets the same read-only view.
+    The block is sent with the shape instead, and the parent gets the same read-only view. An
+    array of at least `CONSTANT_MIN_BYTES` whose elements are bitwise one value (a healthy job's
+    drift arrays: zeros) comes back the same way, as a read-only broadcast of that value.
 
     Args:
       array: a numpy array.
@@ -114,11 +117,32 @@ def reduce_array(array):
     """
     import numpy as np
 
-    repeated = [s == 0 and n > 1 for s, n in zip(array.strides, array.shape, strict=True)]
-    if array.dtype.hasobject or not any(repeated):
+    if array.dtype.hasobject:
         return array.__reduce__()
-    block = array[tuple(slice(0, 1) if r else slice(None) for r in repeated)].copy()
-    return np.broadcast_to, (block, array.shape)
+    repeated = [s == 0 and n > 1 for s, n in zip(array.strides, array.shape, strict=True)]
+    if any(repeated):
+        block = array[tuple(slice(0, 1) if r else slice(None) for r in repeated)].copy()
+        return np.broadcast_to, (block, array.shape)
+    if array.nbytes >= CONSTANT_MIN_BYTES and _one_value(array):
+        return np.broadcast_to, (array.reshape(-1)[:1].copy(), array.shape)
+    return array.__reduce__()
+
+
+# Arrays at least this large are checked for holding one value (`reduce_array`).
+CONSTANT_MIN_BYTES = 512
+
+
+def _one_value(array):
+    """Whether every element of a non-empty array has the bits of its first (NaN included)."""
+    import numpy as np
+
+    if array.dtype.itemsize not in (1, 2, 4, 8) or array.dtype.kind not in "biuf":
+        return False
+    bits = np.ascontiguousarray(array).reshape(-1).view(f"u{array.dtype.itemsize}")
+    first = bits[0]
+    if bits[-1] != first or bits[bits.size // 2] != first:  # most arrays differ here
+        return False
+    return bool((bits == first).all())
 
 
 def reading_pool(processes):
