@@ -53,11 +53,13 @@ WARM_ENV = "TB_REPLICA_WARM"
 _CONTENT_TYPES = {".js": "text/javascript", ".css": "text/css", ".map": "application/json"}
 
 
-# The tab's run view (frontend/src/sections.js: MAX_POINTS, MAX_CELLS, TOP_VARIABLES): at most
-# this many steps, fewer when steps × replicas would pass MAX_CELLS; the most divergent variables.
+# The tab's run view (frontend/src/sections.js: MAX_POINTS, MAX_CELLS, TOP_VARIABLES; and
+# views/match_matrix.js: CANVAS_SIDE): at most this many steps, fewer when steps × replicas would
+# pass MAX_CELLS; the most divergent variables; match matrices cut to this many blocks.
 RUN_VIEW_MAX_POINTS = 10000
 RUN_VIEW_MAX_CELLS = 262144
 RUN_VIEW_TOP = 8
+RUN_VIEW_MATRIX_SIDE = 640
 
 
 def run_view_query(replicas):
@@ -67,15 +69,20 @@ def run_view_query(replicas):
       replicas: the run's (or job's) number of replicas (its `/runs` entry's `replicas`).
 
     Returns:
-      `{"max_points": str, "top": str}`: `RUN_VIEW_MAX_POINTS` steps, or fewer so that steps ×
-      replicas stay within `RUN_VIEW_MAX_CELLS` (at least 2), and `RUN_VIEW_TOP` variables.
+      `{"max_points": str, "top": str, "matrix_side": str}`: `RUN_VIEW_MAX_POINTS` steps, or
+      fewer so that steps × replicas stay within `RUN_VIEW_MAX_CELLS` (at least 2),
+      `RUN_VIEW_TOP` variables, and match matrices cut to `RUN_VIEW_MATRIX_SIDE` blocks.
 
     Example:
       >>> run_view_query(2048)
-      {'max_points': '128', 'top': '8'}
+      {'max_points': '128', 'top': '8', 'matrix_side': '640'}
     """
     points = max(2, min(RUN_VIEW_MAX_POINTS, RUN_VIEW_MAX_CELLS // max(1, int(replicas))))
-    return {"max_points": str(points), "top": str(RUN_VIEW_TOP)}
+    return {
+        "max_points": str(points),
+        "top": str(RUN_VIEW_TOP),
+        "matrix_side": str(RUN_VIEW_MATRIX_SIDE),
+    }
 
 
 def _error(request, status, message):

@@ -7,7 +7,13 @@ import pytest
 from tensorboard.compat.proto import summary_pb2
 
 from tb_replica_plugin import analysis, metadata
-from tb_replica_plugin.core.downsample import float32_list, floats, json_floats
+from tb_replica_plugin.core.downsample import (
+    float32_list,
+    floats,
+    json_floats,
+    pairs_above_zero,
+    pool_pairs,
+)
 from tb_replica_plugin.families.inputs import present as inputs_present
 from tb_replica_plugin.families.inputs import read as inputs_read
 from tb_replica_plugin.families.inputs import rules as inputs_rules
@@ -121,6 +127,21 @@ def test_float32_values_are_written_with_their_shortest_digits():
     ]  # not a float32: as is
     assert json_floats(np.float32([[0.1, np.nan]])) == [[0.1, "NaN"]]
     assert floats(np.float32([0.3, np.nan])) == [0.3, None]
+
+
+def test_a_match_matrix_is_cut_to_blocks_of_replica_pairs():
+    """Block i holds replicas r with r * P // R == i; a cell is the largest value of its pairs
+    r != q (a replica's own 1.0 left out), -1 for a diagonal block of one replica."""
+    matrix = np.eye(5)
+    matrix[0, 4] = matrix[4, 0] = 0.25  # replicas 0 and 4: blocks 0 and 1 of P = 2
+    matrix[1, 2] = matrix[2, 1] = 0.5  # both in block 0
+    # R = 5, P = 2: blocks [0, 0, 0, 1, 1]; P = 3: [0, 0, 1, 1, 2]; P = 4: [0, 0, 1, 2, 3].
+    assert pool_pairs(matrix, 2).tolist() == [[0.5, 0.25], [0.25, 0.0]]
+    assert pool_pairs(matrix, 3).tolist() == [[0.0, 0.5, 0.25], [0.5, 0.0, 0.0], [0.25, 0.0, -1]]
+    assert pool_pairs(matrix, 4)[2:, 2:].tolist() == [[-1.0, 0.0], [0.0, -1.0]]
+    assert pool_pairs(matrix, 5).tolist() == np.where(np.eye(5) > 0, -1, matrix).tolist()
+    assert pairs_above_zero(matrix) == 2 and pairs_above_zero(np.eye(3)) == 0
+    assert pool_pairs(matrix, 2).dtype == np.float64 and matrix[0, 0] == 1.0  # input untouched
 
 
 def test_findings_messages_and_thresholds():

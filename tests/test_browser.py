@@ -621,6 +621,7 @@ def test_a_run_of_many_replicas_is_asked_for_fewer_steps(demo_server, browser):
     assert {"inputs", "gradients", "rng", "data", "variables"} <= set(routes)
     assert all("max_points=128&" in url or url.endswith("max_points=128") for url in asked)
     assert run_view_query(2048)["max_points"] == "128"
+    assert "matrix_side=640" in routes["rng"] and "matrix_side=640" in routes["data"]
 
     asked.clear()
     page.unroute("**/data/plugin/replicas/overview")
@@ -669,5 +670,43 @@ def test_the_match_matrix_of_many_replicas_is_a_canvas(demo_server, browser):
     assert canvas.get_attribute("data-replicas") == "100"
     assert canvas.get_attribute("data-matches") == str(25 * 4 * 3)
     assert "150 pairs above 0" in page.text_content(block + " figcaption")
+
+    # 1,000 replicas (250 copies): the tab asks matrix_side=640 and draws the blocks /rng sends.
+    import numpy as np
+
+    from tb_replica_plugin.core.downsample import pool_pairs
+
+    asked = []
+
+    def pooled(route):
+        asked.append(route.request.url)
+        body = route.fetch().json()
+        size = len(body["replicas"])
+        body["replicas"] = list(range(1000))
+        for gen in body["generators"]:
+            copy = np.kron(np.eye(1000 // size), np.array(gen["match"]))  # within each copy
+            gen["match"] = pool_pairs(copy, 640).tolist()
+            gen["pooled"] = {"side": 640, "pairs_above_0": 250 * 6}
+            for key in ("last_state", "last_fingerprint"):
+                gen[key] = [gen[key][r % size] for r in range(1000)]
+            for key in ("stream_groups", "state_groups"):
+                gen[key] = [[groups[r % size] for r in range(1000)] for groups in gen[key]]
+        route.fulfill(json=body)
+
+    page.unroute("**/data/plugin/replicas/rng?*")
+    page.route("**/data/plugin/replicas/rng?*", pooled)
+    page.reload(wait_until="load")
+    wait_ready(page.main_frame)
+    assert asked and all("matrix_side=640" in url for url in asked)
+    canvas = page.query_selector(block + " canvas.match-canvas")
+    assert canvas.get_attribute("data-replicas") == "1000"
+    assert canvas.get_attribute("data-blocks") == "640"
+    assert canvas.get_attribute("data-matches") == str(2 * 1500)
+    assert "1500 pairs above 0" in page.text_content(block + " figcaption")
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()  # 640 blocks across its CSS width (and a 1-px border)
+    page.mouse.move(box["x"] + 1.3, box["y"] + 1.3)  # block 0: replicas 0 and 1
+    tooltip = page.text_content(block + " .chart-tooltip")
+    assert tooltip == "replicas 0–1 and replicas 0–1: up to 100%", tooltip
     assert errors == []
     page.close()

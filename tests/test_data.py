@@ -303,6 +303,19 @@ def test_rng_and_data_routes_on_rustboard(demo_logs):
         )
         assert dropout["match"] == [[1.0] * 4] * 4
         assert dropout["stream_groups"] == [[0, 0, 0, 0]] * 3
+        # matrix_side: more replicas than that get blocks r * P // R, each the largest share of
+        # its pairs r != q (-1: a block of one replica on the diagonal).
+        _, body, _ = http_get(base + "/rng?run=dropout_fit/replicas&matrix_side=3")
+        (blocks,) = json.loads(body)["generators"]
+        assert blocks["match"] == [[1.0, 1.0, 1.0], [1.0, -1.0, 1.0], [1.0, 1.0, -1.0]]
+        assert blocks["pooled"] == {"side": 3, "pairs_above_0": 6}
+        _, body, _ = http_get(base + "/rng?run=dropout_fit/replicas&matrix_side=4")
+        (whole,) = json.loads(body)["generators"]
+        assert whole["match"] == [[1.0] * 4] * 4 and "pooled" not in whole
+        _, body, _ = http_get(base + "/data?run=unsharded_pipeline/replicas&matrix_side=2")
+        data = json.loads(body)
+        assert data["share"] == [[1.0, 1.0], [1.0, 1.0]] and data["steps_shared"] == [[32, 32]] * 2
+        assert data["pooled"] == {"side": 2, "pairs_above_0": 6} and len(data["replicas"]) == 4
         status, body, _ = http_get(base + "/rng?run=shape_mismatch/replicas")
         assert (status, json.loads(body)["generators"]) == (200, [])
         _, body, _ = http_get(base + "/rng?run=generator_loop/replicas")
@@ -311,6 +324,7 @@ def test_rng_and_data_routes_on_rustboard(demo_logs):
             ("/rng", 400, "missing argument 'run'"),
             ("/data?run=nope", 404, "no replica data for run 'nope'"),
             ("/data?run=balanced/replicas&max_points=1", 400, "max_points must be between"),
+            ("/rng?run=dropout_fit/replicas&matrix_side=1", 400, "matrix_side must be between"),
         ]:
             status, body, _ = http_get(base + path)
             assert (status, message in json.loads(body)["error"]) == (code, True), path

@@ -258,6 +258,10 @@ def test_a_run_too_large_to_keep_gets_its_view_built_from_the_full_read(unit_log
     assert dict(sent) == {"MAX_POINTS": "10000", "MAX_CELLS": "262144", "TOP_VARIABLES": "8"}
     assert (plugin_lib.RUN_VIEW_MAX_POINTS, plugin_lib.RUN_VIEW_MAX_CELLS) == (10000, 262144)
     assert plugin_lib.RUN_VIEW_TOP == 8
+    matrix = os.path.join(REPO, "frontend", "src", "views", "match_matrix.js")
+    with open(matrix, encoding="utf-8") as handle:
+        assert "export const CANVAS_SIDE = 640;" in handle.read()
+    assert plugin_lib.RUN_VIEW_MATRIX_SIDE == 640  # the canvas's side: matrices cut to blocks
     # Fewer steps for many replicas: 2^18 step × replica values per series.
     counts = [plugin_lib.run_view_query(n)["max_points"] for n in (0, 4, 26, 27, 2048, 10**6)]
     assert counts == ["10000", "10000", "10000", "9709", "128", "2"]
@@ -289,7 +293,7 @@ def test_a_job_of_many_replicas_gets_its_view_built_with_fewer_steps(tmp_path):
     get_json(client, "/findings?run=job")
     assert plugin.store.computed["view"] == 1 and plugin.store.computed["read"] == 0
     # 40 replicas: the tab asks 262,144 // 40 steps; that answer was built from the full read.
-    assert run_view_query(40) == {"max_points": "6553", "top": "8"}
+    assert run_view_query(40) == {"max_points": "6553", "top": "8", "matrix_side": "640"}
     status, body = get_json(client, "/inputs?run=job&max_points=6553")
     assert status == 200 and body["steps"] == [0, 1, 2, 3, 4] and len(body["replicas"]) == 40
     assert plugin.store.computed["read"] == 0

@@ -39,7 +39,7 @@ export async function fetchJson(url, { signal } = {}) {
   return body ?? {};
 }
 
-const q = (params) => new URLSearchParams(params).toString();
+const q = (params) => new URLSearchParams(Object.entries(params).filter(([, v]) => v != null)).toString();
 
 /** The runs that hold replica data, by name. */
 export async function fetchRuns(opts) {
@@ -164,9 +164,13 @@ export async function fetchFindings(run, opts) {
     .sort((a, b) => rank(a.severity) - rank(b.severity) || (a.first_step ?? 0) - (b.first_step ?? 0));
 }
 
-/** Random generators per replica of one run (null when the run has none). */
-export async function fetchRng(run, maxPoints, opts) {
-  const body = await fetchJson(`./rng?${q({ run, max_points: maxPoints })}`, opts);
+/** `pooled` of a body cut to blocks (`matrix_side`): `{side, pairs_above_0}`, else null. */
+const pooledOf = (value) => (value && typeof value === 'object' ? { side: toNumber(value.side), pairs_above_0: toNumber(value.pairs_above_0) } : null);
+
+/** Random generators per replica of one run (null when the run has none); match matrices of
+ * more than `matrixSide` replicas come as blocks (`pooled`). */
+export async function fetchRng(run, maxPoints, opts, matrixSide) {
+  const body = await fetchJson(`./rng?${q({ run, max_points: maxPoints, matrix_side: matrixSide })}`, opts);
   if (!list(body.generators).length) return null;
   return {
     replicas: list(body.replicas),
@@ -180,6 +184,7 @@ export async function fetchRng(run, maxPoints, opts) {
       layer_class: g.layer_class ?? null,
       mirrored: Boolean(g.mirrored),
       match: matrix(g.match),
+      pooled: pooledOf(g.pooled),
       stream_groups: list(g.stream_groups),
       state_groups: list(g.state_groups),
       last_state: list(g.last_state),
@@ -188,9 +193,10 @@ export async function fetchRng(run, maxPoints, opts) {
   };
 }
 
-/** Example fingerprints and replica overlaps of one run (null when the run has none). */
-export async function fetchData(run, maxPoints, opts) {
-  const body = await fetchJson(`./data?${q({ run, max_points: maxPoints })}`, opts);
+/** Example fingerprints and replica overlaps of one run (null when the run has none); as
+ * `fetchRng`, its matrices may come as blocks. */
+export async function fetchData(run, maxPoints, opts, matrixSide) {
+  const body = await fetchJson(`./data?${q({ run, max_points: maxPoints, matrix_side: matrixSide })}`, opts);
   if (!list(body.steps).length) return null;
   return {
     replicas: list(body.replicas),
@@ -199,6 +205,7 @@ export async function fetchData(run, maxPoints, opts) {
     sampled: body.sampled === true,
     share: matrix(body.share),
     steps_shared: matrix(body.steps_shared),
+    pooled: pooledOf(body.pooled),
     total_distinct: numbers(body.total_distinct),
     total_duplicated: numbers(body.total_duplicated),
     duplicate_share: matrix(body.duplicate_share),

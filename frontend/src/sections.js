@@ -13,6 +13,7 @@ import { createBatchChart } from './views/batch_chart.js';
 import { createImbalanceChart } from './views/imbalance_chart.js';
 import { createHeatmap } from './views/heatmap.js';
 import { createShapesTable } from './views/shapes_table.js';
+import { CANVAS_SIDE } from './views/match_matrix.js';
 import { createRngView } from './views/rng_view.js';
 import { createDataView } from './views/data_view.js';
 import { createGradients } from './views/gradients.js';
@@ -184,7 +185,7 @@ export const SECTIONS = [
   {
     name: 'rng',
     route: 'rng',
-    load: (run, opts) => fetchRng(run.run, maxPoints(run), opts),
+    load: (run, opts) => fetchRng(run.run, maxPoints(run), opts, CANVAS_SIDE),
     title: 'Random streams',
     description: () =>
       "Per generator: how often two replicas draw identical numbers (same next-draw fingerprint), and each replica's state at the last logged step. A state equal on every replica does not mean equal streams: tf.random.Generator folds the replica id into its key.",
@@ -193,7 +194,7 @@ export const SECTIONS = [
   {
     name: 'data',
     route: 'data',
-    load: (run, opts) => fetchData(run.run, maxPoints(run), opts),
+    load: (run, opts) => fetchData(run.run, maxPoints(run), opts, CANVAS_SIDE),
     title: 'Examples per replica',
     description: () =>
       'Per pair of replicas: the share of examples both got at the same step (per-example fingerprints). Non-zero off the diagonal means replicas train on the same data: an unsharded input pipeline.',

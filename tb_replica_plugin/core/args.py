@@ -70,3 +70,15 @@ def parse_max_points(raw):
       BadRequestError: if it is not an integer in `MAX_POINTS_RANGE`.
     """
     return parse_int("max_points", raw, DEFAULT_MAX_POINTS, MAX_POINTS_RANGE)
+
+
+MATRIX_SIDE_RANGE = (2, 100_000)
+
+
+def parse_matrix_side(raw):
+    """Parses the optional `matrix_side` argument of `/rng` and `/data` (absent: None).
+
+    Raises:
+      BadRequestError: if it is not an integer in `MATRIX_SIDE_RANGE`.
+    """
+    return parse_int("matrix_side", raw, None, MATRIX_SIDE_RANGE)

@@ -117,6 +117,39 @@ def _list_replacing(array, replacements):
     return values.tolist()
 
 
+def pool_pairs(matrix, side):
+    """A replica × replica matrix cut to at most `side` × `side` blocks, as the tab draws it.
+
+    Block i holds the replicas r with `r * P // R == i` (P = min(R, side)); each cell is the
+    largest value over the pairs r ≠ q of its two blocks (a replica's pair with itself is left
+    out), -1 where there is none (a diagonal block of one replica).
+
+    Args:
+      matrix: float [R, R].
+      side: the most blocks per side.
+
+    Returns:
+      float64 [P, P].
+
+    Example:
+      >>> pool_pairs(np.array([[1, 0, 0, .5], [0, 1, 0, 0], [0, 0, 1, 0], [.5, 0, 0, 1]]), 2)
+      array([[0. , 0.5],
+             [0.5, 0. ]])
+    """
+    values = np.array(matrix, dtype=np.float64)
+    replicas = values.shape[0]
+    blocks = min(replicas, side)
+    np.fill_diagonal(values, -1.0)
+    starts = np.searchsorted(np.arange(replicas) * blocks // replicas, np.arange(blocks))
+    return np.maximum.reduceat(np.maximum.reduceat(values, starts, axis=0), starts, axis=1)
+
+
+def pairs_above_zero(matrix):
+    """How many replica pairs r < q of a symmetric [R, R] matrix hold a value above 0."""
+    values = np.asarray(matrix)
+    return int(np.count_nonzero(np.triu(values > 0, k=1)))
+
+
 def hex64(value):
     """A 64-bit integer as 16 hex digits (JavaScript numbers hold only 53 bits)."""
     return f"{int(value) & 0xFFFFFFFFFFFFFFFF:016x}"

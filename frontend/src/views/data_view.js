@@ -15,6 +15,7 @@ export function createDataView(target, { data, deviceName, workerOf = () => null
   const matrix = createMatchMatrix({
     replicas,
     matrix: data.share,
+    pooled: data.pooled,
     deviceName,
     workerOf,
     title: `Examples two replicas got at the same step (share of the smaller replica's, over ${data.total_steps} ${stepWord})`,

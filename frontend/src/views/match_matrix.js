@@ -24,8 +24,9 @@ function workerRow(replicas, workerOf) {
 
 /** Beyond this many replicas the matrix is a canvas: a table of R² cells takes a page minutes. */
 export const TABLE_REPLICAS = 64;
-/** The canvas's side in CSS pixels at most; each pixel shows the largest share it covers. */
-const CANVAS_SIDE = 640;
+/** The canvas's side in CSS pixels at most; each pixel shows the largest share it covers. The
+ * run view asks /rng and /data for matrices of more replicas cut to this many blocks. */
+export const CANVAS_SIDE = 640;
 
 /** A share's red and its opacity, shared by the table's cells and the canvas's pixels. */
 const MATCH_RGB = [229, 57, 53];
@@ -42,30 +43,53 @@ function shareRgb(share, self) {
 /**
  * The match matrix of many replicas on a canvas: image pixel (i, j) shows the largest share of
  * the replica pairs it covers (so one matching pair stays visible), the tooltip names that pair.
- * The canvas carries data-replicas and data-matches (pairs r ≠ q with a share above 0).
+ * With `pooled` ({side, pairs_above_0}: the route cut the matrix to blocks) each pixel is a
+ * block's largest share and the tooltip names the blocks' replicas. The canvas carries
+ * data-replicas, data-matches (ordered pairs r ≠ q with a share above 0) and data-blocks.
  */
-function createMatchCanvas({ replicas, matrix, cellText, title, workerOf }) {
+function createMatchCanvas({ replicas, matrix, cellText, title, workerOf, pooled }) {
   const R = replicas.length;
-  const P = Math.min(R, CANVAS_SIDE);
+  const P = pooled ? matrix.length : Math.min(R, CANVAS_SIDE);
   const scale = Math.max(1, Math.floor(CANVAS_SIDE / R));
   const best = new Float32Array(P * P).fill(-1);
   const pair = new Int32Array(P * P * 2);
   let matches = 0;
-  for (let r = 0; r < R; r++) {
-    const row = matrix[r] || [];
-    const i = Math.floor((r * P) / R);
-    for (let q = 0; q < R; q++) {
-      const share = r === q ? 0 : Number(row[q] ?? 0);
-      if (r !== q && share > 0) matches++;
-      const k = i * P + Math.floor((q * P) / R);
-      if (share > best[k] || (best[k] < 0 && r === q)) {
-        best[k] = share;
-        pair[2 * k] = r;
-        pair[2 * k + 1] = q;
+  if (pooled) {
+    // Blocks from the server (`pooled`): block i holds replicas r with floor(r * P / R) = i; a
+    // cell is the largest share over its pairs r ≠ q, -1 for a diagonal block of one replica.
+    matches = 2 * pooled.pairs_above_0;
+    for (let i = 0; i < P; i++) {
+      for (let j = 0; j < P; j++) {
+        const share = Number(matrix[i]?.[j] ?? 0);
+        const k = i * P + j;
+        best[k] = share < 0 ? 0 : share;
+        pair[2 * k] = i;
+        pair[2 * k + 1] = share < 0 ? i : -1 - j; // -1 - j: block j (not a replica)
+      }
+    }
+  } else {
+    for (let r = 0; r < R; r++) {
+      const row = matrix[r] || [];
+      const i = Math.floor((r * P) / R);
+      for (let q = 0; q < R; q++) {
+        const share = r === q ? 0 : Number(row[q] ?? 0);
+        if (r !== q && share > 0) matches++;
+        const k = i * P + Math.floor((q * P) / R);
+        if (share > best[k] || (best[k] < 0 && r === q)) {
+          best[k] = share;
+          pair[2 * k] = r;
+          pair[2 * k + 1] = q;
+        }
       }
     }
   }
-  const canvas = h('canvas', { class: 'match-canvas', dataset: { replicas: R, matches } });
+  // The replicas of block i (floor(r * P / R) = i): first and last.
+  const blockText = (i) => {
+    const first = Math.ceil((i * R) / P);
+    const last = Math.ceil(((i + 1) * R) / P) - 1;
+    return first === last ? replicaText(replicas[first], workerOf) : `replicas ${replicas[first]}–${replicas[last]}`;
+  };
+  const canvas = h('canvas', { class: 'match-canvas', dataset: { replicas: R, matches, blocks: pooled ? P : '' } });
   canvas.width = P;
   canvas.height = P;
   canvas.style.width = `${P * scale}px`;
@@ -83,7 +107,9 @@ function createMatchCanvas({ replicas, matrix, cellText, title, workerOf }) {
     const i = Math.min(P - 1, Math.floor(((event.clientY - box.top) / box.height) * P));
     const j = Math.min(P - 1, Math.floor(((event.clientX - box.left) / box.width) * P));
     const [r, q] = [pair[2 * (i * P + j)], pair[2 * (i * P + j) + 1]];
-    tooltip.textContent = r === q ? replicaText(replicas[r], workerOf) : `${replicaText(replicas[r], workerOf)} and ${replicaText(replicas[q], workerOf)}: ${cellText(r, q)}`;
+    if (q < 0) tooltip.textContent = `${blockText(i)} and ${blockText(-1 - q)}: up to ${cellText(i, j)}`;
+    else if (pooled) tooltip.textContent = blockText(i);
+    else tooltip.textContent = r === q ? replicaText(replicas[r], workerOf) : `${replicaText(replicas[r], workerOf)} and ${replicaText(replicas[q], workerOf)}: ${cellText(r, q)}`;
     tooltip.style.left = `${event.clientX - box.left + 12}px`;
     tooltip.style.top = `${event.clientY - box.top + 12}px`;
     tooltip.hidden = false;
@@ -91,7 +117,8 @@ function createMatchCanvas({ replicas, matrix, cellText, title, workerOf }) {
   canvas.addEventListener('mouseleave', () => {
     tooltip.hidden = true;
   });
-  const caption = `${title ?? ''} (${R} replicas: ${matches ? `${matches / 2} pairs above 0` : 'no pair above 0'}; each pixel the largest share of the pairs it covers)`;
+  const covers = pooled ? `each pixel the largest share of a block of about ${Math.round(R / P)} × ${Math.round(R / P)} pairs` : 'each pixel the largest share of the pairs it covers';
+  const caption = `${title ?? ''} (${R} replicas: ${matches ? `${matches / 2} pairs above 0` : 'no pair above 0'}; ${covers})`;
   return h('figure', { class: 'match-matrix-canvas' }, [h('figcaption', {}, caption), h('div', { class: 'heatmap-wrap' }, [canvas, tooltip])]);
 }
 
@@ -100,9 +127,11 @@ function createMatchCanvas({ replicas, matrix, cellText, title, workerOf }) {
  * muted (a replica always matches itself). Cells carry data-r, data-q and data-share. For a
  * multi-worker job (`workerOf(id)` names a replica's worker) a worker row groups the columns,
  * rows say their worker and cells of two different workers get the class `cross-worker`.
+ * Beyond TABLE_REPLICAS replicas, or with `pooled` (matrix[i][j] then a block's largest share,
+ * as /rng and /data send it with matrix_side), it is a canvas (createMatchCanvas).
  */
-export function createMatchMatrix({ replicas, matrix, cellText, title, deviceName, workerOf = () => null }) {
-  if (replicas.length > TABLE_REPLICAS) return createMatchCanvas({ replicas, matrix, cellText, title, workerOf });
+export function createMatchMatrix({ replicas, matrix, cellText, title, deviceName, workerOf = () => null, pooled = null }) {
+  if (pooled || replicas.length > TABLE_REPLICAS) return createMatchCanvas({ replicas, matrix, cellText, title, workerOf, pooled });
   const label = (r) => (deviceName?.(r) ? `${replicaText(replicas[r], workerOf)} (${deviceName(r)})` : replicaText(replicas[r], workerOf));
   const head = h('tr', {}, [h('th', {}, ''), ...replicas.map((_, q) => h('th', { scope: 'col' }, `${replicas[q]}`))]);
   const rows = replicas.map((_, r) =>

@@ -25,6 +25,7 @@ function generatorBlock(gen, rng, deviceName, workerOf) {
     : createMatchMatrix({
     replicas,
     matrix: gen.match,
+    pooled: gen.pooled,
     deviceName,
     workerOf,
     title: 'Logged steps where two replicas draw identical numbers',

@@ -7,21 +7,27 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 import numpy as np
 
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import hex64, pick
+from tb_replica_plugin.core.downsample import hex64, pairs_above_zero, pick, pool_pairs
 from tb_replica_plugin.families.examples import rules
 
-ARGS = {"max_points": args.parse_max_points}
+ARGS = {"max_points": args.parse_max_points, "matrix_side": args.parse_matrix_side}
 
 
-def data_body(series, max_points=None):
+def data_body(series, max_points=None, matrix_side=None):
     """The `/data` response body (documented in `http_api.md`) for a `read.DataSeries`.
 
     Args:
       series: the series.
       max_points: most logged steps sent (evenly spaced; `duplicate_share` keeps each bucket's
         maximum); None sends every one. Totals and matrices always cover every logged step.
+      matrix_side: with more replicas than this, `share` and `steps_shared` are sent as
+        `pool_pairs` blocks (and `pooled` says so); None sends every pair.
     """
     share, steps_shared = rules.data_pair_shares(series)
+    pooled = {}
+    if matrix_side is not None and share.shape[0] > matrix_side:
+        pooled = {"pooled": {"side": matrix_side, "pairs_above_0": pairs_above_zero(share)}}
+        share, steps_shared = pool_pairs(share, matrix_side), pool_pairs(steps_shared, matrix_side)
     window_distinct = np.diagonal(series.window_shared, axis1=1, axis2=2)
     with np.errstate(divide="ignore", invalid="ignore"):
         dup_share = np.where(
@@ -51,11 +57,12 @@ def data_body(series, max_points=None):
         "distinct": series.distinct[picked].tolist(),
         "duplicate_share": dup_share.round(6).tolist(),
         "share": share.round(6).tolist(),
-        "steps_shared": steps_shared.tolist(),
+        "steps_shared": steps_shared.astype(np.int64).tolist(),
         "total_distinct": totals.tolist(),
         "total_duplicated": series.window_duplicated.sum(axis=0).tolist(),
         "last_sketch": sketch,
         "notes": series.notes,
+        **pooled,
     }
 
 
@@ -67,7 +74,7 @@ def body(run, run_data, parsed):
         empty = {"run": run, "replicas": [], "steps": [], "logged_steps": 0, "notes": []}
         empty["total_steps"] = 0
         return empty
-    return data_body(series, parsed["max_points"])
+    return data_body(series, parsed["max_points"], parsed["matrix_side"])
 
 
 def report_json(run_data, thresholds):

@@ -7,13 +7,13 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 import numpy as np
 
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import hex64, pick
+from tb_replica_plugin.core.downsample import hex64, pairs_above_zero, pick, pool_pairs
 from tb_replica_plugin.families.rng import rules
 
-ARGS = {"max_points": args.parse_max_points}
+ARGS = {"max_points": args.parse_max_points, "matrix_side": args.parse_matrix_side}
 
 
-def rng_body(series, max_points=None):
+def rng_body(series, max_points=None, matrix_side=None):
     """The `/rng` response body (documented in `http_api.md`) for a `read.RngSeries`.
 
     Fingerprints and states are 64-bit: they are sent as hex strings (JavaScript numbers hold
@@ -23,6 +23,8 @@ def rng_body(series, max_points=None):
       series: the series.
       max_points: most logged steps sent (evenly spaced); None sends every one. The match
         matrices always cover every logged step.
+      matrix_side: with more replicas than this, each `match` is sent as `pool_pairs` blocks
+        (and `pooled` says so); None sends every pair.
     """
     picked = pick(series.steps.size, max_points)
     generators = []
@@ -30,10 +32,16 @@ def rng_body(series, max_points=None):
         fingerprint = series.fingerprint[:, index]
         state = series.state[:, index, :, : generator["state_size"]]
         last = series.steps.size - 1
+        match = match_fraction(fingerprint) if last >= 0 else np.zeros((0, 0))
+        pooled = {}
+        if matrix_side is not None and match.shape[0] > matrix_side:
+            pooled = {"pooled": {"side": matrix_side, "pairs_above_0": pairs_above_zero(match)}}
+            match = pool_pairs(match, matrix_side)
         generators.append(
             {
                 **generator,
-                "match": match_fraction(fingerprint).round(6).tolist() if last >= 0 else [],
+                **pooled,
+                "match": match.round(6).tolist(),
                 "stream_groups": [rules.stream_groups(fingerprint[s]) for s in picked],
                 "state_groups": [rules.stream_groups(state[s]) for s in picked],
                 "last_fingerprint": [hex64(v) for v in fingerprint[last]] if last >= 0 else [],
@@ -106,7 +114,7 @@ def body(run, run_data, parsed):
         empty = {"run": run, "replicas": [], "steps": [], "logged_steps": 0, "notes": []}
         empty["generators"] = []
         return empty
-    return rng_body(series, parsed["max_points"])
+    return rng_body(series, parsed["max_points"], parsed["matrix_side"])
 
 
 def report_json(run_data, thresholds):
