@@ -51,8 +51,8 @@ RUN_VIEW = (
     "/inputs?run={run}&max_points={max_points}",
     "/step_time?run={run}&max_points={max_points}",
     "/gradients?run={run}&max_points={max_points}",
-    "/rng?run={run}&max_points={max_points}",
-    "/data?run={run}&max_points={max_points}",
+    "/rng?run={run}&max_points={max_points}&matrix_side={matrix_side}",
+    "/data?run={run}&max_points={max_points}&matrix_side={matrix_side}",
     "/variables?run={run}&max_points={max_points}&top={top}",
 )
 JOB = "job"
