@@ -4,10 +4,9 @@ TensorBoard's `MultiplexerDataProvider` first loads every run into memory (as pr
 reservoirs: about 2.4× the event bytes) and then converts each tensor. A report reads each run
 once, so this provider keeps nothing but each run's tag list: `list_tensors` scans every event
 file once for it, and `read_tensors` reads the files of the runs asked for again and decodes only
-the tags asked for. A 4.4 GB log dir is read without holding it. A
-provider of one run (`for_run_read_once`) does both in one pass: it keeps the plugin's samples
-of the listing for its first `read_tensors` (what `reader.read_log_dir` uses: every run it lists
-it reads).
+the tags asked for. A 4.4 GB log dir is read without holding it. A provider of one run
+(`for_run_read_once`) does both in one pass: it keeps the plugin's samples of the listing for its
+first `read_tensors` (what `reader.read_log_dir` uses: every run it lists it reads).
 
 It answers as `MultiplexerDataProvider` does for what the reader asks (`list_tensors`,
 `read_tensors`): runs are the directories holding `*tfevents*` files, named by their path relative
@@ -222,10 +221,14 @@ def _list_run(paths, kept=None, plugin_name=None):
             tag.metadata = value.metadata
         tag.max_step = max(tag.max_step, event.step)
         tag.max_wall_time = max(tag.max_wall_time, event.wall_time)
-        ours = tag.metadata is None or tag.metadata.plugin_data.plugin_name == plugin_name
-        if kept is not None and ours and value.HasField("tensor"):
+        if kept is not None and value.HasField("tensor") and _ours(tag, plugin_name):
             kept.setdefault(value.tag, []).append(_datum(event, value))
     return tags
+
+
+def _ours(tag, plugin_name):
+    """Whether a tag's metadata names the plugin (or has come with none yet)."""
+    return tag.metadata is None or tag.metadata.plugin_data.plugin_name == plugin_name
 
 
 def _datum(event, value):
