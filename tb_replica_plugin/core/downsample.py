@@ -150,6 +150,23 @@ def pairs_above_zero(matrix):
     return int(np.count_nonzero(np.triu(values > 0, k=1)))
 
 
+def cut_to_blocks(matrices, side):
+    """Replica × replica matrices of a route, cut to blocks when `side` asks it.
+
+    Args:
+      matrices: float [R, R] matrices of one run; the first says which pairs are above 0.
+      side: a route's `matrix_side` (None: every pair).
+
+    Returns:
+      `(matrices, fields)`: the matrices as they are and `{}` when `side` is None or R is at
+      most `side`; else each as `pool_pairs` blocks and `{"pooled": {"side", "pairs_above_0"}}`.
+    """
+    if side is None or matrices[0].shape[0] <= side:
+        return list(matrices), {}
+    fields = {"pooled": {"side": side, "pairs_above_0": pairs_above_zero(matrices[0])}}
+    return [pool_pairs(matrix, side) for matrix in matrices], fields
+
+
 def hex64(value):
     """A 64-bit integer as 16 hex digits (JavaScript numbers hold only 53 bits)."""
     return f"{int(value) & 0xFFFFFFFFFFFFFFFF:016x}"

@@ -7,7 +7,7 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 import numpy as np
 
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import hex64, pairs_above_zero, pick, pool_pairs
+from tb_replica_plugin.core.downsample import cut_to_blocks, hex64, pick
 from tb_replica_plugin.families.examples import rules
 
 ARGS = {"max_points": args.parse_max_points, "matrix_side": args.parse_matrix_side}
@@ -21,13 +21,10 @@ def data_body(series, max_points=None, matrix_side=None):
       max_points: most logged steps sent (evenly spaced; `duplicate_share` keeps each bucket's
         maximum); None sends every one. Totals and matrices always cover every logged step.
       matrix_side: with more replicas than this, `share` and `steps_shared` are sent as
-        `pool_pairs` blocks (and `pooled` says so); None sends every pair.
+        blocks with `pooled` (`cut_to_blocks`); None sends every pair.
     """
     share, steps_shared = rules.data_pair_shares(series)
-    pooled = {}
-    if matrix_side is not None and share.shape[0] > matrix_side:
-        pooled = {"pooled": {"side": matrix_side, "pairs_above_0": pairs_above_zero(share)}}
-        share, steps_shared = pool_pairs(share, matrix_side), pool_pairs(steps_shared, matrix_side)
+    (share, steps_shared), pooled = cut_to_blocks([share, steps_shared], matrix_side)
     window_distinct = np.diagonal(series.window_shared, axis1=1, axis2=2)
     with np.errstate(divide="ignore", invalid="ignore"):
         dup_share = np.where(

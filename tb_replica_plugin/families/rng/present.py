@@ -7,7 +7,7 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 import numpy as np
 
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import hex64, pairs_above_zero, pick, pool_pairs
+from tb_replica_plugin.core.downsample import cut_to_blocks, hex64, pick
 from tb_replica_plugin.families.rng import rules
 
 ARGS = {"max_points": args.parse_max_points, "matrix_side": args.parse_matrix_side}
@@ -23,8 +23,8 @@ def rng_body(series, max_points=None, matrix_side=None):
       series: the series.
       max_points: most logged steps sent (evenly spaced); None sends every one. The match
         matrices always cover every logged step.
-      matrix_side: with more replicas than this, each `match` is sent as `pool_pairs` blocks
-        (and `pooled` says so); None sends every pair.
+      matrix_side: with more replicas than this, each `match` is sent as blocks with `pooled`
+        (`cut_to_blocks`); None sends every pair.
     """
     picked = pick(series.steps.size, max_points)
     generators = []
@@ -33,10 +33,7 @@ def rng_body(series, max_points=None, matrix_side=None):
         state = series.state[:, index, :, : generator["state_size"]]
         last = series.steps.size - 1
         match = match_fraction(fingerprint) if last >= 0 else np.zeros((0, 0))
-        pooled = {}
-        if matrix_side is not None and match.shape[0] > matrix_side:
-            pooled = {"pooled": {"side": matrix_side, "pairs_above_0": pairs_above_zero(match)}}
-            match = pool_pairs(match, matrix_side)
+        (match,), pooled = cut_to_blocks([match], matrix_side)
         generators.append(
             {
                 **generator,
