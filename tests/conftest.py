@@ -73,6 +73,21 @@ def custom_loop_inputs(strategy, run_dir, batches, update_freq=1):
     return probe
 
 
+def write_loop_15_7(strategy, logdir, examples, global_batch):
+    """The run `loop_15_7/replicas` (a custom loop over zeros): `examples` examples in global
+    batches of `global_batch`; a later call appends to it."""
+    import tensorflow as tf
+
+    data = tf.data.Dataset.from_tensor_slices(
+        {"x": np.zeros((examples, 2), "float32"), "y": np.zeros((examples,), "int64")}
+    ).batch(global_batch)
+    custom_loop_inputs(
+        strategy,
+        os.path.join(logdir, "loop_15_7", "replicas"),
+        strategy.experimental_distribute_dataset(data),
+    )
+
+
 def build_unit_logs(logdir):
     """The runs the value tests read back (2 replicas each)."""
     import tensorflow as tf
@@ -91,14 +106,7 @@ def build_unit_logs(logdir):
         callbacks=[ReplicaCallback(os.path.join(logdir, "fit_17_8"))],
     )
     # custom loop: 15 examples, global batch 7 → [4, 3], [4, 3], [1, 0].
-    data = tf.data.Dataset.from_tensor_slices(
-        {"x": np.zeros((15, 2), "float32"), "y": np.zeros((15,), "int64")}
-    ).batch(7)
-    custom_loop_inputs(
-        strategy,
-        os.path.join(logdir, "loop_15_7", "replicas"),
-        strategy.experimental_distribute_dataset(data),
-    )
+    write_loop_15_7(strategy, logdir, examples=15, global_batch=7)
     # pre-flight inspector on the batch-7 dataset.
     inspect_dataset(
         strategy,

@@ -8,7 +8,7 @@ import shutil
 import threading
 
 import pytest
-from conftest import REPO, custom_loop_inputs, mirrored
+from conftest import REPO, mirrored, write_loop_15_7
 
 from tb_replica_plugin import analysis, metadata, reader, registry
 from tb_replica_plugin.core import cache as cache_lib
@@ -59,18 +59,7 @@ def serve(logdir, hint=0):
 
 def append_balanced_steps(logdir):
     """New data for loop_15_7/replicas: a second probe appends 2 balanced steps of 2 replicas."""
-    import numpy as np
-    import tensorflow as tf
-
-    strategy = mirrored(2)
-    data = tf.data.Dataset.from_tensor_slices(
-        {"x": np.zeros((8, 2), "float32"), "y": np.zeros((8,), "int64")}
-    ).batch(4)
-    custom_loop_inputs(
-        strategy,
-        os.path.join(logdir, "loop_15_7", "replicas"),
-        strategy.experimental_distribute_dataset(data),
-    )
+    write_loop_15_7(mirrored(2), logdir, examples=8, global_batch=4)
 
 
 def get_json(client, path):
