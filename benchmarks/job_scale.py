@@ -53,7 +53,7 @@ RUN_VIEW = (
     "/gradients?run={run}&max_points={max_points}",
     "/rng?run={run}&max_points={max_points}&matrix_side={matrix_side}",
     "/data?run={run}&max_points={max_points}&matrix_side={matrix_side}",
-    "/variables?run={run}&max_points={max_points}&top={top}",
+    "/variables?run={run}&max_points={max_points}&top={top}&replica_blocks={replica_blocks}",
 )
 JOB = "job"
 

@@ -53,13 +53,15 @@ WARM_ENV = "TB_REPLICA_WARM"
 _CONTENT_TYPES = {".js": "text/javascript", ".css": "text/css", ".map": "application/json"}
 
 
-# The tab's run view (frontend/src/sections.js: MAX_POINTS, MAX_CELLS, TOP_VARIABLES; and
-# views/match_matrix.js: CANVAS_SIDE): at most this many steps, fewer when steps × replicas would
-# pass MAX_CELLS; the most divergent variables; match matrices cut to this many blocks.
+# The tab's run view (frontend/src/sections.js: MAX_POINTS, MAX_CELLS, TOP_VARIABLES;
+# views/match_matrix.js: CANVAS_SIDE; views/drift_charts.js: REPLICA_BLOCKS): at most this many
+# steps, fewer when steps × replicas would pass MAX_CELLS; the most divergent variables; match
+# matrices cut to this many blocks; per-replica drift series cut to this many replica blocks.
 RUN_VIEW_MAX_POINTS = 10000
 RUN_VIEW_MAX_CELLS = 262144
 RUN_VIEW_TOP = 8
 RUN_VIEW_MATRIX_SIDE = 640
+RUN_VIEW_REPLICA_BLOCKS = 64
 
 
 def run_view_query(replicas):
@@ -69,19 +71,21 @@ def run_view_query(replicas):
       replicas: the run's (or job's) number of replicas (its `/runs` entry's `replicas`).
 
     Returns:
-      `{"max_points": str, "top": str, "matrix_side": str}`: `RUN_VIEW_MAX_POINTS` steps, or
-      fewer so that steps × replicas stay within `RUN_VIEW_MAX_CELLS` (at least 2),
-      `RUN_VIEW_TOP` variables, and match matrices cut to `RUN_VIEW_MATRIX_SIDE` blocks.
+      `{"max_points", "top", "matrix_side", "replica_blocks"}` (strings):
+      `RUN_VIEW_MAX_POINTS` steps, or fewer so that steps × replicas stay within
+      `RUN_VIEW_MAX_CELLS` (at least 2), `RUN_VIEW_TOP` variables, match matrices cut to
+      `RUN_VIEW_MATRIX_SIDE` blocks and drift series to `RUN_VIEW_REPLICA_BLOCKS` blocks.
 
     Example:
       >>> run_view_query(2048)
-      {'max_points': '128', 'top': '8', 'matrix_side': '640'}
+      {'max_points': '128', 'top': '8', 'matrix_side': '640', 'replica_blocks': '64'}
     """
     points = max(2, min(RUN_VIEW_MAX_POINTS, RUN_VIEW_MAX_CELLS // max(1, int(replicas))))
     return {
         "max_points": str(points),
         "top": str(RUN_VIEW_TOP),
         "matrix_side": str(RUN_VIEW_MATRIX_SIDE),
+        "replica_blocks": str(RUN_VIEW_REPLICA_BLOCKS),
     }
 
 

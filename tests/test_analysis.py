@@ -8,11 +8,13 @@ from tensorboard.compat.proto import summary_pb2
 
 from tb_replica_plugin import analysis, metadata
 from tb_replica_plugin.core.downsample import (
+    block_starts,
     float32_list,
     floats,
     json_floats,
     pairs_above_zero,
     pool_pairs,
+    pool_replicas,
 )
 from tb_replica_plugin.families.inputs import present as inputs_present
 from tb_replica_plugin.families.inputs import read as inputs_read
@@ -142,6 +144,29 @@ def test_a_match_matrix_is_cut_to_blocks_of_replica_pairs():
     assert pool_pairs(matrix, 5).tolist() == np.where(np.eye(5) > 0, -1, matrix).tolist()
     assert pairs_above_zero(matrix) == 2 and pairs_above_zero(np.eye(3)) == 0
     assert pool_pairs(matrix, 2).dtype == np.float64 and matrix[0, 0] == 1.0  # input untouched
+
+
+def test_per_replica_series_are_cut_to_blocks_of_replicas():
+    """With more replicas than blocks, each block keeps the largest value of its replicas (NaN:
+    no value, only when all are NaN) and the body names each block's first and last position."""
+    values = np.array([[0.0, 2.0, np.nan, 1.0, 0.5], [np.nan, np.nan, np.nan, 3.0, np.inf]])
+    (pooled,), fields = pool_replicas([values], 2)  # R = 5, P = 2: blocks [0, 0, 0, 1, 1]
+    assert floats(pooled) == [[2.0, 1.0], [None, np.inf]]
+    assert fields == {"pooled": {"blocks": [[0, 2], [3, 4]]}}
+    rel, fields = pool_replicas([values, values[:, ::-1]], 3)  # [0, 0, 1, 1, 2]
+    assert floats(rel[0]) == [[2.0, 1.0, 0.5], [None, 3.0, np.inf]]
+    assert floats(rel[1]) == [[1.0, 2.0, 0.0], [np.inf, None, None]]
+    assert fields == {"pooled": {"blocks": [[0, 1], [2, 3], [4, 4]]}}
+    for blocks in (5, 6, None):  # no more replicas than blocks: as they are
+        (same,), fields = pool_replicas([values], blocks)
+        assert same is values and fields == {}
+    steps_variables_replicas = np.zeros((3, 2, 2048))
+    steps_variables_replicas[1, 0, 100] = 0.5  # replica 100: block 3 of 64 (32 replicas each)
+    (pooled,), fields = pool_replicas([steps_variables_replicas], 64)
+    assert pooled.shape == (3, 2, 64) and pooled[1, 0, 3] == 0.5 and pooled.sum() == 0.5
+    assert fields["pooled"]["blocks"][:2] == [[0, 31], [32, 63]]
+    assert block_starts(2048, 64).tolist() == list(range(0, 2048, 32))
+    assert block_starts(5, 2).tolist() == [0, 3] and block_starts(3, 8).tolist() == [0, 1, 2]
 
 
 def test_findings_messages_and_thresholds():

@@ -286,6 +286,52 @@ def test_watched_values_section(demo_server, browser):
     page.close()
 
 
+def test_the_drift_of_many_replicas_is_drawn_in_blocks(demo_server, browser):
+    """Beyond 64 replicas the per-replica drift chart draws the blocks /variables sends
+    (`replica_blocks=64`), one line each, labelled with its replicas. skipped_allreduce's answer
+    is widened to 100 replicas (25 copies of its 4) and cut as the server cuts it."""
+    import numpy as np
+
+    from tb_replica_plugin.core.downsample import floats, pool_replicas
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    asked = []
+
+    def pooled(route):
+        asked.append(route.request.url)
+        body = route.fetch().json()
+        size = len(body["replicas"])
+        body["replicas"] = list(range(100))
+        body["devices"] = [body["devices"][r % size] for r in range(100)]
+        for variable in body["variables"]:
+            variable["present"] = [variable["present"][r % size] for r in range(100)]
+        for top in body["top"]:
+            for key in ("rel_l2", "max_abs"):
+                wide = np.array([[row[r % size] for r in range(100)] for row in top[key]], float)
+                (cut,), fields = pool_replicas([wide], 64)
+                top[key] = floats(cut)
+        body.update(fields)
+        route.fulfill(json=body)
+
+    page.route("**/data/plugin/replicas/variables?*", pooled)
+    page.goto(
+        demo_server.url
+        + "/data/plugin_entry.html?name=replicas#run=weight_drift%2Fskipped_allreduce",
+        wait_until="load",
+    )
+    wait_ready(page.main_frame)
+    assert asked and all("replica_blocks=64" in url for url in asked)
+    chart = page.query_selector('[data-view="deviation"] .chart')
+    assert chart.get_attribute("data-lines") == "64"  # 100 replicas: blocks of 1 or 2
+    legend = page.inner_text('[data-view="deviation"]')
+    assert "replicas 0–1" in legend and "replicas 97–98" in legend and "replica 99" in legend
+    assert "100 replicas in 64 blocks" in legend
+    assert errors == []
+    page.close()
+
+
 def test_weight_drift_and_placement_sections(demo_server, browser):
     page, frame, errors = open_tab(demo_server, browser)
 
@@ -622,6 +668,7 @@ def test_a_run_of_many_replicas_is_asked_for_fewer_steps(demo_server, browser):
     assert all("max_points=128&" in url or url.endswith("max_points=128") for url in asked)
     assert run_view_query(2048)["max_points"] == "128"
     assert "matrix_side=640" in routes["rng"] and "matrix_side=640" in routes["data"]
+    assert "replica_blocks=64" in routes["variables"]
 
     asked.clear()
     page.unroute("**/data/plugin/replicas/overview")

@@ -275,7 +275,7 @@ def test_find_data_partial_overlap_message():
     assert "0–1: 50%" in finding.message
 
 
-def test_rng_and_data_routes_on_rustboard(demo_logs):
+def test_rng_data_and_replica_blocks_routes_on_rustboard(demo_logs):
     server = TensorBoardServer(demo_logs, load_fast=True)
     try:
         base = server.url + "/data/plugin/replicas"
@@ -316,6 +316,18 @@ def test_rng_and_data_routes_on_rustboard(demo_logs):
         data = json.loads(body)
         assert data["share"] == [[1.0, 1.0], [1.0, 1.0]] and data["steps_shared"] == [[32, 32]] * 2
         assert data["pooled"] == {"side": 2, "pairs_above_0": 6} and len(data["replicas"]) == 4
+        # replica_blocks: the top variables' per-replica drift series in blocks r * P // R of
+        # replicas, each the largest value of its replicas.
+        drift = base + "/variables?run=weight_drift/skipped_allreduce&top=4"
+        whole = json.loads(http_get(drift)[1])
+        blocks = json.loads(http_get(drift + "&replica_blocks=3")[1])
+        assert blocks["pooled"] == {"blocks": [[0, 1], [2, 2], [3, 3]]} and "pooled" not in whole
+        assert len(whole["top"]) == len(blocks["top"]) == 4
+        for every, pooled in zip(whole["top"], blocks["top"], strict=True):
+            for key in ("rel_l2", "max_abs"):
+                assert pooled[key] == [[max(r[:2]), r[2], r[3]] for r in every[key]], key
+            assert pooled["max_rel_l2"] == every["max_rel_l2"] and max(every["max_rel_l2"]) > 0
+        assert blocks["variables"] == whole["variables"] and blocks["steps"] == whole["steps"]
         status, body, _ = http_get(base + "/rng?run=shape_mismatch/replicas")
         assert (status, json.loads(body)["generators"]) == (200, [])
         _, body, _ = http_get(base + "/rng?run=generator_loop/replicas")
@@ -325,6 +337,11 @@ def test_rng_and_data_routes_on_rustboard(demo_logs):
             ("/data?run=nope", 404, "no replica data for run 'nope'"),
             ("/data?run=balanced/replicas&max_points=1", 400, "max_points must be between"),
             ("/rng?run=dropout_fit/replicas&matrix_side=1", 400, "matrix_side must be between"),
+            (
+                "/variables?run=weight_drift/skipped_allreduce&replica_blocks=1",
+                400,
+                "replica_blocks must be between",
+            ),
         ]:
             status, body, _ = http_get(base + path)
             assert (status, message in json.loads(body)["error"]) == (code, True), path

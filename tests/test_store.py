@@ -282,7 +282,12 @@ def test_a_job_of_many_replicas_gets_its_view_built_with_fewer_steps(tmp_path):
     get_json(client, "/findings?run=job")
     assert plugin.store.computed["view"] == 1 and plugin.store.computed["read"] == 0
     # 40 replicas: the tab asks 262,144 // 40 steps; that answer was built from the full read.
-    assert run_view_query(40) == {"max_points": "6553", "top": "8", "matrix_side": "640"}
+    assert run_view_query(40) == {
+        "max_points": "6553",
+        "top": "8",
+        "matrix_side": "640",
+        "replica_blocks": "64",
+    }
     status, body = get_json(client, "/inputs?run=job&max_points=6553")
     assert status == 200 and body["steps"] == [0, 1, 2, 3, 4] and len(body["replicas"]) == 40
     assert plugin.store.computed["read"] == 0

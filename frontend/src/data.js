@@ -212,9 +212,11 @@ export async function fetchData(run, maxPoints, opts, matrixSide) {
   };
 }
 
-/** Weight drift and placement of one run (see http_api.md `/variables`). */
-export async function fetchVariables(run, maxPoints, top, opts) {
-  const body = await fetchJson(`./variables?${q({ run, max_points: maxPoints, top })}`, opts);
+/** Weight drift and placement of one run (see http_api.md `/variables`); the top variables'
+ * per-replica series of more than `replicaBlocks` replicas come as blocks (`pooled.blocks`:
+ * each block's first and last replica position). */
+export async function fetchVariables(run, maxPoints, top, opts, replicaBlocks) {
+  const body = await fetchJson(`./variables?${q({ run, max_points: maxPoints, top, replica_blocks: replicaBlocks })}`, opts);
   return {
     run: String(body.run ?? run),
     replicas: list(body.replicas),
@@ -244,6 +246,7 @@ export async function fetchVariables(run, maxPoints, top, opts) {
       rel_l2: matrix(t.rel_l2),
       max_abs: matrix(t.max_abs),
     })),
+    pooled: body.pooled && Array.isArray(body.pooled.blocks) ? { blocks: body.pooled.blocks.map((b) => list(b).map(toNumber)) } : null,
     notes: list(body.notes),
   };
 }

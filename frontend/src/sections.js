@@ -18,7 +18,7 @@ import { createRngView } from './views/rng_view.js';
 import { createDataView } from './views/data_view.js';
 import { createGradients } from './views/gradients.js';
 import { createStepTime } from './views/step_time.js';
-import { createDriftChart, createDeviationChart } from './views/drift_charts.js';
+import { createDriftChart, createDeviationChart, REPLICA_BLOCKS } from './views/drift_charts.js';
 import { createPlacementTable } from './views/placement_table.js';
 import { createWatchView } from './views/watch_view.js';
 
@@ -203,7 +203,7 @@ export const SECTIONS = [
   {
     name: 'drift',
     route: 'variables',
-    load: (run, opts) => fetchVariables(run.run, maxPoints(run), TOP_VARIABLES, opts),
+    load: (run, opts) => fetchVariables(run.run, maxPoints(run), TOP_VARIABLES, opts, REPLICA_BLOCKS),
     title: 'Weight drift',
     description: () =>
       "How far each variable's copies are from replica 0's: relative L2 distance ||copy_r − copy_0|| / ||copy_0|| at each logged step, for the most divergent variables (worst replica). Estimated from small per-copy fingerprints unless the exact check ran; 0 means bit-identical.",

@@ -82,3 +82,15 @@ def parse_matrix_side(raw):
       BadRequestError: if it is not an integer in `MATRIX_SIDE_RANGE`.
     """
     return parse_int("matrix_side", raw, None, MATRIX_SIDE_RANGE)
+
+
+REPLICA_BLOCKS_RANGE = (2, 100_000)
+
+
+def parse_replica_blocks(raw):
+    """Parses the optional `replica_blocks` argument (absent: None).
+
+    Raises:
+      BadRequestError: if it is not an integer in `REPLICA_BLOCKS_RANGE`.
+    """
+    return parse_int("replica_blocks", raw, None, REPLICA_BLOCKS_RANGE)

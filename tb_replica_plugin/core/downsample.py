@@ -26,10 +26,11 @@ def bucket_means(values, starts):
         return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
-def bucket_max(values, starts):
-    """Per bucket (rows starting at `starts`) the max over its rows, NaN only if all are NaN."""
+def bucket_max(values, starts, axis=0):
+    """Per bucket (slices along `axis` starting at `starts`) the max over its slices, NaN only
+    if all are NaN."""
     filled = np.where(np.isnan(values), -np.inf, values)
-    result = np.maximum.reduceat(filled, starts, axis=0)
+    result = np.maximum.reduceat(filled, starts, axis=axis)
     return np.where(result == -np.inf, np.nan, result)
 
 
@@ -137,11 +138,50 @@ def pool_pairs(matrix, side):
              [0.5, 0. ]])
     """
     values = np.array(matrix, dtype=np.float64)
-    replicas = values.shape[0]
-    blocks = min(replicas, side)
+    starts = block_starts(values.shape[0], side)
     np.fill_diagonal(values, -1.0)
-    starts = np.searchsorted(np.arange(replicas) * blocks // replicas, np.arange(blocks))
     return np.maximum.reduceat(np.maximum.reduceat(values, starts, axis=0), starts, axis=1)
+
+
+def block_starts(replicas, blocks):
+    """The first replica position of each of min(R, `blocks`) blocks of R replicas: block i
+    holds the positions r with `r * P // R == i` (P blocks, none empty).
+
+    Example:
+      >>> block_starts(5, 2).tolist()
+      [0, 3]
+    """
+    count = min(replicas, blocks)
+    return np.searchsorted(np.arange(replicas) * count // replicas, np.arange(count))
+
+
+def pool_replicas(arrays, blocks):
+    """Per-replica values cut to blocks of replicas (the last axis), when there are more
+    replicas than `blocks`: each block keeps the largest value of its replicas (NaN only when
+    all are NaN), so one outlying replica stays visible.
+
+    Args:
+      arrays: float arrays [..., R] of one run (same R).
+      blocks: a route's `replica_blocks` (None: every replica).
+
+    Returns:
+      `(arrays, fields)`: the arrays as they are and `{}` when `blocks` is None or R is at most
+      `blocks`; else each as [..., P] blocks and `{"pooled": {"blocks": [[first, last], ...]}}`,
+      each block's first and last replica position.
+
+    Example:
+      >>> (rows,), fields = pool_replicas([np.array([[0.0, 2.0, np.nan, 1.0, 0.5]])], 2)
+      >>> rows.tolist(), fields
+      ([[2.0, 1.0]], {'pooled': {'blocks': [[0, 2], [3, 4]]}})
+    """
+    replicas = arrays[0].shape[-1]
+    if blocks is None or replicas <= blocks:
+        return list(arrays), {}
+    starts = block_starts(replicas, blocks)
+    lasts = np.append(starts[1:], replicas) - 1
+    spans = [[int(first), int(last)] for first, last in zip(starts, lasts, strict=True)]
+    pooled = [bucket_max(np.asarray(array), starts, axis=-1) for array in arrays]
+    return pooled, {"pooled": {"blocks": spans}}
 
 
 def pairs_above_zero(matrix):

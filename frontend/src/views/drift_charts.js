@@ -5,6 +5,9 @@ import { replicaColor } from '../colors.js';
 import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis } from './uplot_common.js';
 
 const HEIGHT = 240;
+/** Most lines of the per-replica chart: a run of more replicas is asked for blocks of replicas,
+ * each the worst of its replicas (plugin.py's RUN_VIEW_REPLICA_BLOCKS). */
+export const REPLICA_BLOCKS = 64;
 
 /** 0, 1.23e-7, 0.0123, 1.23, ∞ or — for a divergence value. */
 export function fmtDrift(v) {
@@ -114,7 +117,24 @@ export function createDriftChart(target, { variables, zoom, width }) {
   });
 }
 
-/** One variable (chosen among the top ones), one line per replica. */
+/**
+ * The lines of the per-replica chart: each replica but replica 0 (the reference), or each block
+ * of replicas when the series came pooled (`{column, label}`; a block's value is its worst).
+ */
+export function deviationLines(variables, deviceName) {
+  const ids = variables.replicas;
+  if (variables.pooled) {
+    return variables.pooled.blocks.map(([first, last], c) => ({
+      column: c,
+      label: first === last ? `replica ${ids[first]}` : `replicas ${ids[first]}–${ids[last]}`,
+    }));
+  }
+  return ids
+    .map((id, r) => ({ column: r, label: deviceName(r) ? `replica ${id} (${deviceName(r)})` : `replica ${id}` }))
+    .filter(({ column: r }) => r > 0);
+}
+
+/** One variable (chosen among the top ones), one line per replica (per block of many). */
 export function createDeviationChart(target, { variables, zoom, width, deviceName }) {
   const top = variables.top;
   if (!variables.steps.length || !top.length) {
@@ -122,9 +142,10 @@ export function createDeviationChart(target, { variables, zoom, width, deviceNam
     return {};
   }
   const select = h('select', { id: 'deviation-variable' }, top.map((t, i) => h('option', { value: String(i) }, t.name)));
-  const exactNote = variables.exact_steps.length
+  const exactNote = (variables.exact_steps.length
     ? `Exact check at ${variables.exact_steps.length} of ${variables.steps.length} logged steps; elsewhere estimated from the fingerprints.`
-    : 'Estimated from per-copy fingerprints (exact for variables of at most 64 elements).';
+    : 'Estimated from per-copy fingerprints (exact for variables of at most 64 elements).')
+    + (variables.pooled ? ` ${variables.replicas.length} replicas in ${variables.pooled.blocks.length} blocks, each line the worst replica of its block.` : '');
   const box = h('div', { class: 'chart' });
   target.append(h('div', { class: 'run-picker' }, [h('label', { for: 'deviation-variable' }, 'Variable'), select, h('span', { class: 'muted' }, exactNote)]), box);
   let view = null;
@@ -132,13 +153,14 @@ export function createDeviationChart(target, { variables, zoom, width, deviceNam
     view?.destroy?.();
     box.replaceChildren();
     const t = top[i];
-    const replicas = variables.replicas.map((id, r) => ({ id, r })).filter(({ r }) => r > 0);
+    const lines = deviationLines(variables, deviceName);
     box.dataset.variable = t.name;
+    box.dataset.lines = String(lines.length);
     view = chart(box, {
       steps: variables.steps,
-      columns: replicas.map(({ r }) => column(t.rel_l2.map((row) => row?.[r] ?? null))),
-      labels: replicas.map(({ id, r }) => (deviceName(r) ? `replica ${id} (${deviceName(r)})` : `replica ${id}`)),
-      colors: replicas.map(({ r }) => replicaColor(r)),
+      columns: lines.map(({ column: c }) => column(t.rel_l2.map((row) => row?.[c] ?? null))),
+      labels: lines.map(({ label }) => label),
+      colors: lines.map(({ column: c }) => replicaColor(c)),
       zoom,
       width,
       tolerance: variables.tolerance,

@@ -8,14 +8,14 @@ import numpy as np
 
 from tb_replica_plugin import analysis
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import bucket_max, floats, nanmax
+from tb_replica_plugin.core.downsample import bucket_max, floats, nanmax, pool_replicas
 
 DEFAULT_TOP = 5
 TOP_RANGE = (1, 1000)
 REPORT_TOP = 5  # most divergent variables with per-step series in the report
 
 
-def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None):
+def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None, replica_blocks=None):
     """The `/variables` response body (and the report's `variables` block) for one run.
 
     Args:
@@ -24,6 +24,9 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None):
       top: how many of the most divergent variables get per-step, per-replica series.
       max_points: most buckets on the step axis (None: every logged step); a bucket keeps the
         largest value of each series over its steps.
+      replica_blocks: with more replicas than this, the top variables' per-replica series
+        are sent as this many blocks of replicas, each the largest value of its replicas
+        (`core.downsample.pool_replicas`), with `pooled`.
 
     Returns:
       The JSON-ready dict documented in `http_api.md`.
@@ -52,6 +55,7 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None):
         starts = np.arange(0, count, bucket)
         rel, max_abs = bucket_max(rel, starts), bucket_max(max_abs, starts)
         steps = steps[starts]
+    (rel, max_abs), pooled = pool_replicas([rel, max_abs], replica_blocks)
     rows = []
     for index, variable in enumerate(series.variables):
         per_variable = series.rel_l2[:, index, :]
@@ -101,6 +105,7 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None):
         "top": top_rows,
         "rotation": rotation_body(series),
         "notes": series.notes,
+        **pooled,
     }
 
 
@@ -132,12 +137,21 @@ def parse_top(raw):
     return args.parse_int("top", raw, DEFAULT_TOP, TOP_RANGE)
 
 
-ARGS = {"max_points": args.parse_max_points, "top": parse_top}
+ARGS = {
+    "max_points": args.parse_max_points,
+    "top": parse_top,
+    "replica_blocks": args.parse_replica_blocks,
+}
 
 
 def body(run, run_data, parsed):
     """The `/variables` body of a run (empty lists when it recorded no variables)."""
-    result = variables_body(run_data.variables, top=parsed["top"], max_points=parsed["max_points"])
+    result = variables_body(
+        run_data.variables,
+        top=parsed["top"],
+        max_points=parsed["max_points"],
+        replica_blocks=parsed["replica_blocks"],
+    )
     result["run"] = run
     return result
 
