@@ -53,10 +53,10 @@ WARM_ENV = "TB_REPLICA_WARM"
 _CONTENT_TYPES = {".js": "text/javascript", ".css": "text/css", ".map": "application/json"}
 
 
-# The tab's run view (frontend/src/sections.js: MAX_POINTS, MAX_CELLS, TOP_VARIABLES;
-# views/match_matrix.js: CANVAS_SIDE; views/drift_charts.js: REPLICA_BLOCKS): at most this many
-# steps, fewer when steps × replicas would pass MAX_CELLS; the most divergent variables; match
-# matrices cut to this many blocks; per-replica drift series cut to this many replica blocks.
+# The tab's run view (frontend/src/sections.js: MAX_POINTS, MAX_CELLS, TOP_VARIABLES,
+# REPLICA_BLOCKS; views/match_matrix.js: CANVAS_SIDE): at most this many steps, fewer when steps
+# × replicas would pass MAX_CELLS; the most divergent variables; match matrices cut to this many
+# blocks; per-replica drift and gradient series cut to this many blocks of replicas.
 RUN_VIEW_MAX_POINTS = 10000
 RUN_VIEW_MAX_CELLS = 262144
 RUN_VIEW_TOP = 8
@@ -74,7 +74,7 @@ def run_view_query(replicas):
       `{"max_points", "top", "matrix_side", "replica_blocks"}` (strings):
       `RUN_VIEW_MAX_POINTS` steps, or fewer so that steps × replicas stay within
       `RUN_VIEW_MAX_CELLS` (at least 2), `RUN_VIEW_TOP` variables, match matrices cut to
-      `RUN_VIEW_MATRIX_SIDE` blocks and drift series to `RUN_VIEW_REPLICA_BLOCKS` blocks.
+      `RUN_VIEW_MATRIX_SIDE` blocks and per-replica series to `RUN_VIEW_REPLICA_BLOCKS` blocks.
 
     Example:
       >>> run_view_query(2048)

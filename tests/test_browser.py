@@ -286,10 +286,11 @@ def test_watched_values_section(demo_server, browser):
     page.close()
 
 
-def test_the_drift_of_many_replicas_is_drawn_in_blocks(demo_server, browser):
-    """Beyond 64 replicas the per-replica drift chart draws the blocks /variables sends
-    (`replica_blocks=64`), one line each, labelled with its replicas. skipped_allreduce's answer
-    is widened to 100 replicas (25 copies of its 4) and cut as the server cuts it."""
+def test_series_of_many_replicas_are_drawn_in_blocks(demo_server, browser):
+    """Beyond 64 replicas the per-replica drift and gradient charts draw the blocks /variables
+    and /gradients send (`replica_blocks=64`), one line each, labelled with its replicas.
+    skipped_allreduce's and gradient_outlier's answers are widened to 100 replicas (25 copies of
+    their 4) and cut as the server cuts them."""
     import numpy as np
 
     from tb_replica_plugin.core.downsample import floats, pool_replicas
@@ -328,6 +329,36 @@ def test_the_drift_of_many_replicas_is_drawn_in_blocks(demo_server, browser):
     legend = page.inner_text('[data-view="deviation"]')
     assert "replicas 0–1" in legend and "replicas 97–98" in legend and "replica 99" in legend
     assert "100 replicas in 64 blocks" in legend
+
+    def pooled_gradients(route):  # gradient_outlier widened the same way
+        asked.append(route.request.url)
+        body = route.fetch().json()
+        size = len(body["replicas"])
+        body["replicas"] = list(range(100))
+        for key in ("global_norm", "ratio", "loss", "layer_norms", "layer_ratio"):
+            wide = np.array([[row[r % size] for r in range(100)] for row in body[key]], float)
+            (cut,), fields = pool_replicas([wide], 64)
+            body[key] = floats(cut)
+        for event in body["nonfinite"]:
+            for key in ("grad_nan", "grad_inf", "loss_nan", "loss_inf"):
+                event[key] = [event[key][r % size] for r in range(100)]
+        body.update(fields)
+        route.fulfill(json=body)
+
+    asked.clear()
+    page.route("**/data/plugin/replicas/gradients?*", pooled_gradients)
+    page.goto(
+        demo_server.url + "/data/plugin_entry.html?name=replicas#run=gradient_outlier%2Freplicas",
+        wait_until="load",
+    )
+    wait_ready(page.main_frame)
+    assert asked and all("replica_blocks=64" in url for url in asked)
+    section = page.inner_text('[data-view="gradients"]')
+    # Replica 2 (the outlier) and 3 are block 1; the largest ratio names the block.
+    assert "Largest ratio to the median of the other replicas: replicas 2–3, ×" in section
+    assert "100 replicas in 64 blocks" in section
+    norm = page.inner_text('[data-view="gradients"] [data-part="norm"]')
+    assert "replicas 0–1" in norm and "replica 99" in norm and "replica 2\n" not in norm
     assert errors == []
     page.close()
 

@@ -328,6 +328,15 @@ def test_rng_data_and_replica_blocks_routes_on_rustboard(demo_logs):
                 assert pooled[key] == [[max(r[:2]), r[2], r[3]] for r in every[key]], key
             assert pooled["max_rel_l2"] == every["max_rel_l2"] and max(every["max_rel_l2"]) > 0
         assert blocks["variables"] == whole["variables"] and blocks["steps"] == whole["steps"]
+        grads = base + "/gradients?run=gradient_outlier/replicas"
+        whole = json.loads(http_get(grads)[1])
+        blocks = json.loads(http_get(grads + "&replica_blocks=3")[1])
+        assert blocks["pooled"] == {"blocks": [[0, 1], [2, 2], [3, 3]]} and "pooled" not in whole
+        for key in ("global_norm", "ratio", "loss", "layer_norms", "layer_ratio"):
+            assert blocks[key] == [[max(r[:2]), r[2], r[3]] for r in whole[key]], key
+            assert len(whole[key]) > 0 and len(whole[key][0]) == 4, key
+        assert max(r[1] for r in blocks["ratio"]) > 10  # replica 2, the outlier: block 1
+        assert blocks["nonfinite"] == whole["nonfinite"] and blocks["steps"] == whole["steps"]
         status, body, _ = http_get(base + "/rng?run=shape_mismatch/replicas")
         assert (status, json.loads(body)["generators"]) == (200, [])
         _, body, _ = http_get(base + "/rng?run=generator_loop/replicas")

@@ -212,6 +212,10 @@ export async function fetchData(run, maxPoints, opts, matrixSide) {
   };
 }
 
+/** `pooled` of per-replica series cut to blocks (`replica_blocks`): `{blocks: [[first, last]]}`
+ * (replica positions), else null. */
+const blocksOf = (value) => (value && Array.isArray(value.blocks) ? { blocks: value.blocks.map((b) => list(b).map(toNumber)) } : null);
+
 /** Weight drift and placement of one run (see http_api.md `/variables`); the top variables'
  * per-replica series of more than `replicaBlocks` replicas come as blocks (`pooled.blocks`:
  * each block's first and last replica position). */
@@ -246,14 +250,15 @@ export async function fetchVariables(run, maxPoints, top, opts, replicaBlocks) {
       rel_l2: matrix(t.rel_l2),
       max_abs: matrix(t.max_abs),
     })),
-    pooled: body.pooled && Array.isArray(body.pooled.blocks) ? { blocks: body.pooled.blocks.map((b) => list(b).map(toNumber)) } : null,
+    pooled: blocksOf(body.pooled),
     notes: list(body.notes),
   };
 }
 
-/** Gradient health per replica of one run (./gradients), non-finite values as JS numbers. */
-export async function fetchGradients(run, maxPoints, step, opts) {
-  const params = { run, max_points: maxPoints };
+/** Gradient health per replica of one run (./gradients), non-finite values as JS numbers; the
+ * series and layer matrix of more than `replicaBlocks` replicas come as blocks (`pooled`). */
+export async function fetchGradients(run, maxPoints, step, opts, replicaBlocks) {
+  const params = { run, max_points: maxPoints, replica_blocks: replicaBlocks };
   if (step != null) params.step = step;
   const body = await fetchJson(`./gradients?${q(params)}`, opts);
   return {
@@ -290,6 +295,7 @@ export async function fetchGradients(run, maxPoints, step, opts) {
         nonfinite_examples: numbers(i.nonfinite_examples),
       })),
     })),
+    pooled: blocksOf(body.pooled),
     notes: list(body.notes),
   };
 }

@@ -2,11 +2,11 @@
 import uplotCss from 'uplot/dist/uPlot.min.css';
 import appCss from './style.css';
 import { h } from './dom.js';
-import { fetchOverview, fetchGradients } from './data.js';
+import { fetchOverview } from './data.js';
 import { createZoom } from './zoom.js';
 import { createOverview } from './views/overview.js';
 import { connectHost, onHost } from './host.js';
-import { SECTIONS, deviceNamer, maxPoints, routeLoaders } from './sections.js';
+import { SECTIONS, deviceNamer, loadGradients, routeLoaders } from './sections.js';
 
 const setState = (s) => (document.body.dataset.state = s);
 let onResize = null;
@@ -162,7 +162,7 @@ export async function render() {
       const reloadGradients = async (step) => {
         setState('loading');
         try {
-          const next = await fetchGradients(runName, maxPoints(run), step, { signal: abort.signal });
+          const next = await loadGradients(run, step, { signal: abort.signal });
           if (abort.signal.aborted) return;
           current.rebuildGradients?.(next);
           setState('ready');

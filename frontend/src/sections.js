@@ -18,7 +18,7 @@ import { createRngView } from './views/rng_view.js';
 import { createDataView } from './views/data_view.js';
 import { createGradients } from './views/gradients.js';
 import { createStepTime } from './views/step_time.js';
-import { createDriftChart, createDeviationChart, REPLICA_BLOCKS } from './views/drift_charts.js';
+import { createDriftChart, createDeviationChart } from './views/drift_charts.js';
 import { createPlacementTable } from './views/placement_table.js';
 import { createWatchView } from './views/watch_view.js';
 
@@ -28,6 +28,9 @@ export const MAX_POINTS = 10000;
 const MAX_CELLS = 262144;
 /** Most divergent variables drawn over steps. */
 const TOP_VARIABLES = 8;
+/** Most lines per chart of per-replica series (drift, gradients): a run of more replicas is
+ * asked for this many blocks of replicas, each the largest value of its replicas. */
+const REPLICA_BLOCKS = 64;
 
 /**
  * The `max_points` the run view asks for `run` (a `/runs` entry): MAX_POINTS steps, fewer when
@@ -37,6 +40,9 @@ const TOP_VARIABLES = 8;
 export function maxPoints(run) {
   return Math.max(2, Math.min(MAX_POINTS, Math.floor(MAX_CELLS / Math.max(1, run.replicas.length))));
 }
+/** The run view's `./gradients` of `run` (a `/runs` entry), its layer matrix at `step` (null:
+ * the server's choice). */
+export const loadGradients = (run, step, opts) => fetchGradients(run.run, maxPoints(run), step, opts, REPLICA_BLOCKS);
 const BATCH_KINDS = new Set(['uneven_batch', 'empty_shard', 'first_batch_uneven']);
 
 /** "CPU:0" from "/job:localhost/replica:0/task:0/device:CPU:0", with the task when tasks differ. */
@@ -150,7 +156,7 @@ export const SECTIONS = [
   {
     name: 'gradients',
     route: 'gradients',
-    load: (run, opts) => (run.families.includes('gradients') ? fetchGradients(run.run, maxPoints(run), null, opts) : null),
+    load: (run, opts) => (run.families.includes('gradients') ? loadGradients(run, null, opts) : null),
     title: 'Gradients per replica',
     description: (ctx) => {
       const grads = ctx.data.gradients;

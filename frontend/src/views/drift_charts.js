@@ -2,12 +2,10 @@
 // Divergence is ||copy_r - copy_0|| / ||copy_0|| (relative L2): 0 means bit-identical copies.
 import { h } from '../dom.js';
 import { replicaColor } from '../colors.js';
+import { spanText } from './match_matrix.js';
 import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis } from './uplot_common.js';
 
 const HEIGHT = 240;
-/** Most lines of the per-replica chart: a run of more replicas is asked for blocks of replicas,
- * each the worst of its replicas (plugin.py's RUN_VIEW_REPLICA_BLOCKS). */
-export const REPLICA_BLOCKS = 64;
 
 /** 0, 1.23e-7, 0.0123, 1.23, ∞ or — for a divergence value. */
 export function fmtDrift(v) {
@@ -126,7 +124,7 @@ export function deviationLines(variables, deviceName) {
   if (variables.pooled) {
     return variables.pooled.blocks.map(([first, last], c) => ({
       column: c,
-      label: first === last ? `replica ${ids[first]}` : `replicas ${ids[first]}–${ids[last]}`,
+      label: spanText(ids, first, last, null),
     }));
   }
   return ids

@@ -2,7 +2,7 @@
 // the others), loss per replica, a layer × replica heatmap at a chosen step, and NaN/Inf markers.
 import { h, fmt } from '../dom.js';
 import { replicaColor, scaleRgb, rgbCss, scaleGradient } from '../colors.js';
-import { replicaText } from './match_matrix.js';
+import { replicaText, spanText } from './match_matrix.js';
 import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis } from './uplot_common.js';
 
 const HEIGHT = 220;
@@ -25,6 +25,23 @@ export function eventText(e, replicas, workerOf = () => null) {
     if (bits.length) parts.push(`${replicaText(id, workerOf)}: ${bits.join(', ')}`);
   });
   return parts.join('; ');
+}
+
+/**
+ * The lines of the charts and the heatmap's columns: each replica, or each block of replicas when
+ * the body came pooled (`{label, head(colW), replica}`: `replica` is the replica's id, null for a
+ * block; a block's values are the largest of its replicas').
+ */
+export function gradientColumns(grads, workerOf = () => null) {
+  const { replicas } = grads;
+  if (grads.pooled) {
+    return grads.pooled.blocks.map(([first, last]) => ({
+      label: spanText(replicas, first, last, workerOf),
+      head: () => (first === last ? String(replicas[first]) : `${replicas[first]}–${replicas[last]}`),
+      replica: first === last ? replicas[first] : null,
+    }));
+  }
+  return replicas.map((id) => ({ label: replicaText(id, workerOf), head: (colW) => columnText(id, colW, workerOf), replica: id }));
 }
 
 /** A heatmap column header: "w1 r3" (replica 3 on worker_1) in a job, as wide as fits. */
@@ -114,9 +131,10 @@ function lineChart(target, { steps, columns, labels, yLabel, log, zoom, width, v
 
 /** The layer × replica heatmap of gradient norms at one step (canvas). */
 function layerHeatmap(target, { grads, width, threshold, workerOf }) {
-  const { variables, replicas, layer_norms: norms, layer_ratio: ratio } = grads;
+  const { variables, layer_norms: norms, layer_ratio: ratio } = grads;
+  const columns = gradientColumns(grads, workerOf);
   const V = variables.length;
-  const R = replicas.length;
+  const R = columns.length;
   const labelW = Math.min(280, Math.max(120, Math.floor(width * 0.3)));
   const rowH = 20;
   const headH = 18;
@@ -162,7 +180,7 @@ function layerHeatmap(target, { grads, width, threshold, workerOf }) {
     ctx.textBaseline = 'middle';
     ctx.fillStyle = '#616161';
     ctx.textAlign = 'center';
-    if (colW >= 40 || R <= 16) replicas.forEach((id, r) => ctx.fillText(columnText(id, colW, workerOf), labelW + r * colW + colW / 2, headH / 2));
+    if (colW >= 40 || R <= 16) columns.forEach((c, r) => ctx.fillText(c.head(colW), labelW + r * colW + colW / 2, headH / 2));
     for (let v = 0; v < V; v++) {
       const y = headH + v * rowH;
       ctx.fillStyle = '#424242';
@@ -195,7 +213,7 @@ function layerHeatmap(target, { grads, width, threshold, workerOf }) {
     }
     tooltip.replaceChildren(
       h('div', { class: 'tt-title' }, variables[v]),
-      h('div', {}, `${replicaText(replicas[r], workerOf)} · step ${grads.layer_step}`),
+      h('div', {}, `${columns[r].label} · step ${grads.layer_step}`),
       h('div', {}, [h('b', {}, 'norm: '), fmt(norms[v]?.[r], 4)]),
       h('div', {}, [h('b', {}, 'ratio to median of others: '), ratioText(ratio[v]?.[r])]),
     );
@@ -238,7 +256,8 @@ export function batchCell(run, captured, workerOf = () => null) {
 
 export function createGradients(target, { grads, zoom, width, threshold, onStep, workerOf = () => null }) {
   const { steps, replicas, nonfinite: events } = grads;
-  const labels = replicas.map((id) => replicaText(id, workerOf));
+  const columns = gradientColumns(grads, workerOf);
+  const labels = columns.map((c) => c.label);
   const views = [];
   const what =
     grads.scaling === 'replica_loss'
@@ -249,8 +268,9 @@ export function createGradients(target, { grads, zoom, width, threshold, onStep,
     what,
     ' ',
     peak
-      ? h('span', { dataset: { peakReplica: String(replicas[peak.r]) } }, `Largest ratio to the median of the other replicas: ${replicaText(replicas[peak.r], workerOf)}, ×${ratioText(peak.ratio)} at step ${steps[peak.i]}.`)
+      ? h('span', { dataset: { peakReplica: String(columns[peak.r].replica ?? '') } }, `Largest ratio to the median of the other replicas: ${columns[peak.r].label}, ×${ratioText(peak.ratio)} at step ${steps[peak.i]}.`)
       : null,
+    grads.pooled ? ` ${replicas.length} replicas in ${columns.length} blocks: each line and column the largest value of its replicas.` : null,
   ]);
   target.append(summary);
 
@@ -265,7 +285,7 @@ export function createGradients(target, { grads, zoom, width, threshold, onStep,
       h('p', { class: 'muted' }, `1 = like the others; the dashed orange line is the outlier threshold (${fmt(threshold)}×). Red dashed lines: steps with NaN/Inf.`),
       ratioBox,
     );
-    const column = (m) => replicas.map((_, r) => steps.map((_, i) => positive(m[i]?.[r])));
+    const column = (m) => columns.map((_, r) => steps.map((_, i) => positive(m[i]?.[r])));
     views.push(
       lineChart(normBox, {
         steps,
@@ -297,7 +317,7 @@ export function createGradients(target, { grads, zoom, width, threshold, onStep,
       views.push(
         lineChart(lossBox, {
           steps,
-          columns: replicas.map((_, r) => steps.map((_, i) => finite(grads.loss[i]?.[r]))),
+          columns: columns.map((_, r) => steps.map((_, i) => finite(grads.loss[i]?.[r]))),
           labels,
           yLabel: 'local loss',
           log: false,

@@ -7,6 +7,17 @@ export function replicaText(id, workerOf) {
   return worker ? `replica ${id} · ${worker}` : `replica ${id}`;
 }
 
+/**
+ * Replicas `first`..`last` (positions in `replicas`) as one label: "replica 3", "replicas 0–31",
+ * with their workers in a job ("replicas 0–31 · worker_0–worker_3").
+ */
+export function spanText(replicas, first, last, workerOf) {
+  if (first === last) return replicaText(replicas[first], workerOf);
+  const [a, b] = [workerOf?.(replicas[first]), workerOf?.(replicas[last])];
+  const workers = a && b ? ` · ${a === b ? a : `${a}–${b}`}` : '';
+  return `replicas ${replicas[first]}–${replicas[last]}${workers}`;
+}
+
 /** A header row naming each worker over its (consecutive) replicas' columns, or null. */
 function workerRow(replicas, workerOf) {
   const groups = [];
@@ -87,7 +98,7 @@ function createMatchCanvas({ replicas, matrix, cellText, title, workerOf, pooled
   const blockText = (i) => {
     const first = Math.ceil((i * R) / P);
     const last = Math.ceil(((i + 1) * R) / P) - 1;
-    return first === last ? replicaText(replicas[first], workerOf) : `replicas ${replicas[first]}–${replicas[last]}`;
+    return spanText(replicas, first, last, workerOf);
   };
   const canvas = h('canvas', { class: 'match-canvas', dataset: { replicas: R, matches, blocks: pooled ? P : '' } });
   canvas.width = P;

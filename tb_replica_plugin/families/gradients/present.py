@@ -9,7 +9,7 @@ import io
 import numpy as np
 
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import bucket_max, float32_list, json_floats
+from tb_replica_plugin.core.downsample import bucket_max, float32_list, json_floats, pool_replicas
 from tb_replica_plugin.families.gradients import rules
 
 ARGS = {
@@ -17,10 +17,11 @@ ARGS = {
     "step": args.parse_step,
     "batch_step": args.parse_optional_int("batch_step"),
     "batch_replica": args.parse_optional_int("batch_replica"),
+    "replica_blocks": args.parse_replica_blocks,
 }
 
 
-def gradients_body(series, max_points, step=None):
+def gradients_body(series, max_points, step=None, replica_blocks=None):
     """The `/gradients` response body for a `read.GradientsSeries` (see `http_api.md`).
 
     Args:
@@ -29,6 +30,9 @@ def gradients_body(series, max_points, step=None):
       step: the step of the layer × replica matrix: the last logged step at or before it (the
         first logged step if none). None: the logged step with the largest ratio to the median
         (the likeliest outlier), else the last logged step.
+      replica_blocks: with more replicas than this, the per-replica series and the layer
+        matrix are sent as this many blocks of replicas, each the largest value of its
+        replicas (ratios taken before), with `pooled`.
 
     Returns:
       The JSON-ready dict.
@@ -50,13 +54,15 @@ def gradients_body(series, max_points, step=None):
             finite = np.where(np.isfinite(full_ratio), full_ratio, 0.0)
             peak = finite.max(axis=1) if finite.size else finite
             layer_index = int(np.argmax(peak)) if peak.size and peak.max() > 1.0 else count - 1
+    (norms, ratio, loss), pooled = pool_replicas([norms, ratio, loss], replica_blocks)
     if layer_index is None:
         layer_step, layer_norms, layer_ratio = None, [], []
     else:
         matrix = series.variable_norms[layer_index]
         layer_step = int(series.steps[layer_index])
-        layer_norms = float32_list(matrix)
-        layer_ratio = float32_list(np.float32(rules.ratio_to_median(matrix)))
+        layers, _ = pool_replicas([matrix, rules.ratio_to_median(matrix)], replica_blocks)
+        layer_norms = float32_list(layers[0])
+        layer_ratio = float32_list(np.float32(layers[1]))
     return {
         "run": series.run,
         "replicas": series.replicas,
@@ -83,6 +89,7 @@ def gradients_body(series, max_points, step=None):
             for event_step, counts in zip(series.nonfinite_steps, series.nonfinite, strict=True)
         ],
         "batches": [captured.to_json() for captured in series.batches],
+        **pooled,
     }
 
 
@@ -98,7 +105,9 @@ def body(run, run_data, parsed):
         return batch_download(
             run, run_data.gradients, parsed["batch_step"], parsed["batch_replica"]
         )
-    result = gradients_body(run_data.gradients, parsed["max_points"], parsed["step"])
+    result = gradients_body(
+        run_data.gradients, parsed["max_points"], parsed["step"], parsed["replica_blocks"]
+    )
     result["notes"] = run_data.notes
     return result
 
