@@ -17,12 +17,22 @@ import time
 from tb_replica_plugin import analysis, reader
 from tb_replica_plugin.core.cache import ByteLRU, SingleFlight
 
-__all__ = ["DEFAULT_CACHE_BYTES", "WARM_BACKOFF", "RunStore", "downsample_from_hint"]
+__all__ = [
+    "DEFAULT_CACHE_BYTES",
+    "LISTING_REUSE_SECONDS",
+    "WARM_BACKOFF",
+    "RunStore",
+    "downsample_from_hint",
+]
 
 # The cache's budget: runs, merged jobs, findings and `/runs` entries of the tab.
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
 # A run computed ahead (`RunStore.warm`) waits this many times what that took before the next.
 WARM_BACKOFF = 10
+# A listing started less than this many seconds ago answers later requests too: the tab asks
+# 8 routes within about a second when it opens a run (listing a 256-worker job costs about
+# 0.1 s of CPU each time), and TensorBoard reloads its data every few seconds anyway.
+LISTING_REUSE_SECONDS = 1.0
 
 
 def downsample_from_hint(hint):
@@ -58,7 +68,13 @@ class RunStore:
     """
 
     def __init__(
-        self, provider, max_bytes=DEFAULT_CACHE_BYTES, downsample=reader.ALL_SAMPLES, run_view=None
+        self,
+        provider,
+        max_bytes=DEFAULT_CACHE_BYTES,
+        downsample=reader.ALL_SAMPLES,
+        run_view=None,
+        listing_reuse_s=LISTING_REUSE_SECONDS,
+        clock=time.monotonic,
     ):
         """Args:
         provider: a TensorBoard `DataProvider`.
@@ -68,25 +84,40 @@ class RunStore:
           run's view asks for (see `body`). When a run's full read is too large to keep (a
           large job), `summaries` builds them from it, so opening the run does not read it
           again.
+        listing_reuse_s: a listing started less than this many seconds ago answers
+          `list_runs` (0: every request lists).
+        clock: monotonic seconds (`time.monotonic`), for `listing_reuse_s`.
         """
         self._provider = provider
         self._downsample = downsample
         self._run_view = run_view
+        self.listing_reuse_s = listing_reuse_s
+        self._clock = clock
         self.cache = ByteLRU(max_bytes)
         self._listing = SingleFlight()
+        self._recent_listing = {}  # experiment id -> (monotonic start, listing)
         self.computed = collections.Counter()
         self._lock = threading.Lock()
 
     def list_runs(self, ctx, experiment_id):
         """`reader.list_runs`: the provider's metadata of this plugin's runs.
 
-        Never cached, but a request that asks while another request's listing of the same
-        experiment is under way gets that listing (the tab asks 7 routes at once; listing a
-        256-worker job costs about 0.1 s of CPU).
+        A request gets the listing of the same experiment started less than
+        `listing_reuse_s` ago, or under way in another request's thread; else it lists.
         """
-        return self._listing.run(
-            experiment_id, lambda: reader.list_runs(self._provider, ctx, experiment_id)
-        )
+        with self._lock:
+            recent = self._recent_listing.get(experiment_id)
+        if recent is not None and self._clock() - recent[0] < self.listing_reuse_s:
+            return recent[1]
+
+        def listing():
+            started = self._clock()
+            runs = reader.list_runs(self._provider, ctx, experiment_id)
+            with self._lock:
+                self._recent_listing[experiment_id] = (started, runs)
+            return runs
+
+        return self._listing.run(experiment_id, listing)
 
     @staticmethod
     def version(runs, name):

@@ -223,5 +223,7 @@ def wsgi_app(logdir):
     multiplexer.Reload()
     provider = data_provider.MultiplexerDataProvider(multiplexer, logdir)
     context = base_plugin.TBContext(logdir=logdir, data_provider=provider, multiplexer=multiplexer)
-    app = application.TensorBoardWSGI([ReplicasPlugin(context)], data_provider=provider)
+    plugin = ReplicasPlugin(context)
+    plugin.store.listing_reuse_s = 0  # each request sees the caller's explicit reloads
+    app = application.TensorBoardWSGI([plugin], data_provider=provider)
     return app, multiplexer

@@ -12,6 +12,7 @@ from conftest import REPO, mirrored, write_loop_15_7
 
 from tb_replica_plugin import analysis, metadata, reader, registry
 from tb_replica_plugin.core import cache as cache_lib
+from tb_replica_plugin.store import LISTING_REUSE_SECONDS
 
 PLUGIN = "/data/plugin/replicas"
 
@@ -53,6 +54,7 @@ def serve(logdir, hint=0):
         logdir=logdir, data_provider=provider, sampling_hints={metadata.PLUGIN_NAME: hint}
     )
     plugin = ReplicasPlugin(context)
+    plugin.store.listing_reuse_s = 0  # each request sees the tests' explicit reloads
     app = application.TensorBoardWSGI([plugin], data_provider=provider)
     return werkzeug_test.Client(app), provider, plugin, multiplexer
 
@@ -370,6 +372,7 @@ def test_requests_listing_at_once_share_one_listing(unit_logs):
 
     provider.list_tensors = slow_list_tensors
     store = plugin.store
+    store.listing_reuse_s = LISTING_REUSE_SECONDS
     threads = [
         threading.Thread(target=lambda: listings.append(store.list_runs(ctx, ""))) for _ in range(3)
     ]
@@ -384,8 +387,16 @@ def test_requests_listing_at_once_share_one_listing(unit_logs):
         thread.join(10)
     assert len(calls) == 1 and len(listings) == 3
     assert listings[0] is listings[1] is listings[2] and len(listings[0]) == 4
-    store.list_runs(ctx, "")  # nothing kept: a later request lists again
-    assert len(calls) == 2
+    # A listing started less than LISTING_REUSE_SECONDS ago answers later requests too.
+    now = [store._recent_listing[""][0]]  # when the first listing started
+    store._clock = lambda: now[0]
+    assert store.list_runs(ctx, "") is listings[0] and len(calls) == 1
+    now[0] += store.listing_reuse_s
+    assert store.list_runs(ctx, "") is not listings[0] and len(calls) == 2
+    assert store.list_runs(ctx, "") is store.list_runs(ctx, "") and len(calls) == 2
+    store.listing_reuse_s = 0  # every request lists
+    store.list_runs(ctx, "")
+    assert len(calls) == 3
 
 
 def test_with_needs_and_family_tags():
