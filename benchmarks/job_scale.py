@@ -50,7 +50,7 @@ RUN_VIEW = (
     "/findings?run={run}",
     "/inputs?run={run}&max_points={max_points}",
     "/step_time?run={run}&max_points={max_points}",
-    "/gradients?run={run}&max_points={max_points}",
+    "/gradients?run={run}&max_points={max_points}&replica_blocks={replica_blocks}",
     "/rng?run={run}&max_points={max_points}&matrix_side={matrix_side}",
     "/data?run={run}&max_points={max_points}&matrix_side={matrix_side}",
     "/variables?run={run}&max_points={max_points}&top={top}&replica_blocks={replica_blocks}",

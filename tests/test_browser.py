@@ -699,7 +699,7 @@ def test_a_run_of_many_replicas_is_asked_for_fewer_steps(demo_server, browser):
     assert all("max_points=128&" in url or url.endswith("max_points=128") for url in asked)
     assert run_view_query(2048)["max_points"] == "128"
     assert "matrix_side=640" in routes["rng"] and "matrix_side=640" in routes["data"]
-    assert "replica_blocks=64" in routes["variables"]
+    assert "replica_blocks=64" in routes["variables"] and "replica_blocks=64" in routes["gradients"]
 
     asked.clear()
     page.unroute("**/data/plugin/replicas/overview")

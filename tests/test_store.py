@@ -355,6 +355,22 @@ def test_byte_lru_computes_a_key_once_for_threads_missing_it_together():
     assert lru.get_or_compute("bad", lambda: [1]) == [1] and not len(lru._computing)
 
 
+def test_the_scale_benchmark_asks_each_route_with_the_tabs_arguments():
+    """`benchmarks.job_scale` measures the run view the plugin computes ahead: each of its
+    paths passes every argument of `run_view_query` that the family's route takes."""
+    import urllib.parse
+
+    from benchmarks.job_scale import RUN_VIEW
+    from tb_replica_plugin.plugin import run_view_query
+
+    query = run_view_query(2048)
+    routes = {f.route: f for f in registry.families() if f.route}
+    for path in RUN_VIEW[1:]:  # after /findings
+        route, _, arguments = path.partition("?")
+        asked = set(urllib.parse.parse_qs(arguments)) - {"run"}
+        assert asked == set(routes[route].present.ARGS) & set(query), path
+
+
 def test_requests_listing_at_once_share_one_listing(unit_logs):
     import time
 
