@@ -56,6 +56,8 @@ class RunStore:
 
     Attributes:
       cache: the `ByteLRU` holding `RunData`, findings and `/runs` entries.
+      listing_reuse_s: how long (seconds) a listing of the provider's runs answers later
+        requests (`list_runs`; 0: each request lists).
       computed: `collections.Counter` of computations by kind (`"read"`: a run or job read
         for a route, `"summary"`: a run or job read in full and its findings computed,
         `"view"`: a run view's bodies built from a full read too large to keep, `"warm"`: a
@@ -113,7 +115,12 @@ class RunStore:
         def listing():
             started = self._clock()
             runs = reader.list_runs(self._provider, ctx, experiment_id)
-            with self._lock:
+            with self._lock:  # keeps the listings still young enough to answer, this one too
+                self._recent_listing = {
+                    key: value
+                    for key, value in self._recent_listing.items()
+                    if started - value[0] < self.listing_reuse_s
+                }
                 self._recent_listing[experiment_id] = (started, runs)
             return runs
 

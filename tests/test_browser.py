@@ -299,24 +299,37 @@ def test_series_of_many_replicas_are_drawn_in_blocks(demo_server, browser):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     asked = []
+    _, blocks = pool_replicas([np.zeros((1, 100))], 64)  # {"pooled": {"blocks": [...]}}
 
-    def pooled(route):
+    def widened(values, size):  # 100 replicas: 25 copies of the `size` answered
+        return [values[r % size] for r in range(100)]
+
+    def in_blocks(rows, size):  # widened, then cut as the server cuts
+        (cut,), _ = pool_replicas([np.array([widened(row, size) for row in rows], float)], 64)
+        return floats(cut)
+
+    def answer(route, widen):  # the route's real answer, of 100 replicas in 64 blocks
         asked.append(route.request.url)
         body = route.fetch().json()
-        size = len(body["replicas"])
+        widen(body, len(body["replicas"]))
         body["replicas"] = list(range(100))
-        body["devices"] = [body["devices"][r % size] for r in range(100)]
-        for variable in body["variables"]:
-            variable["present"] = [variable["present"][r % size] for r in range(100)]
-        for top in body["top"]:
-            for key in ("rel_l2", "max_abs"):
-                wide = np.array([[row[r % size] for r in range(100)] for row in top[key]], float)
-                (cut,), fields = pool_replicas([wide], 64)
-                top[key] = floats(cut)
-        body.update(fields)
-        route.fulfill(json=body)
+        route.fulfill(json={**body, **blocks})
 
-    page.route("**/data/plugin/replicas/variables?*", pooled)
+    def variables(body, size):
+        body["devices"] = widened(body["devices"], size)
+        for variable in body["variables"]:
+            variable["present"] = widened(variable["present"], size)
+        for top in body["top"]:
+            top["rel_l2"], top["max_abs"] = (in_blocks(top[k], size) for k in ("rel_l2", "max_abs"))
+
+    def gradients(body, size):
+        for key in ("global_norm", "ratio", "loss", "layer_norms", "layer_ratio"):
+            body[key] = in_blocks(body[key], size)
+        for event in body["nonfinite"]:
+            for key in ("grad_nan", "grad_inf", "loss_nan", "loss_inf"):
+                event[key] = widened(event[key], size)
+
+    page.route("**/data/plugin/replicas/variables?*", lambda route: answer(route, variables))
     page.goto(
         demo_server.url
         + "/data/plugin_entry.html?name=replicas#run=weight_drift%2Fskipped_allreduce",
@@ -330,23 +343,8 @@ def test_series_of_many_replicas_are_drawn_in_blocks(demo_server, browser):
     assert "replicas 0–1" in legend and "replicas 97–98" in legend and "replica 99" in legend
     assert "100 replicas in 64 blocks" in legend
 
-    def pooled_gradients(route):  # gradient_outlier widened the same way
-        asked.append(route.request.url)
-        body = route.fetch().json()
-        size = len(body["replicas"])
-        body["replicas"] = list(range(100))
-        for key in ("global_norm", "ratio", "loss", "layer_norms", "layer_ratio"):
-            wide = np.array([[row[r % size] for r in range(100)] for row in body[key]], float)
-            (cut,), fields = pool_replicas([wide], 64)
-            body[key] = floats(cut)
-        for event in body["nonfinite"]:
-            for key in ("grad_nan", "grad_inf", "loss_nan", "loss_inf"):
-                event[key] = [event[key][r % size] for r in range(100)]
-        body.update(fields)
-        route.fulfill(json=body)
-
     asked.clear()
-    page.route("**/data/plugin/replicas/gradients?*", pooled_gradients)
+    page.route("**/data/plugin/replicas/gradients?*", lambda route: answer(route, gradients))
     page.goto(
         demo_server.url + "/data/plugin_entry.html?name=replicas#run=gradient_outlier%2Freplicas",
         wait_until="load",
