@@ -48,7 +48,7 @@ PLUGIN = "/data/plugin/replicas"
 # What the tab's run view asks (frontend/src/sections.js; the arguments: plugin.run_view_query).
 RUN_VIEW = (
     "/findings?run={run}",
-    "/inputs?run={run}&max_points={max_points}",
+    "/inputs?run={run}&max_points={max_points}&replica_blocks={replica_blocks}",
     "/step_time?run={run}&max_points={max_points}",
     "/gradients?run={run}&max_points={max_points}&replica_blocks={replica_blocks}",
     "/rng?run={run}&max_points={max_points}&matrix_side={matrix_side}",

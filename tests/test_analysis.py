@@ -167,6 +167,9 @@ def test_per_replica_series_are_cut_to_blocks_of_replicas():
     assert fields["pooled"]["blocks"][:2] == [[0, 31], [32, 63]]
     assert block_starts(2048, 64).tolist() == list(range(0, 2048, 32))
     assert block_starts(5, 2).tolist() == [0, 3] and block_starts(3, 8).tolist() == [0, 1, 2]
+    sizes = np.array([[4, 0, 4, 3, 4]])  # batch sizes: a block keeps its smallest
+    (low, high), _ = pool_replicas([sizes, sizes], 2, smallest=(0,))
+    assert low.tolist() == [[0, 3]] and high.tolist() == [[4.0, 4.0]]
 
 
 def test_findings_messages_and_thresholds():

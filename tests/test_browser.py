@@ -322,6 +322,13 @@ def test_series_of_many_replicas_are_drawn_in_blocks(demo_server, browser):
         for top in body["top"]:
             top["rel_l2"], top["max_abs"] = (in_blocks(top[k], size) for k in ("rel_l2", "max_abs"))
 
+    def inputs(body, size):  # batch sizes: the smallest of a block (the largest for _max)
+        body["devices"] = widened(body["devices"], size)
+        for key in ("batch_size", "batch_size_min", "batch_size_max"):
+            wide = np.array([widened(row, size) for row in body[key]])
+            (cut,), _ = pool_replicas([wide], 64, smallest=() if key.endswith("max") else (0,))
+            body[key] = cut.tolist()
+
     def gradients(body, size):
         for key in ("global_norm", "ratio", "loss", "layer_norms", "layer_ratio"):
             body[key] = in_blocks(body[key], size)
@@ -356,7 +363,20 @@ def test_series_of_many_replicas_are_drawn_in_blocks(demo_server, browser):
     assert "Largest ratio to the median of the other replicas: replicas 2–3, ×" in section
     assert "100 replicas in 64 blocks" in section
     norm = page.inner_text('[data-view="gradients"] [data-part="norm"]')
-    assert "replicas 0–1" in norm and "replica 99" in norm and "replica 2\n" not in norm
+    assert "replicas 0–1" in norm and "replicas 2–3" in norm and "replica 99" in norm
+
+    asked.clear()
+    for route in ("variables", "gradients"):  # one widened route per run
+        page.unroute(f"**/data/plugin/replicas/{route}?*")
+    page.route("**/data/plugin/replicas/inputs?*", lambda route: answer(route, inputs))
+    page.goto(
+        demo_server.url + "/data/plugin_entry.html?name=replicas#run=empty_last_shard%2Freplicas",
+        wait_until="load",
+    )
+    wait_ready(page.main_frame)
+    assert asked and all("replica_blocks=64" in url for url in asked)
+    batch = page.inner_text('[data-view="batch"]')
+    assert "replicas 0–1" in batch and "replicas 2–3" in batch and "replica 99" in batch
     assert errors == []
     page.close()
 
@@ -697,7 +717,8 @@ def test_a_run_of_many_replicas_is_asked_for_fewer_steps(demo_server, browser):
     assert all("max_points=128&" in url or url.endswith("max_points=128") for url in asked)
     assert run_view_query(2048)["max_points"] == "128"
     assert "matrix_side=640" in routes["rng"] and "matrix_side=640" in routes["data"]
-    assert "replica_blocks=64" in routes["variables"] and "replica_blocks=64" in routes["gradients"]
+    for route in ("inputs", "gradients", "variables"):
+        assert "replica_blocks=64" in routes[route], route
 
     asked.clear()
     page.unroute("**/data/plugin/replicas/overview")

@@ -337,6 +337,16 @@ def test_rng_data_and_replica_blocks_routes_on_rustboard(demo_logs):
             assert len(whole[key]) > 0 and len(whole[key][0]) == 4, key
         assert max(r[1] for r in blocks["ratio"]) > 10  # replica 2, the outlier: block 1
         assert blocks["nonfinite"] == whole["nonfinite"] and blocks["steps"] == whole["steps"]
+        # Batch sizes in blocks: the smallest of a block (an empty shard stays visible), and
+        # the largest for batch_size_max; the imbalance is the replicas'.
+        inputs = base + "/inputs?run=empty_last_shard/replicas"
+        whole = json.loads(http_get(inputs)[1])
+        blocks = json.loads(http_get(inputs + "&replica_blocks=3")[1])
+        assert blocks["pooled"] == {"blocks": [[0, 1], [2, 2], [3, 3]]} and "pooled" not in whole
+        for key, pick in (("batch_size", min), ("batch_size_min", min), ("batch_size_max", max)):
+            assert blocks[key] == [[pick(r[:2]), r[2], r[3]] for r in whole[key]], key
+        assert any(0 in row for row in blocks["batch_size"])  # the empty last shard
+        assert blocks["imbalance"] == whole["imbalance"] and blocks["replicas"] == [0, 1, 2, 3]
         status, body, _ = http_get(base + "/rng?run=shape_mismatch/replicas")
         assert (status, json.loads(body)["generators"]) == (200, [])
         _, body, _ = http_get(base + "/rng?run=generator_loop/replicas")

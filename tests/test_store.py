@@ -290,7 +290,7 @@ def test_a_job_of_many_replicas_gets_its_view_built_with_fewer_steps(tmp_path):
         "matrix_side": "640",
         "replica_blocks": "64",
     }
-    status, body = get_json(client, "/inputs?run=job&max_points=6553")
+    status, body = get_json(client, "/inputs?run=job&max_points=6553&replica_blocks=64")
     assert status == 200 and body["steps"] == [0, 1, 2, 3, 4] and len(body["replicas"]) == 40
     assert plugin.store.computed["read"] == 0
     get_json(client, "/inputs?run=job&max_points=10000")  # not this view's arguments: read

@@ -97,9 +97,14 @@ export async function fetchStepTime(run, maxPoints, opts) {
   };
 }
 
-/** Per-step, per-replica inputs of one run, non-finite values as JS numbers. */
-export async function fetchInputs(run, maxPoints, opts) {
-  const body = await fetchJson(`./inputs?${q({ run, max_points: maxPoints })}`, opts);
+/** `pooled` of per-replica series cut to blocks (`replica_blocks`): `{blocks: [[first, last]]}`
+ * (replica positions), else null. */
+const blocksOf = (value) => (value && Array.isArray(value.blocks) ? { blocks: value.blocks.map((b) => list(b).map(toNumber)) } : null);
+
+/** Per-step, per-replica inputs of one run, non-finite values as JS numbers; the batch sizes of
+ * more than `replicaBlocks` replicas come as blocks (`pooled`). */
+export async function fetchInputs(run, maxPoints, opts, replicaBlocks) {
+  const body = await fetchJson(`./inputs?${q({ run, max_points: maxPoints, replica_blocks: replicaBlocks })}`, opts);
   const batch = matrix(body.batch_size);
   return {
     run: String(body.run ?? run),
@@ -111,6 +116,7 @@ export async function fetchInputs(run, maxPoints, opts) {
     batch_size_max: body.batch_size_max ? matrix(body.batch_size_max) : batch,
     imbalance: numbers(body.imbalance),
     downsampled: Boolean(body.downsampled),
+    pooled: blocksOf(body.pooled),
     shape_events: list(body.shape_events).map((ev) => ({
       step: toNumber(ev.step),
       inputs: list(ev.inputs).map((inp) => ({
@@ -211,10 +217,6 @@ export async function fetchData(run, maxPoints, opts, matrixSide) {
     duplicate_share: matrix(body.duplicate_share),
   };
 }
-
-/** `pooled` of per-replica series cut to blocks (`replica_blocks`): `{blocks: [[first, last]]}`
- * (replica positions), else null. */
-const blocksOf = (value) => (value && Array.isArray(value.blocks) ? { blocks: value.blocks.map((b) => list(b).map(toNumber)) } : null);
 
 /** Weight drift and placement of one run (see http_api.md `/variables`); the top variables'
  * per-replica series of more than `replicaBlocks` replicas come as blocks (`pooled.blocks`:

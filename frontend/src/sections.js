@@ -104,7 +104,7 @@ export const SECTIONS = [
   {
     name: 'batch',
     route: 'inputs',
-    load: (run, opts) => fetchInputs(run.run, maxPoints(run), opts),
+    load: (run, opts) => fetchInputs(run.run, maxPoints(run), opts, REPLICA_BLOCKS),
     title: 'Batch size per replica',
     description: (ctx) =>
       ctx.data.inputs.downsampled

@@ -155,7 +155,7 @@ def block_starts(replicas, blocks):
     return np.searchsorted(np.arange(replicas) * count // replicas, np.arange(count))
 
 
-def pool_replicas(arrays, blocks):
+def pool_replicas(arrays, blocks, smallest=()):
     """Per-replica values cut to blocks of replicas (the last axis), when there are more
     replicas than `blocks`: each block keeps the largest value of its replicas (NaN only when
     all are NaN), so one outlying replica stays visible.
@@ -163,6 +163,8 @@ def pool_replicas(arrays, blocks):
     Args:
       arrays: float arrays [..., R] of one run (same R).
       blocks: a route's `replica_blocks` (None: every replica).
+      smallest: positions in `arrays` of NaN-free arrays whose blocks keep the smallest value
+        instead (batch sizes: an empty shard stays visible).
 
     Returns:
       `(arrays, fields)`: the arrays as they are and `{}` when `blocks` is None or R is at most
@@ -180,7 +182,12 @@ def pool_replicas(arrays, blocks):
     starts = block_starts(replicas, blocks)
     lasts = np.append(starts[1:], replicas) - 1
     spans = [[int(first), int(last)] for first, last in zip(starts, lasts, strict=True)]
-    pooled = [bucket_max(np.asarray(array), starts, axis=-1) for array in arrays]
+    pooled = [
+        np.minimum.reduceat(np.asarray(array), starts, axis=-1)
+        if index in smallest
+        else bucket_max(np.asarray(array), starts, axis=-1)
+        for index, array in enumerate(arrays)
+    ]
     return pooled, {"pooled": {"blocks": spans}}
 
 

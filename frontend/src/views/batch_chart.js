@@ -1,6 +1,7 @@
 // Batch size per replica over steps: uPlot, one stepped line per replica.
 import { h, fmt, shortList } from '../dom.js';
 import { replicaColor } from '../colors.js';
+import { replicaColumns } from './match_matrix.js';
 import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis, steppedOrDense } from './uplot_common.js';
 
 const HEIGHT = 280;
@@ -11,9 +12,10 @@ const finiteOrNull = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : n
  * smallest batch of its bucket, so a single short or empty step stays visible.
  */
 export function createBatchChart(target, { inputs, zoom, width, workerOf = () => null }) {
-  const { steps, replicas, downsampled } = inputs;
+  const { steps, downsampled } = inputs;
   const shown = downsampled ? inputs.batch_size_min : inputs.batch_size;
-  const columns = replicas.map((_, r) => steps.map((_, i) => finiteOrNull(shown[i]?.[r])));
+  const lines = replicaColumns(inputs, workerOf); // each replica, or each block of replicas
+  const columns = lines.map((_, r) => steps.map((_, i) => finiteOrNull(shown[i]?.[r])));
 
   const value = (r) => (u, v, si, idx) => {
     if (idx == null) return '–';
@@ -36,8 +38,8 @@ export function createBatchChart(target, { inputs, zoom, width, workerOf = () =>
     axes: [stepAxis(), valueAxis(downsampled ? 'examples (bucket min)' : 'examples per replica')],
     series: [
       stepSeries,
-      ...replicas.map((id, r) => ({
-        label: workerOf(id) ? `replica ${id} · ${workerOf(id)}` : `replica ${id}`,
+      ...lines.map((line, r) => ({
+        label: line.label,
         stroke: replicaColor(r),
         width: 1.25,
         paths: stepped,
@@ -45,7 +47,7 @@ export function createBatchChart(target, { inputs, zoom, width, workerOf = () =>
         value: value(r),
       })),
     ],
-    cursor: { drag: { x: true, y: false }, points: { show: replicas.length <= 16 } },
+    cursor: { drag: { x: true, y: false }, points: { show: lines.length <= 16 } },
     legend: { live: true },
     hooks: { setCursor: [(u) => showTooltip(u)] },
   };
@@ -56,21 +58,22 @@ export function createBatchChart(target, { inputs, zoom, width, workerOf = () =>
       tooltip.hidden = true;
       return;
     }
-    // Group the visible replicas by batch size: "4 examples: 62 replicas".
+    // Group the visible replicas (or blocks) by batch size: "4 examples: 62 replicas".
     const groups = new Map();
-    replicas.forEach((id, r) => {
+    lines.forEach((line, r) => {
       if (!u.series[r + 1].show) return;
       const v = fmt(shown[idx]?.[r]);
       if (!groups.has(v)) groups.set(v, []);
-      groups.get(v).push(id);
+      groups.get(v).push(line);
     });
-    const rows = [...groups].sort((a, b) => b[1].length - a[1].length);
+    const count = (members) => members.reduce((sum, line) => sum + line.count, 0);
+    const rows = [...groups].sort((a, b) => count(b[1]) - count(a[1]));
     tooltip.replaceChildren(
       h('div', { class: 'tt-title' }, `step ${steps[idx]}${downsampled ? ' (bucket)' : ''}`),
-      ...rows.map(([v, ids]) =>
+      ...rows.map(([v, members]) =>
         h('div', {}, [
           h('b', {}, `${v} ${downsampled ? 'min ' : ''}examples: `),
-          ids.length === 1 ? `replica ${ids[0]}` : `${ids.length} replicas (${shortList(ids, 8)})`,
+          members.length === 1 ? members[0].label : `${count(members)} replicas (${shortList(members.map((m) => m.short), 8)})`,
         ]),
       ),
     );

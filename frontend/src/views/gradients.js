@@ -2,7 +2,7 @@
 // the others), loss per replica, a layer × replica heatmap at a chosen step, and NaN/Inf markers.
 import { h, fmt } from '../dom.js';
 import { replicaColor, scaleRgb, rgbCss, scaleGradient } from '../colors.js';
-import { replicaText, spanText } from './match_matrix.js';
+import { replicaColumns, replicaText } from './match_matrix.js';
 import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis } from './uplot_common.js';
 
 const HEIGHT = 220;
@@ -33,15 +33,10 @@ export function eventText(e, replicas, workerOf = () => null) {
  * block; a block's values are the largest of its replicas').
  */
 export function gradientColumns(grads, workerOf = () => null) {
-  const { replicas } = grads;
-  if (grads.pooled) {
-    return grads.pooled.blocks.map(([first, last]) => ({
-      label: spanText(replicas, first, last, workerOf),
-      head: () => (first === last ? String(replicas[first]) : `${replicas[first]}–${replicas[last]}`),
-      replica: first === last ? replicas[first] : null,
-    }));
-  }
-  return replicas.map((id) => ({ label: replicaText(id, workerOf), head: (colW) => columnText(id, colW, workerOf), replica: id }));
+  return replicaColumns(grads, workerOf).map((c) => ({
+    ...c,
+    head: (colW) => (grads.pooled ? c.short : columnText(c.replica, colW, workerOf)),
+  }));
 }
 
 /** A heatmap column header: "w1 r3" (replica 3 on worker_1) in a job, as wide as fits. */

@@ -4,6 +4,7 @@
 import { h, fmt } from '../dom.js';
 import { PLOT_LEFT as GUTTER_LEFT, PLOT_RIGHT } from './uplot_common.js';
 import { scaleRgb, rgbCss, scaleGradient, EMPTY_RGB, MISSING_RGB } from '../colors.js';
+import { replicaColumns } from './match_matrix.js';
 
 const GUTTER_BOTTOM = 20;
 const FONT = '11px Roboto, sans-serif';
@@ -33,9 +34,10 @@ function niceTicks(lo, hi, max) {
 }
 
 export function createHeatmap(target, { inputs, zoom, width, lastStep, deviceName, workerOf = () => null }) {
-  const { steps, replicas, downsampled } = inputs;
+  const { steps, downsampled } = inputs;
+  const rows = replicaColumns(inputs, workerOf); // each replica, or each block of replicas
   const n = steps.length;
-  const R = replicas.length;
+  const R = rows.length;
   const src = downsampled ? inputs.batch_size_min : inputs.batch_size;
 
   // Values step-major in a typed array (NaN = no value), and the top of the scale.
@@ -141,9 +143,11 @@ export function createHeatmap(target, { inputs, zoom, width, lastStep, deviceNam
     const every = 2 ** Math.ceil(Math.log2(Math.max(1, 13 / rowH)));
     for (let r = 0; r < R; r += every) {
       const y = Math.min(plotH - 6, Math.max(6, r * rowH + rowH / 2));
-      const worker = workerOf(replicas[r]);
+      const { replica, short } = rows[r];
+      const worker = replica == null ? null : workerOf(replica);
       // A job's rows are grouped by worker: "w1 r3" is replica 3 on worker_1.
-      ctx.fillText(worker ? `${worker.replace(/^worker_/, 'w')} r${replicas[r]}` : `replica ${replicas[r]}`, GUTTER_LEFT - 6, y);
+      const text = replica == null ? `replicas ${short}` : worker ? `${worker.replace(/^worker_/, 'w')} r${replica}` : `replica ${replica}`;
+      ctx.fillText(text, GUTTER_LEFT - 6, y);
     }
     ctx.textBaseline = 'top';
     const s0 = steps[i0];
@@ -191,7 +195,7 @@ export function createHeatmap(target, { inputs, zoom, width, lastStep, deviceNam
     const value = lo === Infinity ? '—' : lo === hi ? fmt(lo) : `${fmt(lo)}–${fmt(hi)}`;
     tooltip.replaceChildren(
       h('div', { class: 'tt-title' }, first === last ? `step ${first}` : `steps ${first}–${last}`),
-      h('div', {}, `replica ${replicas[r]}${deviceName(r) ? ` (${deviceName(r)})` : ''}`),
+      h('div', {}, inputs.pooled ? rows[r].label : `replica ${rows[r].replica}${deviceName(r) ? ` (${deviceName(r)})` : ''}`),
       h('div', {}, [h('b', {}, 'batch size: '), value]),
     );
     tooltip.hidden = false;

@@ -18,6 +18,22 @@ export function spanText(replicas, first, last, workerOf) {
   return `replicas ${replicas[first]}–${replicas[last]}${workers}`;
 }
 
+/**
+ * The columns of a body's per-replica values (`replicas`, and `pooled.blocks` when it came cut to
+ * blocks of replicas): `{label, short, replica, count}` each, `replica` the id of a column of one
+ * replica (null for a block), `count` its replicas.
+ */
+export function replicaColumns(body, workerOf = () => null) {
+  const ids = body.replicas;
+  const spans = body.pooled ? body.pooled.blocks : ids.map((_, r) => [r, r]);
+  return spans.map(([first, last]) => ({
+    label: spanText(ids, first, last, workerOf),
+    short: first === last ? String(ids[first]) : `${ids[first]}–${ids[last]}`,
+    replica: first === last ? ids[first] : null,
+    count: last - first + 1,
+  }));
+}
+
 /** A header row naming each worker over its (consecutive) replicas' columns, or null. */
 function workerRow(replicas, workerOf) {
   const groups = [];

@@ -7,17 +7,21 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 import numpy as np
 
 from tb_replica_plugin.core import args, overview
+from tb_replica_plugin.core.downsample import pool_replicas
 from tb_replica_plugin.families.inputs import read
 
-ARGS = {"max_points": args.parse_max_points}
+ARGS = {"max_points": args.parse_max_points, "replica_blocks": args.parse_replica_blocks}
 
 
-def downsample_inputs(series, max_points):
+def downsample_inputs(series, max_points, replica_blocks=None):
     """The `/inputs` response body for a series, cut to at most `max_points` step buckets.
 
     Args:
       series: a `read.InputsSeries`.
       max_points: most buckets on the step axis.
+      replica_blocks: with more replicas than this, the batch sizes are sent as this many
+        blocks of replicas (`batch_size_max`: the largest of a block's replicas; `batch_size`
+        and `batch_size_min`: the smallest), with `pooled`; `imbalance` is taken before.
 
     Returns:
       The JSON-ready dict documented in `http_api.md` (`steps`, `batch_size`, ...).
@@ -38,6 +42,9 @@ def downsample_inputs(series, max_points):
             imbalance = np.where(high == low, 1.0, high / low)
     else:
         imbalance = np.ones(steps.size)
+    (sizes, lows, highs), pooled = pool_replicas(
+        [sizes, lows, highs], replica_blocks, smallest=(0, 1)
+    )
     return {
         "run": series.run,
         "replicas": series.replicas,
@@ -54,6 +61,7 @@ def downsample_inputs(series, max_points):
         ],
         "workers": series.workers,
         "notes": series.notes,
+        **pooled,
     }
 
 
@@ -63,12 +71,12 @@ def body(run, run_data, parsed):
     Args:
       run: the run name asked for.
       run_data: its `reader.RunData`.
-      parsed: the parsed `ARGS` (`max_points`).
+      parsed: the parsed `ARGS` (`max_points`, `replica_blocks`).
 
     Returns:
       The JSON-ready dict.
     """
-    return downsample_inputs(run_data.inputs, parsed["max_points"])
+    return downsample_inputs(run_data.inputs, parsed["max_points"], parsed["replica_blocks"])
 
 
 def listed(run_data):
