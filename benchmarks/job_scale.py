@@ -270,6 +270,14 @@ def _wait_idle(process, deadline):
     raise TimeoutError("tensorboard kept loading")
 
 
+def _family_of(path):
+    """The name of the family whose route `path` asks (None for `/findings`)."""
+    from tb_replica_plugin import registry
+
+    route = path.split("?")[0]
+    return next((f.name for f in registry.families() if f.route == route), None)
+
+
 def _run_view(url):
     """`/overview`, then the job's run view (6 requests at a time); checks what they answer.
 
@@ -282,8 +290,11 @@ def _run_view(url):
     names = [entry["run"] for entry in overview["runs"]]
     if names != [JOB]:
         raise RuntimeError(f"/overview lists {names}, not the job")
-    query = run_view_query(len(overview["runs"][0]["replicas"]))
-    paths = [PLUGIN + path.format(run=JOB, **query) for path in RUN_VIEW]
+    replicas = len(overview["runs"][0]["replicas"])
+    paths = [
+        PLUGIN + path.format(run=JOB, **run_view_query(replicas, _family_of(path)))
+        for path in RUN_VIEW
+    ]
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         answers = list(pool.map(lambda path: _get(url + path), paths))
     return overview["runs"][0], [body for body, _ in answers], parse_s + sum(s for _, s in answers)

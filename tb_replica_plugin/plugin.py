@@ -64,11 +64,13 @@ RUN_VIEW_MATRIX_SIDE = 640
 RUN_VIEW_REPLICA_BLOCKS = 64
 
 
-def run_view_query(replicas):
+def run_view_query(replicas, family=None):
     """The arguments the tab's run view sends for a run of `replicas` replicas.
 
     Args:
       replicas: the run's (or job's) number of replicas (its `/runs` entry's `replicas`).
+      family: a family's name: its present module's `RUN_VIEW_ARGS` replace these (the rng
+        view asks 2 steps); None: the arguments common to the view.
 
     Returns:
       `{"max_points", "top", "matrix_side", "replica_blocks"}` (strings):
@@ -79,14 +81,19 @@ def run_view_query(replicas):
     Example:
       >>> run_view_query(2048)
       {'max_points': '128', 'top': '8', 'matrix_side': '640', 'replica_blocks': '64'}
+      >>> run_view_query(2048, "rng")["max_points"]
+      '2'
     """
     points = max(2, min(RUN_VIEW_MAX_POINTS, RUN_VIEW_MAX_CELLS // max(1, int(replicas))))
-    return {
+    query = {
         "max_points": str(points),
         "top": str(RUN_VIEW_TOP),
         "matrix_side": str(RUN_VIEW_MATRIX_SIDE),
         "replica_blocks": str(RUN_VIEW_REPLICA_BLOCKS),
     }
+    if family is not None:
+        query.update(getattr(registry.family(family).present, "RUN_VIEW_ARGS", {}))
+    return query
 
 
 def _error(request, status, message):
@@ -301,10 +308,11 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         Returns:
           `[(family name, parsed arguments, make_body)]` (`store.RunStore`'s `run_view`).
         """
-        query = run_view_query(len(overview.overview(run_data)["replicas"]))
+        replicas = len(overview.overview(run_data)["replicas"])
         view = []
         for family in registry.families():
             if family.route:
+                query = run_view_query(replicas, family.name)
                 arguments = family.present.ARGS.items()
                 parsed = {name: parse(query.get(name)) for name, parse in arguments}
                 view.append((family.name, parsed, self._make_body(run, family, parsed)))

@@ -7,6 +7,7 @@ any console error of the page or the tab's iframe, and saves a screenshot to tes
 
 import json
 import os
+import re
 import shutil
 import time
 
@@ -714,7 +715,10 @@ def test_a_run_of_many_replicas_is_asked_for_fewer_steps(demo_server, browser):
     page.wait_for_function("['ready', 'error'].includes(document.body.dataset.state)")
     routes = {url.split("/replicas/")[1].split("?")[0]: url for url in asked}
     assert {"inputs", "gradients", "rng", "data", "variables"} <= set(routes)
-    assert all("max_points=128&" in url or url.endswith("max_points=128") for url in asked)
+    # The rng view draws the last step's groups only: it asks 2 steps.
+    assert "max_points=2&" in routes["rng"] and run_view_query(2048, "rng")["max_points"] == "2"
+    others = [url for url in asked if "/rng?" not in url]
+    assert all("max_points=128&" in url or url.endswith("max_points=128") for url in others)
     assert run_view_query(2048)["max_points"] == "128"
     assert "matrix_side=640" in routes["rng"] and "matrix_side=640" in routes["data"]
     for route in ("inputs", "gradients", "variables"):
@@ -724,7 +728,7 @@ def test_a_run_of_many_replicas_is_asked_for_fewer_steps(demo_server, browser):
     page.unroute("**/data/plugin/replicas/overview")
     page.goto(entry + "gradient_outlier%2Freplicas", wait_until="load")
     wait_ready(page.main_frame)
-    assert asked and all("max_points=10000" in url for url in asked)
+    assert asked and all("max_points=10000" in url for url in asked if "/rng?" not in url)
     page.close()
 
 
@@ -773,7 +777,7 @@ def test_the_match_matrix_of_many_replicas_is_a_canvas(demo_server, browser):
 
     from tb_replica_plugin.core.downsample import pool_pairs
 
-    asked = []
+    asked, blocks = [], {}  # the blocks sent, per generator
 
     def pooled(route):
         asked.append(route.request.url)
@@ -783,6 +787,7 @@ def test_the_match_matrix_of_many_replicas_is_a_canvas(demo_server, browser):
         for gen in body["generators"]:
             copy = np.kron(np.eye(1000 // size), np.array(gen["match"]))  # within each copy
             gen["match"] = pool_pairs(copy, 640).tolist()
+            blocks[gen["name"]] = gen["match"]
             gen["pooled"] = {"side": 640, "pairs_above_0": 250 * 6}
             for key in ("last_state", "last_fingerprint"):
                 gen[key] = [gen[key][r % size] for r in range(1000)]
@@ -802,8 +807,15 @@ def test_the_match_matrix_of_many_replicas_is_a_canvas(demo_server, browser):
     assert "1500 pairs above 0" in page.text_content(block + " figcaption")
     canvas.scroll_into_view_if_needed()
     box = canvas.bounding_box()  # 640 blocks across its CSS width (and a 1-px border)
-    page.mouse.move(box["x"] + 1.3, box["y"] + 1.3)  # block 0: replicas 0 and 1
+    # Blocks of 1 CSS pixel: the pointer lands on block 0 or 1 (replicas 0–1 or 2–3) of each
+    # axis; the tooltip names the blocks under it and their cell's largest share.
+    page.mouse.move(box["x"] + 1.5, box["y"] + 1.5)
     tooltip = page.text_content(block + " .chart-tooltip")
-    assert tooltip == "replicas 0–1 and replicas 0–1: up to 100%", tooltip
+    found = re.fullmatch(r"replicas (\d+)–(\d+) and replicas (\d+)–(\d+): up to (\d+)%", tooltip)
+    assert found, tooltip
+    first_i, last_i, first_j, last_j, share = map(int, found.groups())
+    i, j = first_i // 2, first_j // 2  # 1,000 replicas in 640 blocks: 0–1, 2–3, 4, 5–6, ...
+    assert i in (0, 1) and j in (0, 1) and (last_i, last_j) == (2 * i + 1, 2 * j + 1), tooltip
+    assert share == round(100 * blocks["dropout"][i][j]), (tooltip, blocks["dropout"][i][j])
     assert errors == []
     page.close()

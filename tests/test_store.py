@@ -256,7 +256,7 @@ def test_a_run_too_large_to_keep_gets_its_view_built_from_the_full_read(unit_log
     # Fewer steps for many replicas: 2^18 step × replica values per series.
     counts = [plugin_lib.run_view_query(n)["max_points"] for n in (0, 4, 26, 27, 2048, 10**6)]
     assert counts == ["10000", "10000", "10000", "9709", "128", "2"]
-    RUN_VIEW_QUERY = plugin_lib.run_view_query(2)  # fit_17_8 has 2 replicas
+    # fit_17_8 has 2 replicas
 
     run = "fit_17_8/replicas"
     reference, _, _, _ = serve(unit_logs)
@@ -265,8 +265,9 @@ def test_a_run_too_large_to_keep_gets_its_view_built_from_the_full_read(unit_log
     get_json(client, f"/findings?run={run}")
     assert plugin.store.computed["view"] == 1 and plugin.store.computed["summary"] == 1
     reads = len(provider.reads)
-    view = "&".join(f"{k}={v}" for k, v in RUN_VIEW_QUERY.items())
-    for route in ("/inputs", "/gradients", "/variables", "/rng", "/data"):
+    for name in ("inputs", "gradients", "variables", "rng", "examples"):
+        route = registry.family(name).route
+        view = "&".join(f"{k}={v}" for k, v in plugin_lib.run_view_query(2, name).items())
         status, body = get_json(client, f"{route}?run={run}&{view}")
         assert status == 200 and body == get_json(reference, f"{route}?run={run}&{view}")[1]
     assert len(provider.reads) == reads and plugin.store.computed["read"] == 0
@@ -357,18 +358,20 @@ def test_byte_lru_computes_a_key_once_for_threads_missing_it_together():
 
 def test_the_scale_benchmark_asks_each_route_with_the_tabs_arguments():
     """`benchmarks.job_scale` measures the run view the plugin computes ahead: each of its
-    paths passes every argument of `run_view_query` that the family's route takes."""
+    paths passes the arguments of `run_view_query` that the family's route takes."""
     import urllib.parse
 
-    from benchmarks.job_scale import RUN_VIEW
+    from benchmarks.job_scale import RUN_VIEW, _family_of
     from tb_replica_plugin.plugin import run_view_query
 
-    query = run_view_query(2048)
     routes = {f.route: f for f in registry.families() if f.route}
     for path in RUN_VIEW[1:]:  # after /findings
-        route, _, arguments = path.partition("?")
-        asked = set(urllib.parse.parse_qs(arguments)) - {"run"}
-        assert asked == set(routes[route].present.ARGS) & set(query), path
+        family = routes[path.split("?")[0]]
+        query = run_view_query(2048, family.name)
+        arguments = urllib.parse.parse_qs(path.format(run="job", **query).partition("?")[2])
+        asked = {name: values[0] for name, values in arguments.items() if name != "run"}
+        assert asked == {k: v for k, v in query.items() if k in family.present.ARGS}, path
+    assert _family_of("/data?run=job") == "examples" and _family_of("/findings?run=j") is None
 
 
 def test_requests_listing_at_once_share_one_listing(unit_logs):

@@ -31,6 +31,9 @@ const TOP_VARIABLES = 8;
 /** Most lines per chart of per-replica series (drift, gradients): a run of more replicas is
  * asked for this many blocks of replicas, each the largest value of its replicas. */
 const REPLICA_BLOCKS = 64;
+/** The rng view draws the groups of the last logged step only (its match matrices cover every
+ * step): it asks the first and last steps (rng/present.py RUN_VIEW_ARGS). */
+const RNG_STEPS = 2;
 
 /**
  * The `max_points` the run view asks for `run` (a `/runs` entry): MAX_POINTS steps, fewer when
@@ -191,7 +194,7 @@ export const SECTIONS = [
   {
     name: 'rng',
     route: 'rng',
-    load: (run, opts) => fetchRng(run.run, maxPoints(run), opts, CANVAS_SIDE),
+    load: (run, opts) => fetchRng(run.run, RNG_STEPS, opts, CANVAS_SIDE),
     title: 'Random streams',
     description: () =>
       "Per generator: how often two replicas draw identical numbers (same next-draw fingerprint), and each replica's state at the last logged step. A state equal on every replica does not mean equal streams: tf.random.Generator folds the replica id into its key.",

@@ -130,9 +130,11 @@ function createMatchCanvas({ replicas, matrix, cellText, title, workerOf, pooled
   ctx.putImageData(img, 0, 0);
   const tooltip = h('div', { class: 'chart-tooltip', hidden: true });
   canvas.addEventListener('mousemove', (event) => {
+    // The pointer in the canvas's content box (its border left out), in blocks.
     const box = canvas.getBoundingClientRect();
-    const i = Math.min(P - 1, Math.floor(((event.clientY - box.top) / box.height) * P));
-    const j = Math.min(P - 1, Math.floor(((event.clientX - box.left) / box.width) * P));
+    const at = (offset, size) => Math.max(0, Math.min(P - 1, Math.floor((offset / size) * P)));
+    const i = at(event.clientY - box.top - canvas.clientTop, canvas.clientHeight);
+    const j = at(event.clientX - box.left - canvas.clientLeft, canvas.clientWidth);
     const [r, q] = [pair[2 * (i * P + j)], pair[2 * (i * P + j) + 1]];
     if (q < 0) tooltip.textContent = `${blockText(i)} and ${blockText(-1 - q)}: up to ${cellText(i, j)}`;
     else if (pooled) tooltip.textContent = blockText(i);

@@ -11,6 +11,10 @@ from tb_replica_plugin.core.downsample import cut_to_blocks, hex64, pick
 from tb_replica_plugin.families.rng import rules
 
 ARGS = {"max_points": args.parse_max_points, "matrix_side": args.parse_matrix_side}
+# The tab's rng view draws the stream and state groups of the last logged step only (its match
+# matrices cover every step whatever `max_points`): it asks the first and the last
+# (`plugin.run_view_query`; frontend/src/sections.js: RNG_STEPS).
+RUN_VIEW_ARGS = {"max_points": "2"}
 
 
 def rng_body(series, max_points=None, matrix_side=None):
