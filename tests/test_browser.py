@@ -337,28 +337,27 @@ def test_series_of_many_replicas_are_drawn_in_blocks(demo_server, browser):
             for key in ("grad_nan", "grad_inf", "loss_nan", "loss_inf"):
                 event[key] = widened(event[key], size)
 
-    page.route("**/data/plugin/replicas/variables?*", lambda route: answer(route, variables))
-    page.goto(
-        demo_server.url
-        + "/data/plugin_entry.html?name=replicas#run=weight_drift%2Fskipped_allreduce",
-        wait_until="load",
-    )
-    wait_ready(page.main_frame)
-    assert asked and all("replica_blocks=64" in url for url in asked)
+    widening = []
+
+    def open_widened(run, route, widen):  # the run's view, `route`'s answers widened
+        asked.clear()
+        for pattern in widening:
+            page.unroute(pattern)
+        widening[:] = [f"**/data/plugin/replicas/{route}?*"]
+        page.route(widening[0], lambda request: answer(request, widen))
+        entry = "/data/plugin_entry.html?name=replicas#run="
+        page.goto(demo_server.url + entry + run.replace("/", "%2F"), wait_until="load")
+        wait_ready(page.main_frame)
+        assert asked and all("replica_blocks=64" in url for url in asked)
+
+    open_widened("weight_drift/skipped_allreduce", "variables", variables)
     chart = page.query_selector('[data-view="deviation"] .chart')
     assert chart.get_attribute("data-lines") == "64"  # 100 replicas: blocks of 1 or 2
     legend = page.inner_text('[data-view="deviation"]')
     assert "replicas 0–1" in legend and "replicas 97–98" in legend and "replica 99" in legend
     assert "100 replicas in 64 blocks" in legend
 
-    asked.clear()
-    page.route("**/data/plugin/replicas/gradients?*", lambda route: answer(route, gradients))
-    page.goto(
-        demo_server.url + "/data/plugin_entry.html?name=replicas#run=gradient_outlier%2Freplicas",
-        wait_until="load",
-    )
-    wait_ready(page.main_frame)
-    assert asked and all("replica_blocks=64" in url for url in asked)
+    open_widened("gradient_outlier/replicas", "gradients", gradients)
     section = page.inner_text('[data-view="gradients"]')
     # Replica 2 (the outlier) and 3 are block 1; the largest ratio names the block.
     assert "Largest ratio to the median of the other replicas: replicas 2–3, ×" in section
@@ -366,16 +365,7 @@ def test_series_of_many_replicas_are_drawn_in_blocks(demo_server, browser):
     norm = page.inner_text('[data-view="gradients"] [data-part="norm"]')
     assert "replicas 0–1" in norm and "replicas 2–3" in norm and "replica 99" in norm
 
-    asked.clear()
-    for route in ("variables", "gradients"):  # one widened route per run
-        page.unroute(f"**/data/plugin/replicas/{route}?*")
-    page.route("**/data/plugin/replicas/inputs?*", lambda route: answer(route, inputs))
-    page.goto(
-        demo_server.url + "/data/plugin_entry.html?name=replicas#run=empty_last_shard%2Freplicas",
-        wait_until="load",
-    )
-    wait_ready(page.main_frame)
-    assert asked and all("replica_blocks=64" in url for url in asked)
+    open_widened("empty_last_shard/replicas", "inputs", inputs)
     batch = page.inner_text('[data-view="batch"]')
     assert "replicas 0–1" in batch and "replicas 2–3" in batch and "replica 99" in batch
     assert errors == []
