@@ -28,8 +28,8 @@ export const MAX_POINTS = 10000;
 const MAX_CELLS = 262144;
 /** Most divergent variables drawn over steps. */
 const TOP_VARIABLES = 8;
-/** Most lines per chart of per-replica series (drift, gradients): a run of more replicas is
- * asked for this many blocks of replicas, each the largest value of its replicas. */
+/** Most lines or rows per chart of per-replica values (batch sizes, gradients, drift): a run of
+ * more replicas is asked for this many blocks of replicas, each its worst value. */
 const REPLICA_BLOCKS = 64;
 /** The rng view draws the groups of the last logged step only (its match matrices cover every
  * step): it asks the first and last steps (rng/present.py RUN_VIEW_ARGS). */

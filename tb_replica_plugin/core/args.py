@@ -72,25 +72,24 @@ def parse_max_points(raw):
     return parse_int("max_points", raw, DEFAULT_MAX_POINTS, MAX_POINTS_RANGE)
 
 
-MATRIX_SIDE_RANGE = (2, 100_000)
+# Blocks per side of a match matrix (`matrix_side`), or of the replicas of per-replica values
+# (`replica_blocks`).
+BLOCKS_RANGE = (2, 100_000)
 
 
 def parse_matrix_side(raw):
     """Parses the optional `matrix_side` argument of `/rng` and `/data` (absent: None).
 
     Raises:
-      BadRequestError: if it is not an integer in `MATRIX_SIDE_RANGE`.
+      BadRequestError: if it is not an integer in `BLOCKS_RANGE`.
     """
-    return parse_int("matrix_side", raw, None, MATRIX_SIDE_RANGE)
-
-
-REPLICA_BLOCKS_RANGE = (2, 100_000)
+    return parse_int("matrix_side", raw, None, BLOCKS_RANGE)
 
 
 def parse_replica_blocks(raw):
     """Parses the optional `replica_blocks` argument (absent: None).
 
     Raises:
-      BadRequestError: if it is not an integer in `REPLICA_BLOCKS_RANGE`.
+      BadRequestError: if it is not an integer in `BLOCKS_RANGE`.
     """
-    return parse_int("replica_blocks", raw, None, REPLICA_BLOCKS_RANGE)
+    return parse_int("replica_blocks", raw, None, BLOCKS_RANGE)

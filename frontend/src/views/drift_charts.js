@@ -2,7 +2,7 @@
 // Divergence is ||copy_r - copy_0|| / ||copy_0|| (relative L2): 0 means bit-identical copies.
 import { h } from '../dom.js';
 import { replicaColor } from '../colors.js';
-import { spanText } from './match_matrix.js';
+import { replicaColumns } from './match_matrix.js';
 import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis } from './uplot_common.js';
 
 const HEIGHT = 240;
@@ -120,16 +120,11 @@ export function createDriftChart(target, { variables, zoom, width }) {
  * of replicas when the series came pooled (`{column, label}`; a block's value is its worst).
  */
 export function deviationLines(variables, deviceName) {
-  const ids = variables.replicas;
-  if (variables.pooled) {
-    return variables.pooled.blocks.map(([first, last], c) => ({
-      column: c,
-      label: spanText(ids, first, last, null),
-    }));
-  }
-  return ids
-    .map((id, r) => ({ column: r, label: deviceName(r) ? `replica ${id} (${deviceName(r)})` : `replica ${id}` }))
-    .filter(({ column: r }) => r > 0);
+  const lines = replicaColumns(variables).map(({ label }, column) => ({
+    column,
+    label: !variables.pooled && deviceName(column) ? `${label} (${deviceName(column)})` : label,
+  }));
+  return variables.pooled ? lines : lines.slice(1);
 }
 
 /** One variable (chosen among the top ones), one line per replica (per block of many). */
