@@ -317,10 +317,12 @@ class ReplicaCallback(*keras_compat.callback_bases()):
       variables_budget: with an integer `update_freq`, about how many elements per replica the
         drift check of a logged step reads (default 32,768): variables of more than 4,096
         elements are cut into P slices (P = their total size / budget, rounded up), logged
-        check i reads slice i mod P of each, and every epoch end adds the full check; so every
-        element is checked once every P logged steps and at each epoch end, and a check's cost
-        does not grow with the model. None: the full check at every logged step. Not used with
-        `update_freq="epoch"` (one full check per epoch) or `variables_exact=True` (full).
+        check i reads slice i mod P of each, and epoch ends add the full check; so every
+        element is checked once every P logged steps and at full checks, and a check's cost
+        does not grow with the model. None: the full check at every logged step. With either
+        `update_freq`, the full checks at epoch ends are at least P steps apart (an epoch end
+        sooner skips it; the end of training always checks), so their cost stays near the
+        budget per step too; None: every epoch end. `variables_exact=True`: every check full.
       flush_secs: seconds between background flushes of the event file (default 5). The file
         is also flushed at every epoch end, at the end of training and when `fit` raises.
       outputs: record each replica's model outputs (`y_pred`, as the model's `compute_loss`
@@ -427,6 +429,7 @@ class ReplicaCallback(*keras_compat.callback_bases()):
         self._armed = False  # set_model ran: the next make_train_function is this fit's
         self._training = False
         self._traced = None  # (what it depends on, the instrumented train function)
+        self._whole_checked_at = None  # the step of this fit's last full drift check
         self._outputs_capture = None
         self._batches = LossCapture()  # the step's named batch, for the culprit capture
         self.stopped_by = []  # the findings that stopped the last fit (halt_on)
@@ -473,7 +476,9 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             return  # instrumenting failed (warned at set_model)
         self._training = True
         try:
-            self._probe.set_step(self._initial_step())
+            first_step = self._initial_step()
+            self._probe.set_step(first_step)
+            self._whole_checked_at = first_step - 1  # no full check in this fit yet
         except Exception as error:  # noqa: BLE001 - never break the training it watches
             warnings.warn(
                 "tb_replica_plugin: ReplicaCallback could not start recording, training goes "
@@ -489,17 +494,14 @@ class ReplicaCallback(*keras_compat.callback_bases()):
 
     def on_epoch_end(self, epoch, logs=None):
         if self._probe is not None:
-            if self.variables and self._patched is not None:
-                if self.update_freq == "epoch":
-                    observe_at_epoch_end(self._probe, self.model, self.variables_exact)
-                elif self.variables_budget is not None and not self.variables_exact:
-                    # Rotating checks in the steps: the full check at the epoch's end too.
-                    observe_at_epoch_end(self._probe, self.model, False, self.variables_budget)
+            self._check_variables_whole()
             self._probe.flush(window=self.update_freq == "epoch")
             if self.halt_on is not None and self._patched is not None:
                 self._halt(at_check=True)
 
     def on_train_end(self, logs=None):
+        if self._probe is not None:
+            self._check_variables_whole(final=True)
         self._finish(self.model)
 
     def on_test_end(self, logs=None):
@@ -555,6 +557,28 @@ class ReplicaCallback(*keras_compat.callback_bases()):
                     pass
 
     # ------------------------------------------------------------------ helpers
+
+    def _check_variables_whole(self, final=False):
+        """The host-side full drift check at an epoch end, at most one per P steps (P: the
+        rotation period of `variables_budget`), and at the end of training if steps came after
+        the last one. Only with `update_freq="epoch"` or rotating checks in the steps."""
+        if not self.variables or self._patched is None:
+            return
+        if self.update_freq == "epoch":
+            exact, budget = self.variables_exact, None
+        elif self.variables_budget is not None and not self.variables_exact:
+            exact, budget = False, self.variables_budget  # and the steps' slices rotate
+        else:
+            return  # every logged step checks every element
+        self._whole_checked_at = observe_at_epoch_end(
+            self._probe,
+            self.model,
+            exact,
+            budget,
+            spacing=self.variables_budget,
+            last=self._whole_checked_at,
+            final=final,
+        )
 
     def _initial_step(self):
         """Where this fit's steps start: a second `fit` of the same model continues the axis.

@@ -14,6 +14,7 @@ from conftest import TensorBoardServer, http_get, mirrored
 import tb_replica_plugin
 from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, metadata
 from tb_replica_plugin.families.variables import fingerprint as collector
+from tb_replica_plugin.families.variables import fit as variables_fit
 from tb_replica_plugin.families.variables import present as variables_present
 from tb_replica_plugin.families.variables import read as variables_read
 from tb_replica_plugin.families.variables import record as variables_record
@@ -811,9 +812,8 @@ def test_rotating_check_reads_one_slice_per_logged_step(tmp_path):
     assert any("every element once every 4 logged steps" in note for note in body["notes"])
 
 
-def test_rotating_fit_checks_whole_at_epoch_ends(tmp_path):
-    """ReplicaCallback(update_freq=1) with a small budget: slices at the steps, the full check at
-    each epoch's last step (its events replace that step's slice)."""
+def _fit_wide(logdir, epochs, **callback_kwargs):
+    """A Dense(80 -> 64) model fitted on 2 replicas, 4 steps per epoch; returns its variables."""
     strategy = mirrored(2)
     with strategy.scope():
         layers = [keras.Input((80,)), keras.layers.Dense(64), keras.layers.Dense(1)]
@@ -822,27 +822,65 @@ def test_rotating_fit_checks_whole_at_epoch_ends(tmp_path):
     rng = np.random.default_rng(22)
     x = rng.normal(size=(32, 80)).astype("float32")
     y = rng.normal(size=(32, 1)).astype("float32")
-    with pytest.raises(ValueError, match="`variables_budget` must be an integer >= 1"):
-        ReplicaCallback(str(tmp_path), variables_budget=-1)
     model.fit(
         tf.data.Dataset.from_tensor_slices((x, y)).batch(8),
-        epochs=2,
+        epochs=epochs,
         verbose=0,
-        callbacks=[ReplicaCallback(str(tmp_path), update_freq=1, variables_budget=2048)],
+        callbacks=[ReplicaCallback(logdir, **callback_kwargs)],
     )
+    return model.variables
+
+
+def test_rotating_fit_checks_whole_at_epoch_ends(tmp_path):
+    """ReplicaCallback(update_freq=1) with a small budget: slices at the steps, the full check at
+    each epoch's last step (its events replace that step's slice)."""
+    with pytest.raises(ValueError, match="`variables_budget` must be an integer >= 1"):
+        ReplicaCallback(str(tmp_path), variables_budget=-1)
+    variables = _fit_wide(str(tmp_path), 2, update_freq=1, variables_budget=4096)
     series, findings = only(str(tmp_path))
     assert series.steps.tolist() == list(range(8))
-    # 3 kernels of 5,120 elements (the layer's and Adam's two) are cut: P = ceil(15,360 / 2,048).
-    assert series.rotation["period"] == 8
+    # 3 kernels of 5,120 elements (the layer's and Adam's two) are cut: P = ceil(15,360 / 4,096).
+    assert series.rotation["period"] == 4
     kernels = [i for i, v in enumerate(series.variables) if v["shape"] == [80, 64]]
     assert len(kernels) == 3
     partial = (series.coverage < 1).any(axis=1)
     assert partial.tolist() == [True, True, True, False] * 2
-    np.testing.assert_allclose(series.coverage[0, kernels], 640 / 5120)
+    np.testing.assert_allclose(series.coverage[0, kernels], 1280 / 5120)
     assert series.identical.all() and findings == []
     # The last step's check is whole: replica 0's kernel as it is after training.
-    copy = model.variables[0].value.values[0]
+    copy = variables[0].value.values[0]
     value = tf.convert_to_tensor(copy)
     digest, values = collector.copy_fingerprint(value, copy.dtype, algorithm="farmhash64")
     assert series.hash[-1, kernels[0], 0] == int(digest)
     np.testing.assert_allclose(series.stats[-1, kernels[0], 0], values.numpy()[:4], rtol=1e-12)
+
+
+def test_full_checks_are_at_least_a_rotation_period_apart(tmp_path):
+    """With P = 8 (budget 2,048) and epochs of 4 steps, the callback's full check runs at the
+    epoch end 8 steps after the fit's start and at the end of training, not at every epoch end:
+    with rotating slices in the steps, and with `update_freq="epoch"` (its only checks)."""
+    rotating = str(tmp_path / "rotating")
+    _fit_wide(rotating, 3, update_freq=1, variables_budget=2048)
+    series, _ = only(rotating)
+    assert series.rotation["period"] == 8
+    assert series.steps.tolist() == list(range(12))
+    whole = ~(series.coverage < 1).any(axis=1)
+    assert np.flatnonzero(whole).tolist() == [7, 11]
+
+    by_epoch = str(tmp_path / "by_epoch")
+    _fit_wide(by_epoch, 3, variables_budget=2048)
+    series, findings = only(by_epoch)
+    assert series.steps.tolist() == [7, 11]
+    assert series.rotation is None and (series.coverage == 1).all()
+    assert series.identical.all() and findings == []
+
+
+def test_whole_check_period_counts_the_elements_of_large_variables():
+    """P of the full checks' spacing: the rotation period of the variables' static sizes."""
+    kernels = [tf.Variable(tf.zeros([80, 64])) for _ in range(3)]  # 3 x 5,120 elements
+    small = [tf.Variable(tf.zeros([64])), tf.Variable(1.0), keras.Variable(np.zeros((4096,)))]
+    variables = kernels + small
+    assert variables_fit.whole_check_period(variables, 2048) == 8
+    assert variables_fit.whole_check_period(variables, 4096) == 4
+    assert variables_fit.whole_check_period(variables, None) == 1  # full checks: no spacing
+    assert variables_fit.whole_check_period(small, 1) == 1  # none above 4,096 elements
