@@ -72,8 +72,8 @@ def observe_at_epoch_end(probe, model, exact, budget=None, spacing=None, last=No
         rotate, shares their plan (and placement event) and replaces the step's slice when read.
       spacing: the `variables_budget` that spaces the full checks (`whole_check_period`; None:
         every epoch end checks).
-      last: the step of this fit's last full check (None: none yet, or the step before the fit's
-        first).
+      last: the step of this fit's last full check, or the step before its first step while
+        there is none (None: check now, whatever `spacing`).
       final: the end of training: check if any step came after `last`, however few.
 
     Returns:
