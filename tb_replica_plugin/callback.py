@@ -570,14 +570,9 @@ class ReplicaCallback(*keras_compat.callback_bases()):
             exact, budget = False, self.variables_budget  # and the steps' slices rotate
         else:
             return  # every logged step checks every element
+        last, spacing = self._whole_checked_at, self.variables_budget
         self._whole_checked_at = observe_at_epoch_end(
-            self._probe,
-            self.model,
-            exact,
-            budget,
-            spacing=self.variables_budget,
-            last=self._whole_checked_at,
-            final=final,
+            self._probe, self.model, exact, budget, spacing=spacing, last=last, final=final
         )
 
     def _initial_step(self):

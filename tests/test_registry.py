@@ -1,4 +1,5 @@
-"""The family registry: order and needs, and a new family added with one registry entry.
+"""The family registry: order and needs, and a new family added with one registry entry; and the
+package's size limits (modules, the probe's core).
 
 The toy family (tests/toy_family/) is registered by adding one entry to
 `registry.FAMILY_MODULES` at test time; nothing else in the package changes.
@@ -28,6 +29,27 @@ def test_every_family_needs_only_families_registered_before_it():
         missing = [need for need in family.needs if need not in seen]
         assert not missing, f"{family.name} needs {missing}, not registered before it"
         seen.add(family.name)
+
+
+def test_modules_and_the_probe_core_stay_small():
+    """No module of the package over 800 lines; the probe's core class at most 500."""
+    import ast
+
+    package = os.path.dirname(registry.__file__)
+    long = {}
+    for directory, _, names in os.walk(package):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                with open(path, encoding="utf-8") as source:
+                    count = len(source.read().splitlines())
+                if count > 800:
+                    long[os.path.relpath(path, package)] = count
+    assert not long, f"modules over 800 lines: {long}"
+    with open(os.path.join(package, "core", "probe.py"), encoding="utf-8") as source:
+        tree = ast.parse(source.read())
+    (core,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ProbeCore"]
+    assert core.end_lineno - core.lineno + 1 <= 500
 
 
 def test_out_of_order_needs_are_refused():
