@@ -14,7 +14,6 @@ from conftest import TensorBoardServer, http_get, mirrored
 import tb_replica_plugin
 from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, metadata
 from tb_replica_plugin.families.variables import fingerprint as collector
-from tb_replica_plugin.families.variables import fit as variables_fit
 from tb_replica_plugin.families.variables import present as variables_present
 from tb_replica_plugin.families.variables import read as variables_read
 from tb_replica_plugin.families.variables import record as variables_record
@@ -875,12 +874,17 @@ def test_full_checks_are_at_least_a_rotation_period_apart(tmp_path):
     assert series.identical.all() and findings == []
 
 
-def test_whole_check_period_counts_the_elements_of_large_variables():
+def test_whole_check_period_counts_the_elements_of_large_variables(tmp_path):
     """P of the full checks' spacing: the rotation period of the variables' static sizes."""
     kernels = [tf.Variable(tf.zeros([80, 64])) for _ in range(3)]  # 3 x 5,120 elements
     small = [tf.Variable(tf.zeros([64])), tf.Variable(1.0), keras.Variable(np.zeros((4096,)))]
     variables = kernels + small
-    assert variables_fit.whole_check_period(variables, 2048) == 8
-    assert variables_fit.whole_check_period(variables, 4096) == 4
-    assert variables_fit.whole_check_period(variables, None) == 1  # full checks: no spacing
-    assert variables_fit.whole_check_period(small, 1) == 1  # none above 4,096 elements
+    probe = ReplicaProbe(str(tmp_path), mirrored(2))
+    assert probe.build()
+    recorder = probe.recorder("variables")
+    assert recorder.period(variables, False, 2048) == 8
+    assert recorder.period(variables, False, 4096) == 4
+    assert recorder.period(variables, False, None) == 1  # full checks: no spacing
+    assert recorder.period(variables, True, 2048) == 1  # exact checks are full
+    assert recorder.period(small, False, 1) == 1  # none above 4,096 elements
+    probe.close()

@@ -1,10 +1,6 @@
 """Variables family, Keras `fit` side: which variables `ReplicaCallback` checks, and its epoch-end
 check. No TensorFlow import of its own (the probe's methods do the work)."""
 
-import math
-
-from tb_replica_plugin.families.variables import rotation
-
 
 def fit_variables(model):
     """Every variable of a Keras model and of its optimizer, once each, in a stable order.
@@ -29,37 +25,6 @@ def fit_variables(model):
     return result
 
 
-def whole_check_period(variables, budget):
-    """How many steps apart the callback's host-side full checks are at least (`rotation.plan`).
-
-    A full check reads every element: about P times a rotating check of `budget` elements. At
-    most one every P steps keeps its cost near `budget` elements per replica per step, however
-    short the epochs (MobileNetV2 and Adam: P = 321 at the default budget; the README's MLP: 8).
-
-    Args:
-      variables: the variables checked (`fit_variables`).
-      budget: `ReplicaCallback`'s `variables_budget` (None: no spacing, P = 1).
-
-    Returns:
-      P >= 1.
-
-    Example:
-      >>> class Variable:
-      ...     def __init__(self, *shape):
-      ...         self.shape = shape
-      >>> whole_check_period([Variable(100, 1000), Variable(300), Variable(60, 1000)], 40_000)
-      4
-    """
-    sizes = []
-    for variable in variables:
-        try:
-            dims = list(variable.shape)  # a tuple (Keras 3) or a TensorShape
-        except (AttributeError, TypeError, ValueError):  # unknown rank
-            dims = [None]
-        sizes.append(None if None in dims else math.prod(int(d) for d in dims))
-    return rotation.plan(sizes, budget)[0]
-
-
 def observe_at_epoch_end(probe, model, exact, budget=None, spacing=None, last=None, final=False):
     """Host side: the full drift check at the last step of an epoch, if one is due (never raises).
 
@@ -70,8 +35,9 @@ def observe_at_epoch_end(probe, model, exact, budget=None, spacing=None, last=No
       budget: None (`update_freq="epoch"`: the epoch ends' checks are the only ones), or the
         budget of the rotating checks in the steps: then the full check runs only when they
         rotate, shares their plan (and placement event) and replaces the step's slice when read.
-      spacing: the `variables_budget` that spaces the full checks (`whole_check_period`; None:
-        every epoch end checks).
+      spacing: the `variables_budget` that spaces the full checks: at least P steps apart, P the
+        rotation period it gives (`Recorder.period`; MobileNetV2 and Adam: 321 at the default
+        budget, the README's MLP: 8). None: every epoch end checks.
       last: the step of this fit's last full check, or the step before its first step while
         there is none (None: check now, whatever `spacing`).
       final: the end of training: check if any step came after `last`, however few.
@@ -84,16 +50,16 @@ def observe_at_epoch_end(probe, model, exact, budget=None, spacing=None, last=No
         if step is None or (last is not None and step <= last):
             return last
         variables = fit_variables(model)
-        if budget is not None and not probe.recorder("variables").rotates(variables, exact, budget):
+        recorder = probe.recorder("variables")
+        if budget is not None and not recorder.rotates(variables, exact, budget):
             return last  # every logged step checks every element
-        if not final and last is not None:
-            period = 1 if exact or spacing is None else whole_check_period(variables, spacing)
-            if step - last < period:
-                return last
+        early = not final and last is not None
+        if early and step - last < recorder.period(variables, exact, spacing):
+            return last  # at least P steps between full checks
         if budget is None:
             probe.observe_variables(variables, step=step, exact=exact)
         else:
-            probe.recorder("variables").check_whole(variables, step, budget)
+            recorder.check_whole(variables, step, budget)
         return step
     except Exception as error:  # noqa: BLE001 - never break the training
         probe.warn_variables_failed(error)

@@ -161,9 +161,14 @@ class Recorder(RecorderBase):
             self._plans[key] = plan
         return plan
 
+    def period(self, variables, exact=False, budget=None):
+        """P of checks of `variables` with this `budget` (`rotation.plan`; 1: every check is
+        full). `ReplicaCallback` also spaces its full checks at epoch ends by it."""
+        return self._plan(list(variables), bool(exact), budget)[3]
+
     def rotates(self, variables, exact=False, budget=None):
         """Whether checks of `variables` with this `budget` read rotating slices (period > 1)."""
-        return self._plan(list(variables), bool(exact), budget)[3] > 1
+        return self.period(variables, exact, budget) > 1
 
     def check_whole(self, variables, step, budget):
         """Host side: the full check of `variables` at `step`, whatever `update_freq` says.
