@@ -13,6 +13,7 @@ from conftest import TensorBoardServer, http_get, mirrored
 
 import tb_replica_plugin
 from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, metadata
+from tb_replica_plugin.families.variables import check as variables_check
 from tb_replica_plugin.families.variables import fingerprint as collector
 from tb_replica_plugin.families.variables import present as variables_present
 from tb_replica_plugin.families.variables import read as variables_read
@@ -161,7 +162,7 @@ def test_agreeing_copies_share_replica_0s_summary_bit_for_bit():
         ]
     devices = list(strategy.extended.worker_devices)
     entries = collector.describe_variables(variables, devices)
-    traced = tf.function(lambda: collector.VariablesStats(entries, 2).fingerprint)
+    traced = tf.function(lambda: variables_check.VariablesStats(entries, 2).fingerprint)
 
     def per_copy():
         rows = []
@@ -179,7 +180,7 @@ def test_agreeing_copies_share_replica_0s_summary_bit_for_bit():
             copy.assign_add(tf.ones_like(copy))
         expected = per_copy()
         assert (np.array_equal(expected[:, 0], expected[:, 1])) == (not drift)
-        for fingerprint in (traced(), collector.VariablesStats(entries, 2).fingerprint):
+        for fingerprint in (traced(), variables_check.VariablesStats(entries, 2).fingerprint):
             np.testing.assert_array_equal(fingerprint.numpy(), expected)
 
 
@@ -656,9 +657,9 @@ def test_fused_summary_of_many_copies_matches_the_reference():
             tf.Variable(rng.normal(size=shape).astype("float32"), name=f"v{i}")
             for i, shape in enumerate(shapes)
         ]
-    assert len(variables) >= collector.FUSED_MIN_COPIES
+    assert len(variables) >= variables_check.FUSED_MIN_COPIES
     entries = collector.describe_variables(variables, list(strategy.extended.worker_devices))
-    traced = tf.function(lambda: collector.VariablesStats(entries, 2).fingerprint)
+    traced = tf.function(lambda: variables_check.VariablesStats(entries, 2).fingerprint)
     written = traced().numpy()
     for index, variable in enumerate(variables):
         flat = variable.values[0].numpy().astype(np.float64).reshape(-1)
@@ -692,10 +693,10 @@ def test_host_check_summarizes_every_copy_at_once_with_the_same_values():
     entries = collector.describe_variables(variables, list(strategy.extended.worker_devices))
 
     def fingerprints(fused_min_copies):
-        stats = collector.VariablesStats(entries, 2, fused_min_copies=fused_min_copies)
+        stats = variables_check.VariablesStats(entries, 2, fused_min_copies=fused_min_copies)
         return stats.fingerprint
 
-    per_copy = tf.function(lambda: fingerprints(collector.FUSED_MIN_COPIES))
+    per_copy = tf.function(lambda: fingerprints(variables_check.FUSED_MIN_COPIES))
     at_once = tf.function(lambda: fingerprints(1))
     for drift in (False, True):
         if drift:
@@ -726,7 +727,7 @@ def test_written_fingerprint_has_rows_of_replica_0_and_of_drifted_copies_only():
 
     @tf.function
     def check():
-        stats = collector.VariablesStats(entries, 2)
+        stats = variables_check.VariablesStats(entries, 2)
         return stats.hash, stats.fingerprint, variables_record.fingerprint_rows(stats)
 
     for drift, ids in ((False, [[0, 0], [1, 0], [2, 0]]), (True, [[0, 0], [1, 0], [1, 1], [2, 0]])):
@@ -752,6 +753,55 @@ def test_written_fingerprint_has_rows_of_replica_0_and_of_drifted_copies_only():
     assert content == {"kind": "variable_fingerprint", "version": 2}
     content = json.loads(metadata.create_summary_metadata("variable_hash").plugin_data.content)
     assert content == {"kind": "variable_hash", "version": 1}
+
+
+def test_copies_of_one_size_are_hashed_and_summarized_together_with_each_copys_values():
+    """A short variable list (the step's check) stacks the copies of one size and dtype: one
+    `tf.fingerprint` per group and device, and each copy gets the hash and summary it gets
+    alone; a copy above `GROUP_MAX_ELEMENTS` stays alone. A drifted copy in a group is told."""
+    strategy = mirrored(2)
+    rng = np.random.default_rng(17)
+    shapes = [(16, 16), (5,), (16, 16), (256,), (5,), (16, 16)]
+    with strategy.scope():
+        variables = [
+            tf.Variable(rng.normal(size=shape).astype("float32"), name=f"v{i}")
+            for i, shape in enumerate(shapes)
+        ]
+        variables.append(tf.Variable(tf.zeros([variables_check.GROUP_MAX_ELEMENTS + 1])))
+        variables.append(tf.Variable(tf.ones([variables_check.GROUP_MAX_ELEMENTS + 1])))
+    entries = collector.describe_variables(variables, list(strategy.extended.worker_devices))
+
+    @tf.function
+    def check():
+        stats = variables_check.VariablesStats(entries, 2)
+        return stats.hash, stats.fingerprint
+
+    graph = check.get_concrete_function().graph
+    fingerprints = [op for op in graph.get_operations() if op.type == "Fingerprint"]
+    # Per device: (16, 16) x 3 and (256,) in one group, (5,) x 2, and the two large ones.
+    assert len(fingerprints) == 2 * 4
+
+    def expected():
+        hashes, rows = np.zeros([len(variables), 2], np.int64), []
+        for v, variable in enumerate(variables):
+            row = []
+            for r, copy in enumerate(variable.values):
+                with tf.device(copy.device):
+                    value = tf.convert_to_tensor(copy)
+                    hashes[v, r] = int(collector.farmhash(value, copy.dtype))
+                    row.append(collector.copy_summary(value, copy.dtype).numpy())
+            rows.append(row)
+        return hashes, np.array(rows)
+
+    for drift in (False, True):
+        if drift:
+            variables[2].values[1].assign_add(tf.ones([16, 16]))
+        stats = check()
+        hashes, rows = expected()
+        np.testing.assert_array_equal(stats[0].numpy(), hashes)
+        np.testing.assert_allclose(stats[1].numpy(), rows, rtol=1e-12, atol=1e-12)
+        differs = (hashes[:, 1] != hashes[:, 0]).tolist()
+        assert differs == [False, False, drift, False, False, False, False, False]
 
 
 # ----------------------------------------------------------------- rotating checks

@@ -41,10 +41,11 @@ indices are congruent modulo 61 (e.g. one column of a variable with 61·m column
 one bucket, and its norm is then estimated from one signed sum (still unbiased, but a relative
 standard deviation of up to 141 % for the squared norm). See docs/data-format.md.
 
-Bit-identical copies have identical stats and sketch, so `VariablesStats` hashes every copy
-first and, under a `tf.cond` on "every copy's hash equals replica 0's", summarizes replica 0's
-copy only and gives its row to every replica (the normal case: one summary and one written row
-per variable, `record.fingerprint_rows`); otherwise the differing copies are summarized.
+Bit-identical copies have identical stats and sketch, so the check of a step
+(`check.VariablesStats`) hashes every copy first and, under a `tf.cond` on "every copy's hash
+equals replica 0's", summarizes replica 0's copy only and gives its row to every replica (the
+normal case: one summary and one written row per variable, `record.fingerprint_rows`);
+otherwise the differing copies are summarized.
 
 `exact=True` adds the true element-wise difference: every copy is sent to replica 0's device and
 compared there (traffic: the whole variable per replica), giving the true max-abs and L2 norm of
@@ -73,10 +74,6 @@ GOLDEN = 0x9E3779B97F4A7C15
 MIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 MIX_SHIFTS = (30, 27, 31)
 SKETCH_SEED = 0x5EED_D21F_7A11_0001  # XORed into the row-index hash of the sketch
-# A device holding at least this many copies has them summarized at once (`fused_summary`: a
-# few segment ops, whatever the number of variables; traced ops matter more than run time then).
-# Fewer copies are summarized one by one (`copy_summary`: reductions, faster at run time).
-FUSED_MIN_COPIES = 64
 
 
 def _canonical(device):
@@ -494,8 +491,9 @@ def _sketch_signs(projection, device, static_size, rows):
 def copy_summary(value, dtype, projection=None):
     """Stats and sketch of one copy (no hash) by reductions; call under `tf.device(copy.device)`.
 
-    `VariablesStats` summarizes the copies of a short variable list this way (about 20 ops per
-    copy, fast at run time) and a long one with `fused_summary` (a few ops per device).
+    The check of a step (`check.VariablesStats`) summarizes the copies of a short variable list
+    this way, grouped by size (`grouped_summary`: about 20 ops per group of copies, fast at run
+    time), and a long one with `fused_summary` (a few ops per device).
 
     Args:
       value: the copy's value (a tensor).
@@ -534,6 +532,56 @@ def copy_summary(value, dtype, projection=None):
     return tf.concat([stats, sketch], axis=0)
 
 
+def grouped_summary(groups, projection=None):
+    """Stats and sketch of copies of one device by reductions, one set per size and dtype.
+
+    The copies of a group are the rows of one matrix, so a group costs the ops of one
+    `copy_summary` whatever its number of copies (a model's kernels and their optimizer slots
+    share sizes). Each row is reduced on its own: the values are those of `copy_summary`.
+
+    Args:
+      groups: `[(positions, matrix)]`: `matrix` is the `[k, n]` numeric copies of one dtype and
+        static size n, `positions` their k rows in the result (together: 0..count-1).
+      projection: optional cache of sketch signs per device and static size.
+
+    Returns:
+      float64 `[count, 4 + SKETCH_SIZE]` in `positions` order.
+    """
+    tables, order = [], []
+    for positions, matrix in groups:
+        tables.append(_matrix_summary(matrix, projection))
+        order.extend(positions)
+    table = tf.concat(tables, axis=0) if len(tables) > 1 else tables[0]
+    if order == sorted(order):
+        return table
+    return tf.gather(table, np.argsort(order))
+
+
+def _matrix_summary(matrix, projection):
+    """`copy_summary` of each row of a `[k, n]` numeric matrix of static shape."""
+    count, size = (int(d) for d in matrix.shape)
+    native = tf.cast(matrix, tf.uint8) if matrix.dtype.is_bool else matrix
+    flat = tf.cast(native, tf.float64)
+    if size == 0:
+        stats = tf.zeros([count, len(STAT_COLUMNS)], tf.float64)
+    else:
+        low = tf.cast(tf.reduce_min(native, axis=1), tf.float64)
+        high = tf.cast(tf.reduce_max(native, axis=1), tf.float64)
+        total = tf.reduce_sum(flat, axis=1)
+        squares = tf.reduce_sum(tf.square(flat), axis=1)
+        stats = tf.stack([low, high, total, squares], axis=1)
+    if size <= SKETCH_SIZE:
+        sketch = tf.pad(flat, [[0, 0], [0, SKETCH_SIZE - size]])
+    else:
+        rows = -(-size // SKETCH_WIDTH)
+        signs = _sketch_signs(projection, matrix.device, size, rows)
+        padded = tf.pad(flat, [[0, 0], [0, rows * SKETCH_WIDTH - size]])
+        grid = tf.reshape(padded, [count, rows, SKETCH_WIDTH])
+        sketch = tf.reduce_sum(grid * signs, axis=1)
+        sketch = tf.pad(sketch, [[0, 0], [0, SKETCH_SIZE - SKETCH_WIDTH]])
+    return tf.concat([stats, sketch], axis=1)
+
+
 def copy_fingerprint(value, dtype, projection=None, algorithm=HASH_MIX):
     """`(copy_hash(...), copy_summary(...))` of one copy (int64 scalar, float64 [4 + K]), e.g. as
     a reference for tests; call under `tf.device(copy.device)`. `algorithm`: the copy device's
@@ -550,250 +598,3 @@ def exact_difference(value, reference, dtype):
     empty = tf.equal(tf.size(diff), 0)
     max_abs = tf.where(empty, tf.constant(0.0, tf.float64), tf.reduce_max(tf.abs(diff)))
     return tf.stack([max_abs, tf.sqrt(tf.reduce_sum(tf.square(diff)))])
-
-
-def _read(copy):
-    """The value of a component variable: one `ReadVariableOp` (no Python-side wrappers)."""
-    handle = getattr(copy, "handle", None)
-    if handle is None:
-        return tf.convert_to_tensor(copy)
-    return tf.raw_ops.ReadVariableOp(resource=handle, dtype=copy.dtype)
-
-
-class _Column:
-    """The copies on one replica device: their hashes, and what the fused summary needs."""
-
-    def __init__(self):
-        self.hashes = {}  # variable index -> int64 scalar
-        self.farm_rows = []  # (variable index, [1, 8] uint8 fingerprint)
-        self.fused = []  # (variable index, [1, n] flat copy) in summary order
-        self.single = {}  # variable index -> summary of a copy outside the fused summary
-        self.device = None
-        self.joined = None  # the fused copies' elements (`_joined_by_dtype`), once joined
-
-    def hash_vector(self, num):
-        """int64 [num]: each variable's copy's hash (0 where the device holds none), assembled
-        on the device, so one tensor per device leaves it (not one scalar per copy)."""
-        others = sorted(self.hashes)  # copies not hashed by `tf.fingerprint` rows
-        order = [index for index, _ in self.farm_rows] + others
-        if not order:
-            return tf.zeros([num], tf.int64)
-        with tf.device(self.device):
-            parts = [tf.stack([self.hashes[i] for i in others])] if others else []
-            if self.farm_rows:
-                rows = tf.concat([row for _, row in self.farm_rows], axis=0)
-                parts.insert(0, tf.reshape(tf.bitcast(rows, tf.int64), [-1]))
-            if order == list(range(num)):
-                return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
-            where = {index: i for i, index in enumerate(order)}
-            table = tf.concat([*parts, tf.zeros([1], tf.int64)], axis=0)
-            return tf.gather(table, [where.get(i, len(order)) for i in range(num)])
-
-    def join(self):
-        """Joins the fused copies' elements by dtype now (a branch then captures a few tensors)."""
-        with tf.device(self.device):
-            self.joined = _joined_by_dtype([flat for _, flat in self.fused])
-
-
-class VariablesStats:
-    """The variables family for one logged step, in cross-replica context.
-
-    Per replica device, every copy is hashed (`copy_hash`: one `tf.fingerprint` per copy on a
-    CPU) and all the copies' stats and sketches are computed at once (`fused_summary`: a few
-    segment sums over the concatenated elements), so the traced check has a handful of ops per
-    copy whatever the model. Bit-identical copies have identical summaries: under one `tf.cond`
-    on "every copy's hash equals replica 0's" only replica 0's copies are summarized and their
-    rows are written for every replica; otherwise every replica's copies are summarized.
-
-    Args:
-      entries: `VariableEntry` list (the V axis).
-      num_replicas: R, the number of local replica devices (the R axis).
-      exact: also compute the exact element-wise difference from replica 0.
-      layouts: optional dict caching the `SummaryLayout` of each device and size list.
-      fused_min_copies: a device holding at least this many copies has them summarized at once
-        (`fused_summary`), fewer one by one (`copy_summary`). The default suits a check that
-        runs in the training step; a check traced for one host-side call (epoch ends) passes 1,
-        as its cost is tracing, not running.
-      part: `part(index, value)`: the slice of variable `index`'s copy to check (`rotation.py`).
-
-    Attributes:
-      hash: int64 [V, R] (0 where replica r's device holds no copy).
-      fingerprint: float64 [V, R, 4 + K] (NaN where replica r's device holds no copy).
-      exact: float64 [V, R, 2] `(max_abs, l2)` of copy r minus copy 0, or None.
-      present: bool numpy [V, R]: replica r's device holds a copy.
-      shareable: bool numpy [V]: a copy hashing like replica 0's has replica 0's row exactly.
-    """
-
-    def __init__(
-        self,
-        entries,
-        num_replicas,
-        exact=False,
-        layouts=None,
-        fused_min_copies=FUSED_MIN_COPIES,
-        part=None,
-    ):
-        width = len(STAT_COLUMNS) + SKETCH_SIZE
-        layouts = {} if layouts is None else layouts
-        columns = [_Column() for _ in range(num_replicas)]
-        values = []  # per variable {column: value}
-        exacts = []
-        projection = {}
-        # One constant of each for every copy's ops (fewer nodes to trace and optimize).
-        row_shape = tf.constant([1, -1], tf.int32)
-        farmhash_method = tf.constant("farmhash64")
-        for index, entry in enumerate(entries):
-            present = {}
-            for copy, column, algorithm in zip(
-                entry.copies, entry.columns, entry.hashes, strict=True
-            ):
-                if column < 0 or column in present:
-                    continue
-                target = columns[column]
-                with tf.device(copy.device):
-                    target.device = target.device or copy.device
-                    value = _read(copy) if part is None else part(index, _read(copy))
-                    present[column] = value
-                    numeric = is_numeric(entry.dtype) and _static_size(value) is not None
-                    flat = tf.reshape(value, row_shape) if numeric else None
-                    if algorithm == HASH_FARMHASH and numeric:
-                        # tf.fingerprint hashes the raw bytes of each slice: the whole copy.
-                        target.farm_rows.append(
-                            (index, tf.raw_ops.Fingerprint(data=flat, method=farmhash_method))
-                        )
-                    else:
-                        target.hashes[index] = copy_hash(value, entry.dtype, algorithm, projection)
-                    if numeric:
-                        target.fused.append((index, flat))
-                    else:
-                        target.single[index] = copy_summary(value, entry.dtype)
-            values.append(present)
-            if exact:
-                row = [tf.constant([np.nan, np.nan], tf.float64)] * num_replicas
-                if 0 in present:
-                    with tf.device(entries[index].copies[entries[index].columns.index(0)].device):
-                        for column, value in present.items():
-                            # Copies the whole of copy r to replica 0's device.
-                            row[column] = exact_difference(value, present[0], entry.dtype)
-                exacts.append(tf.stack(row))
-        num = len(entries)
-        hashes = [column.hash_vector(num) for column in columns]
-        self.hash = tf.stack(hashes, axis=1) if num else tf.zeros([0, num_replicas], tf.int64)
-
-        missing = tf.fill([1, width], tf.constant(np.nan, tf.float64))
-
-        def at_once(column):  # the column's copies summarized at once (`fused_summary`)
-            return bool(column.fused) and len(column.fused) >= fused_min_copies
-
-        def summarize(column, reuse=None):
-            """[rows of the column's fused copies + singles, then a NaN row], and row of each
-            variable index. `reuse`: `(need, rows)` for a fused column, bool [copies] and their
-            rows of replica 0: only the copies where `need` holds are summarized."""
-            rows = []
-            where = {index: i for i, (index, _) in enumerate(column.fused)}
-            if at_once(column):
-                sizes = tuple(_static_size(flat) for _, flat in column.fused)
-                dtypes = tuple(flat.dtype for _, flat in column.fused)
-                key = (column.device, sizes, dtypes)
-                if key not in layouts:
-                    layouts[key] = SummaryLayout(sizes, column.device)
-                with tf.device(column.device):
-                    if column.joined is None:
-                        column.join()
-                    if reuse is None:
-                        rows.append(fused_summary(_as_float64(column.joined), layouts[key]))
-                    else:
-                        need, shared_rows = reuse
-                        own = partial_fused_summary(
-                            column.joined, _dtype_runs(dtypes), layouts[key], need
-                        )
-                        rows.append(tf.where(need[:, None], own, shared_rows))
-            elif column.fused:
-                with tf.device(column.device):
-                    rows.append(
-                        tf.stack([copy_summary(f, f.dtype, projection) for _, f in column.fused])
-                    )
-            for index, summary in column.single.items():
-                where[index] = len(where)
-                rows.append(summary[None, :])
-            rows.append(missing)
-            return tf.concat(rows, axis=0), where
-
-        def gather(table, where):
-            """One row per variable: its row of `table`, or the NaN row (the last)."""
-            return tf.gather(table, [where.get(i, len(where)) for i in range(num)])
-
-        shareable = [
-            i
-            for i, entry in enumerate(entries)
-            if 0 in values[i]
-            and len(values[i]) > 1
-            and is_numeric(entry.dtype)
-            and len(set(entry.hashes)) == 1
-        ]
-        present = [[r in copies for r in range(num_replicas)] for copies in values]
-        self.present = np.array(present, dtype=bool).reshape(num, num_replicas)
-        self.shareable = np.isin(np.arange(num), shareable)
-        if not num:
-            self.fingerprint = tf.zeros([0, num_replicas, width], tf.float64)
-        else:
-            table0, where0 = summarize(columns[0])
-            matrices = [gather(table0, where0)]
-            if num_replicas > 1:
-                same = tf.constant(True)
-                if shareable:
-                    # Every present copy of a shareable variable hashes like replica 0's.
-                    mask = self.present & self.shareable[:, None]
-                    equal = tf.equal(self.hash, self.hash[:, :1])
-                    same = tf.reduce_all(tf.logical_or(equal, tf.constant(~mask)))
-                shared = set(shareable)
-
-                def agree(r):
-                    column = columns[r]
-                    own = _Column()
-                    own.device = column.device
-                    own.fused = [(i, f) for i, f in column.fused if i not in shared]
-                    own.single = {i: s for i, s in column.single.items() if i not in shared}
-                    table, where = summarize(own)
-                    full = tf.concat([table0, table], axis=0)
-                    offset = table0.shape[0]
-                    positions = []
-                    for i in range(num):
-                        if i in shared and r in values[i]:
-                            positions.append(where0[i])
-                        elif i in where:
-                            positions.append(offset + where[i])
-                        else:
-                            positions.append(offset + len(where))  # NaN row
-                    return tf.gather(full, positions)
-
-                def differ(r):
-                    column = columns[r]
-                    reuse = None
-                    if at_once(column):
-                        # A copy bit-identical to replica 0's takes its rows (the same values
-                        # the agreeing branch writes); the others are summarized.
-                        indices = [i for i, _ in column.fused]
-                        reusable = [i in shared for i in indices]  # each in where0
-                        equal = tf.gather(tf.equal(self.hash[:, r], self.hash[:, 0]), indices)
-                        need = tf.logical_not(tf.logical_and(equal, tf.constant(reusable)))
-                        positions0 = [where0[i] if i in shared else 0 for i in indices]
-                        rows0 = tf.gather(table0, positions0)
-                        reuse = (need, rows0)
-                    table, where = summarize(column, reuse)
-                    return gather(table, where)
-
-                for column in columns[1:]:
-                    if at_once(column):
-                        column.join()  # outside the cond: one capture per dtype, not per copy
-
-                others = tf.cond(
-                    same,
-                    lambda: [agree(r) for r in range(1, num_replicas)],
-                    lambda: [differ(r) for r in range(1, num_replicas)],
-                )
-                matrices.extend(others)
-            self.fingerprint = tf.stack(matrices, axis=1)
-        self.exact = None
-        if exact:
-            self.exact = tf.stack(exacts) if exacts else tf.zeros([0, num_replicas, 2], tf.float64)

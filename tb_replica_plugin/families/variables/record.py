@@ -1,7 +1,7 @@
 """Variables family, write side: where each copy of every variable lives, and how far it drifts.
 
 At the steps it is called for (logged steps), every copy of every variable is fingerprinted on its
-own device (`fingerprint.VariablesStats`: a bitwise hash, min/max/sum/sum of squares and a
+own device (`check.VariablesStats`: a bitwise hash, min/max/sum/sum of squares and a
 61-bucket sketch), so no copy leaves its device; the placement document is written at the first
 check and whenever it changes. With a budget, a check inside a `tf.function` reads a slice of
 each large variable that rotates with the logged step (`rotation.py`; `variables/window` says
@@ -19,7 +19,7 @@ from tensorflow.core.protobuf import config_pb2
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.core.recorder import run_if
-from tb_replica_plugin.families.variables import fingerprint, rotation, schema
+from tb_replica_plugin.families.variables import check, fingerprint, rotation, schema
 
 # The family's state vector: its step counter, placement written, placement fingerprint.
 _STEP, _HAS_PLACEMENT, _PLACEMENT_FP = range(3)
@@ -55,7 +55,7 @@ def fingerprint_rows(stats):
     """The written `variables/fingerprint` (version 2): one row per copy that is not replica 0's.
 
     Args:
-      stats: a `fingerprint.VariablesStats`.
+      stats: a `check.VariablesStats`.
 
     Returns:
       float64 [U, 2 + 4 + K]: `(v, r, fingerprint[v, r])` for every copy on replica 0 and every
@@ -93,13 +93,16 @@ def _slicer(index, period, sizes, chunks):
     chunk = np.array([c or 0 for c in chunks], dtype=np.int64)
     first = tf.minimum((index % period) * chunk, size - chunk)  # rotation.py's slice starts
     cut = [n is not None and c < n for n, c in zip(sizes, chunks, strict=True)]
-    begins = {v: first[v : v + 1] for v in range(len(sizes)) if cut[v]}
-    flat = tf.constant([-1])
+    on_device = {}  # device -> (slice starts, [-1]) there: one transfer per device, not per copy
 
     def part(v, value):
         if not cut[v]:
             return value
-        return tf.slice(tf.reshape(value, flat), begins[v], [int(chunks[v])])
+        if value.device not in on_device:
+            with tf.device(value.device):  # each variable's start, by one split
+                on_device[value.device] = (tf.split(first, len(sizes)), tf.constant([-1]))
+        starts, flat = on_device[value.device]
+        return tf.slice(tf.reshape(value, flat), starts[v], [int(chunks[v])])
 
     counts = np.where(cut, chunk, [-1 if n is None else n for n in sizes])
     return part, tf.stack([first, tf.constant(counts, tf.int64)], axis=1)
@@ -221,7 +224,7 @@ class Recorder(RecorderBase):
         exact,
         window,
         step,
-        fused_min_copies=fingerprint.FUSED_MIN_COPIES,
+        fused_min_copies=check.FUSED_MIN_COPIES,
         rotate=True,
     ):
         """Fingerprints every copy (or this step's slices, see `rotation.py`) and writes the
@@ -236,7 +239,7 @@ class Recorder(RecorderBase):
                 part, extent = _slicer(step // (probe.update_freq or 1), period, sizes, chunks)
             else:
                 extent = tf.constant([[0, n] for n in whole], tf.int64)
-        stats = fingerprint.VariablesStats(
+        stats = check.VariablesStats(
             entries, probe.num_replicas, exact, self._layouts, fused_min_copies, part
         )
         current = counters.read_value()
