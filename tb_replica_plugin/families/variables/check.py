@@ -123,12 +123,14 @@ class _Column:
 class VariablesStats:
     """The variables family for one logged step, in cross-replica context.
 
-    Per replica device, every copy is hashed (`copy_hash`: one `tf.fingerprint` per copy on a
-    CPU) and all the copies' stats and sketches are computed at once (`fused_summary`: a few
-    segment sums over the concatenated elements), so the traced check has a handful of ops per
-    copy whatever the model. Bit-identical copies have identical summaries: under one `tf.cond`
-    on "every copy's hash equals replica 0's" only replica 0's copies are summarized and their
-    rows are written for every replica; otherwise every replica's copies are summarized.
+    Per replica device, the copies are hashed by groups of one size and dtype (one
+    `tf.fingerprint` per group on a CPU; `copy_hash` per copy elsewhere) and summarized by
+    groups (`grouped_summary`) or all at once (`fused_summary`: a few segment sums over the
+    concatenated elements, for 64 copies or more), so the traced check has a few ops per group
+    whatever the size of the variables. Bit-identical copies have identical summaries: under
+    one `tf.cond` on "every copy's hash equals replica 0's" only replica 0's copies are
+    summarized and their rows are written for every replica; otherwise every replica's copies
+    are summarized.
 
     Args:
       entries: `VariableEntry` list (the V axis).
@@ -164,8 +166,7 @@ class VariablesStats:
         values = []  # per variable {column: value}
         exacts = []
         projection = {}
-        # One constant of each for every copy's ops (fewer nodes to trace and optimize).
-        row_shapes = {}  # device -> its [1, -1] (a constant of each device's own: no transfers)
+        row_shapes = {}  # device -> its own [1, -1] constant (no transfer per copy)
         for index, entry in enumerate(entries):
             present = {}
             for copy, column, algorithm in zip(

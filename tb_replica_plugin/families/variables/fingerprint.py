@@ -537,7 +537,7 @@ def grouped_summary(groups, projection=None):
 
     The copies of a group are the rows of one matrix, so a group costs the ops of one
     `copy_summary` whatever its number of copies (a model's kernels and their optimizer slots
-    share sizes). Each row is reduced on its own: the values are those of `copy_summary`.
+    share sizes). Each row gets the reductions `copy_summary` applies to one copy.
 
     Args:
       groups: `[(positions, matrix)]`: `matrix` is the `[k, n]` numeric copies of one dtype and
