@@ -15,6 +15,7 @@ from conftest import REPO
 import tb_replica_plugin
 
 # run → sorted [(kind, severity, replicas, first_step)]; an empty list is a clean twin.
+WALL_CLOCK = "a timed step"
 EXPECTED = {
     "balanced/replicas": [],
     "empty_last_shard/replicas": [("empty_shard", "warning", [2, 3], 2)],
@@ -34,7 +35,8 @@ EXPECTED = {
     # Multi-worker jobs (2 worker processes, one replica each; demo/multiworker.py).
     "mw_clean/replicas": [],
     "mw_fit_tf_keras/replicas": [],
-    "mw_straggler/replicas": [("straggler", "warning", [1], 2)],
+    # Measured in wall-clock time: the first slow step is any timed step (2..7), see below.
+    "mw_straggler/replicas": [("straggler", "warning", [1], WALL_CLOCK)],
     "mw_drift/replicas": [("variable_drift", "error", [1], 0)],
     "mw_uneven_shard/replicas": [
         ("first_batch_uneven", "error", [1], 0),
@@ -78,6 +80,11 @@ def test_demo_scenario_gives_its_expected_findings(demo_report, run):
     found = sorted(
         (f.kind, f.severity, f.replicas, f.first_step) for f in demo_report.findings[run]
     )
+    if any(expected[3] == WALL_CLOCK for expected in EXPECTED[run]):
+        # A straggler's first slow step depends on the host's load at that step (worker 0 may
+        # be slow once too); the first step 0 and 1 are never timed (no period, warm-up).
+        assert all(f[3] in range(2, 8) for f in found), found
+        found = [(*f[:3], WALL_CLOCK) for f in found]
     assert found == sorted(EXPECTED[run])
     for finding in demo_report.findings[run]:
         assert finding.run == run

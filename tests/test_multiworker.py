@@ -151,8 +151,11 @@ def test_slowed_worker_is_the_straggler(report):
     busy = np.median(timing.busy[2:], axis=0)
     assert busy[1] >= multiworker.STRAGGLER_SLEEP * 0.95
     assert busy[0] < busy[1] / 2
-    # (from step 2: at step 1 worker 0 still carries its early start at step 0)
-    np.testing.assert_allclose(timing.period[2:, 0], timing.period[2:, 1], atol=0.05)
+    # (from step 2: at step 1 worker 0 still carries its early start at step 0). A step's end
+    # on one worker can come late by the host's load and the next one early, so the medians.
+    period = np.median(timing.period[2:], axis=0)
+    assert abs(period[0] - period[1]) < 0.05
+    assert period[1] >= multiworker.STRAGGLER_SLEEP
     stragglers = [f for f in report.findings["mw_straggler/replicas"] if f.kind == "straggler"]
     assert len(stragglers) == 1
     straggler = stragglers[0]
