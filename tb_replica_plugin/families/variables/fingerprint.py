@@ -506,30 +506,7 @@ def copy_summary(value, dtype, projection=None):
     """
     if not is_numeric(dtype):
         return tf.fill([len(STAT_COLUMNS) + SKETCH_SIZE], tf.constant(np.nan, tf.float64))
-    native = tf.reshape(value, [-1])
-    if dtype.is_bool:
-        native = tf.cast(native, tf.uint8)
-    flat = tf.cast(native, tf.float64)
-    static_size = flat.shape[0]
-    size = tf.size(flat, out_type=tf.int64)
-    zero = tf.constant(0.0, tf.float64)
-    # min and max in the copy's own type (exact, half the bytes of float64 for float32).
-    low = tf.cast(tf.reduce_min(native), tf.float64)
-    high = tf.cast(tf.reduce_max(native), tf.float64)
-    if static_size is None or static_size == 0:
-        empty = tf.equal(size, 0)
-        low, high = tf.where(empty, zero, low), tf.where(empty, zero, high)
-    stats = tf.stack([low, high, tf.reduce_sum(flat), tf.reduce_sum(tf.square(flat))])
-    if static_size is not None and static_size <= SKETCH_SIZE:
-        # Small variables are their own sketch: exact, no hashing.
-        sketch = tf.pad(flat, [[0, SKETCH_SIZE - static_size]])
-    else:
-        rows = (size + SKETCH_WIDTH - 1) // SKETCH_WIDTH
-        signs = _sketch_signs(projection, value.device, static_size, rows)
-        grid = tf.reshape(tf.pad(flat, [[0, rows * SKETCH_WIDTH - size]]), [-1, SKETCH_WIDTH])
-        sketch = tf.reduce_sum(grid * signs, axis=0)
-        sketch = tf.pad(sketch, [[0, SKETCH_SIZE - SKETCH_WIDTH]])
-    return tf.concat([stats, sketch], axis=0)
+    return _matrix_summary(tf.reshape(value, [1, -1]), projection)[0]
 
 
 def grouped_summary(groups, projection=None):
@@ -558,25 +535,32 @@ def grouped_summary(groups, projection=None):
 
 
 def _matrix_summary(matrix, projection):
-    """`copy_summary` of each row of a `[k, n]` numeric matrix of static shape."""
-    count, size = (int(d) for d in matrix.shape)
+    """Stats and sketch of each row of a numeric `[k, n]` matrix (k static, n static or not):
+    float64 `[k, 4 + SKETCH_SIZE]`, the reductions of `copy_summary` per row."""
+    count, size = int(matrix.shape[0]), matrix.shape[1]  # size: None when not static
     native = tf.cast(matrix, tf.uint8) if matrix.dtype.is_bool else matrix
     flat = tf.cast(native, tf.float64)
+    length = size if size is not None else tf.shape(flat, out_type=tf.int64)[1]
     if size == 0:
         stats = tf.zeros([count, len(STAT_COLUMNS)], tf.float64)
     else:
+        # min and max in the copy's own type (exact, half the bytes of float64 for float32).
         low = tf.cast(tf.reduce_min(native, axis=1), tf.float64)
         high = tf.cast(tf.reduce_max(native, axis=1), tf.float64)
+        if size is None:  # an empty copy has min and max 0
+            zero, empty = tf.constant(0.0, tf.float64), tf.equal(length, 0)
+            low, high = tf.where(empty, zero, low), tf.where(empty, zero, high)
         total = tf.reduce_sum(flat, axis=1)
         squares = tf.reduce_sum(tf.square(flat), axis=1)
         stats = tf.stack([low, high, total, squares], axis=1)
-    if size <= SKETCH_SIZE:
+    if size is not None and size <= SKETCH_SIZE:
+        # Small variables are their own sketch: exact, no hashing.
         sketch = tf.pad(flat, [[0, 0], [0, SKETCH_SIZE - size]])
     else:
-        rows = -(-size // SKETCH_WIDTH)
+        rows = (length + SKETCH_WIDTH - 1) // SKETCH_WIDTH
         signs = _sketch_signs(projection, matrix.device, size, rows)
-        padded = tf.pad(flat, [[0, 0], [0, rows * SKETCH_WIDTH - size]])
-        grid = tf.reshape(padded, [count, rows, SKETCH_WIDTH])
+        padded = tf.pad(flat, [[0, 0], [0, rows * SKETCH_WIDTH - length]])
+        grid = tf.reshape(padded, [count, -1, SKETCH_WIDTH])
         sketch = tf.reduce_sum(grid * signs, axis=1)
         sketch = tf.pad(sketch, [[0, 0], [0, SKETCH_SIZE - SKETCH_WIDTH]])
     return tf.concat([stats, sketch], axis=1)
