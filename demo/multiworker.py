@@ -65,7 +65,7 @@ HALT_EXAMPLE = 1
 # The workers run with `tf.keras` = tf_keras (Keras 2): Keras 3 `fit` cannot run under
 # MultiWorkerMirroredStrategy, tf_keras `fit` can. The custom loops import Keras 3 directly.
 WORKER_ENV = {"TF_USE_LEGACY_KERAS": "1"}
-STRAGGLER_SLEEP = 0.2
+STRAGGLER_SLEEP = 0.4
 # Added by the perturbed worker of `mw_drift` to each of its kernel's copies after every update.
 PERTURBATION = 1e-3
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
