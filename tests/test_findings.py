@@ -82,7 +82,7 @@ def test_demo_scenario_gives_its_expected_findings(demo_report, run):
     )
     if any(expected[3] == WALL_CLOCK for expected in EXPECTED[run]):
         # A straggler's first slow step depends on the host's load at that step (worker 0 may
-        # be slow once too); the first step 0 and 1 are never timed (no period, warm-up).
+        # be slow once too); steps 0 and 1 are never timed (no period; warm-up).
         assert all(f[3] in range(2, 8) for f in found), found
         found = [(*f[:3], WALL_CLOCK) for f in found]
     assert found == sorted(EXPECTED[run])
