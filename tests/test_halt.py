@@ -194,6 +194,43 @@ def test_run_if_keeps_a_function_branch_out_of_the_lowering():
     assert lowering == {True: [False], False: [True]}
 
 
+def test_each_replicas_nonfinite_counts_are_taken_in_an_if_on_its_device():
+    """On CPU replicas the fault branch's counts of each replica come from a functional `If` on
+    that replica's device, taking only its own tensors: its NaN/Inf counts where its flag is
+    False, zeros where it is True (the host then gets one int32 [4] per replica, no gradient)."""
+    from tb_replica_plugin.families.gradients import record as gradients_record
+
+    devices = ["/device:CPU:0", "/device:CPU:1"]
+    nan, inf = float("nan"), float("inf")
+
+    @tf.function
+    def counts(grads, losses, healthy):
+        return tf.stack(
+            [
+                gradients_record._counts_where_unhealthy(  # noqa: SLF001
+                    [grads[r]], losses[r], healthy[r], True, devices, r
+                )
+                for r in range(2)
+            ],
+            axis=1,
+        )
+
+    grads = (tf.constant([nan, 1.0, inf, inf]), tf.constant([2.0, nan, 4.0, 5.0]))
+    losses = (tf.constant(inf), tf.constant(1.0))
+    # Replica 1 says healthy: its branch is not taken, so its NaN is not counted (a real flag
+    # is False wherever a NaN is; this shows which branch ran).
+    result = counts(grads, losses, (tf.constant(False), tf.constant(True)))
+    assert result.numpy().tolist() == [[1, 0], [2, 0], [0, 0], [1, 0]]
+    graph = counts.get_concrete_function(grads, losses, (tf.constant(False),) * 2).graph
+    ifs = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+    assert [tf.DeviceSpec.from_string(op.device).device_index for op in ifs] == [0, 1]
+    assert [op.get_attr("_lower_using_switch_merge") for op in ifs] == [False, False]
+    # Each takes its own replica's gradient and loss (after its predicate), nothing else.
+    inputs = [[t.op.name for t in op.inputs[1:]] for op in ifs]
+    assert inputs == [["grads", "losses"], ["grads_1", "losses_1"]]
+    assert [[t.dtype for t in op.outputs] for op in ifs] == [[tf.int32]] * 2
+
+
 def test_halt_on_rejects_unknown_kinds():
     with pytest.raises(ValueError, match="unknown finding kind.*'nan'.*nonfinite_gradients"):
         ReplicaCallback("unused", halt_on=["nan"])

@@ -48,9 +48,24 @@ def run_if(condition, body, as_function=False):
     def taken():
         body()
 
+    cond_value(condition, taken, lambda: None, as_function=as_function)
+
+
+def cond_value(condition, true_fn, false_fn, as_function=False):
+    """`tf.cond(condition, true_fn, false_fn)`, kept a functional `If` when `as_function`.
+
+    Args:
+      condition: a bool scalar tensor.
+      true_fn, false_fn: functions of no arguments returning the same structure (or None).
+      as_function: as in `run_if`; the `If` runs on the device scope it is built under, so an
+        `If` built under a replica's device takes that replica's tensors without a transfer.
+
+    Returns:
+      The output of the branch taken.
+    """
     graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
     first = len(graph.get_operations()) if graph is not None else 0
-    tf.cond(condition, taken, lambda: None)
+    result = tf.cond(condition, true_fn, false_fn)
     if as_function and graph is not None:
         from tensorflow.core.framework import attr_value_pb2
 
@@ -58,6 +73,7 @@ def run_if(condition, body, as_function=False):
             if op.type in ("If", "StatelessIf"):
                 # What cond_v2 sets to True inside a tf.function (no public switch for it).
                 op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))  # noqa: SLF001
+    return result
 
 
 def host_variable(initial, shape=None, name=None):

@@ -11,9 +11,11 @@ few scalars per variable, so only `V + 2` floats and 4 ints per replica ever lea
 
 The counts are cheap to skip: the global squared norm is finite exactly when no gradient holds a
 NaN or an Inf (or the squares overflow float32, beyond ~1.8e19 per element), so each replica
-only computes that flag (with the loss check); the probe computes the exact counts of every
-replica inside one `tf.cond` on the flags. A step without NaN/Inf costs the V reductions (one
-`l2_loss` each) and one scalar `is_finite` per replica.
+only computes that flag (with the loss check); the exact counts are computed only where a flag
+is False: on CPU replicas in one `If` per replica on its device (its gradients stay there), on
+accelerators in one `tf.cond` on the host over every replica (`nonfinite_counts_across`). A step
+without NaN/Inf costs the V reductions (one `l2_loss` each) and one scalar `is_finite` per
+replica.
 """
 
 import functools
@@ -24,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.core.recorder import run_if
+from tb_replica_plugin.core.recorder import cond_value, run_if
 from tb_replica_plugin.families.gradients import capture, schema
 from tb_replica_plugin.families.inputs.record import flatten_with_names
 
@@ -188,7 +190,9 @@ def nonfinite_counts_across(values, losses, has_loss, devices=None):
     variable's R gradients are stacked and the counts taken from one [R, elements] matrix on the
     host CPU: about a third of the ops of one set per replica. The branch runs only at a faulty
     step, so the copy to the host is rare; it is traced with every step function, so its op count
-    is what a user pays. Otherwise each replica's counts are taken on its own device.
+    is what a user pays. Otherwise each replica's counts are taken on its own device. The probe
+    uses it where the fault branch is lowered (accelerators); on CPU replicas each replica's
+    counts come from its own `If` instead (`_counts_where_unhealthy`).
 
     Args:
       values: `[R][V]` the replicas' float32 gradient values (from `replica_stats`).
@@ -237,6 +241,19 @@ def nonfinite_counts_across(values, losses, has_loss, devices=None):
         else:
             loss_counts = tf.zeros([2, count], tf.int32)
         return tf.concat([counts, loss_counts], axis=0)
+
+
+def _counts_where_unhealthy(values, loss_value, healthy, has_loss, devices, replica):
+    """One replica's `nonfinite_counts` where its `healthy` flag is False (else zeros), in a
+    functional `If` on its device: a healthy replica's counts are zeros (a finite sum of squares
+    and loss hold no NaN or Inf)."""
+    with tf.device(devices[replica] if replica < len(devices) else None):
+        return cond_value(
+            tf.logical_not(healthy),
+            lambda: nonfinite_counts(values, loss_value, has_loss),
+            lambda: tf.zeros([len(NONFINITE_ROWS)], tf.int32),
+            as_function=True,
+        )
 
 
 def raw_rows(per_replica_sq, per_replica_loss):
@@ -498,11 +515,29 @@ class Recorder(RecorderBase):
 
         local_fault = tf.logical_not(tf.reduce_all(tf.stack(healthy)))
         any_fault = local_fault if job_bad is None else tf.logical_or(local_fault, job_bad > 0)
+        if probe.branches_as_functions:
+            # CPU replicas: each replica's counts in an `If` on its own device, so its gradients
+            # and loss stay there and one int32 [4] per replica reaches the host at each step
+            # (as inputs of the host's `If` they would each be a transfer at every step).
+            per_replica_counts = tf.stack(
+                [
+                    _counts_where_unhealthy(values[r], loss[r], healthy[r], has_loss, devices, r)
+                    for r in range(len(values))
+                ],
+                axis=1,
+            )
+
+            def nonfinite_counts_now():
+                return per_replica_counts
+        else:
+
+            def nonfinite_counts_now():
+                return nonfinite_counts_across(values, loss, has_loss, devices)
 
         def write_nonfinite():
             # Only at a step where some replica's squared norm or loss is not finite (on this
             # worker, or on another one with `sync_faults`).
-            counts = nonfinite_counts_across(values, loss, has_loss, devices)  # [4, R]
+            counts = nonfinite_counts_now()  # [4, R]
             probe.write(
                 tf.logical_and(tf.reduce_any(counts > 0), recording),
                 schema.TAG_GRAD_NONFINITE,
