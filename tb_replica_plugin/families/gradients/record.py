@@ -515,6 +515,7 @@ class Recorder(RecorderBase):
 
         local_fault = tf.logical_not(tf.reduce_all(tf.stack(healthy)))
         any_fault = local_fault if job_bad is None else tf.logical_or(local_fault, job_bad > 0)
+        per_replica_counts = None
         if probe.branches_as_functions:
             # CPU replicas: each replica's counts in an `If` on its own device, so its gradients
             # and loss stay there and one int32 [4] per replica reaches the host at each step
@@ -527,17 +528,15 @@ class Recorder(RecorderBase):
                 axis=1,
             )
 
-            def nonfinite_counts_now():
-                return per_replica_counts
-        else:
-
-            def nonfinite_counts_now():
-                return nonfinite_counts_across(values, loss, has_loss, devices)
-
         def write_nonfinite():
             # Only at a step where some replica's squared norm or loss is not finite (on this
-            # worker, or on another one with `sync_faults`).
-            counts = nonfinite_counts_now()  # [4, R]
+            # worker, or on another one with `sync_faults`). Accelerators: the counts of every
+            # replica in this host branch, so the gradients move only at such a step.
+            counts = (
+                nonfinite_counts_across(values, loss, has_loss, devices)
+                if per_replica_counts is None
+                else per_replica_counts
+            )  # [4, R]
             probe.write(
                 tf.logical_and(tf.reduce_any(counts > 0), recording),
                 schema.TAG_GRAD_NONFINITE,
