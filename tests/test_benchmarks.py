@@ -105,3 +105,32 @@ def test_job_scale_serves_the_whole_job_on_both_loaders():
         assert figures["peak_rss_mb"] > 50
     assert result["report_replicas"] == 4 and result["report_s"] > 0
     assert result["report_peak_rss_mb"] > 50
+
+
+def test_fit_alternated_times_both_copies_every_round():
+    """`benchmarks.fit_alternated` at a tiny size (run on its own, not by `-m benchmarks`)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fit_alternated", "--quick"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["benchmark"] == "fit_alternated"
+    assert (result["variant"], result["rounds"], result["steps_per_epoch"]) == (
+        "replica_callback_default",
+        2,
+        2,
+    )
+    for figure in ("cpu_per_step", "cpu_per_fit"):
+        assert set(result[figure]) == {"no_callback", "replica_callback_default"}
+        assert all(len(v) == 2 and min(v) > 0 for v in result[figure].values())
+    ratio = result["ratio_per_step"]
+    per_step = result["cpu_per_step"]
+    expected = sorted(
+        a / b
+        for a, b in zip(per_step["replica_callback_default"], per_step["no_callback"], strict=True)
+    )
+    assert ratio["min"] == round(expected[0], 4) and ratio["max"] == round(expected[-1], 4)
