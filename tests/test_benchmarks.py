@@ -7,16 +7,23 @@ import sys
 from conftest import REPO
 
 
-def test_every_benchmark_runs_and_prints_its_figures():
+def _run_benchmark(module, *args, timeout=600):
+    """Runs `python -m <module> <args>` in the repo; returns its stdout (exit status 0 asserted)."""
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick"],
+        [sys.executable, "-m", module, *args],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    results = {r["benchmark"]: r for r in json.loads(done.stdout)}
+    return done.stdout
+
+
+def test_every_benchmark_runs_and_prints_its_figures():
+    results = {
+        r["benchmark"]: r for r in json.loads(_run_benchmark("benchmarks", "--quick", timeout=1200))
+    }
     assert set(results) == {
         "fit_overhead",
         "loop_overhead",
@@ -82,16 +89,10 @@ def test_every_benchmark_runs_and_prints_its_figures():
 
 def test_job_scale_serves_the_whole_job_on_both_loaders():
     """`benchmarks.job_scale` at a tiny size (run on its own, not by `python -m benchmarks`)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.job_scale"]
-        + ["--workers", "2", "--replicas", "2", "--steps", "4"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    stdout = _run_benchmark(
+        "benchmarks.job_scale", "--workers", "2", "--replicas", "2", "--steps", "4"
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(stdout.strip().splitlines()[-1])
     assert (result["workers"], result["replicas"], result["steps"]) == (2, 2, 4)
     for loader in ("python", "rust"):
         figures = result[loader]
@@ -109,15 +110,7 @@ def test_job_scale_serves_the_whole_job_on_both_loaders():
 
 def test_fit_alternated_times_both_copies_every_round():
     """`benchmarks.fit_alternated` at a tiny size (run on its own, not by `-m benchmarks`)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.fit_alternated", "--quick"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
+    result = json.loads(_run_benchmark("benchmarks.fit_alternated", "--quick"))
     assert result["benchmark"] == "fit_alternated"
     assert (result["variant"], result["rounds"], result["steps_per_epoch"]) == (
         "replica_callback_default",
