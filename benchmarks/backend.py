@@ -20,10 +20,11 @@ Prints one JSON document with medians over `--repeats` and the ratio replicas / 
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
+
+from benchmarks import common
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -175,7 +176,7 @@ def main(argv=None):
     inputs_bytes = len(replicas_get("/inputs", "run=synthetic"))
     result = {
         "benchmark": "backend",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "machine": common.machine(),
         "replicas": args.replicas,
         "steps": args.steps,
         "points_per_plugin": args.replicas * args.steps,

@@ -1,4 +1,5 @@
-"""What the `fit` benchmarks share: the MLP, its data, and variants timed in alternation.
+"""What the benchmarks share: the machine line, ratio ranges, and for the `fit` benchmarks the MLP,
+its data, and variants timed in alternation.
 
 The model is the performance issue's MLP (64 → 256 → 256 → 1, Adam, MSE) on a cached dataset
 of global batch 256; each round fits every variant once (A B C … A B C …) so drift of the
@@ -6,9 +7,37 @@ machine hits them alike, and the first epoch of each fit (tracing) is not timed.
 """
 
 import os
+import platform
+import statistics
 import time
 
 GLOBAL_BATCH = 256
+
+
+def machine():
+    """The machine line every benchmark prints: architecture, cores, Python version."""
+    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}"
+
+
+def ratio_range(variant, baseline):
+    """Median, min and max (4 decimals) of the pairwise ratios `variant[i] / baseline[i]`.
+
+    Args:
+      variant, baseline: equal-length sequences of positive figures, paired by index.
+
+    Returns:
+      `{"median": m, "min": lo, "max": hi}`.
+
+    Example:
+      >>> ratio_range([2.0, 3.0, 6.0], [1.0, 2.0, 3.0])
+      {'median': 2.0, 'min': 1.5, 'max': 2.0}
+    """
+    ratios = [v / b for v, b in zip(variant, baseline, strict=True)]
+    return {
+        "median": round(statistics.median(ratios), 4),
+        "min": round(min(ratios), 4),
+        "max": round(max(ratios), 4),
+    }
 
 
 def mlp_dataset(steps_per_epoch, seed=0):

@@ -23,7 +23,6 @@ Two measurements on 4 logical CPU replicas, printed as one JSON document:
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -108,7 +107,7 @@ def main():
     fingerprint_bytes = 8 + 8 * (len(collector.STAT_COLUMNS) + collector.SKETCH_SIZE)
     result = {
         "benchmark": "drift_overhead",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "machine": common.machine(),
         "replicas": args.replicas,
         "fingerprint_version": collector.FINGERPRINT_VERSION,
         "mlp_variables": len(mlp_variables),

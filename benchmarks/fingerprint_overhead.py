@@ -18,7 +18,6 @@ Prints one JSON document.
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -144,7 +143,7 @@ def main():
     strategy = tf.distribute.MirroredStrategy(configure_devices(args.replicas))
     result = {
         "benchmark": "fingerprint_overhead",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "machine": common.machine(),
         "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
         "fit": None if args.skip_fit else fit_variants(strategy, args),
         "ops_alone_by_batch": ops_alone(args.repeats),

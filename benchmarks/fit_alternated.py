@@ -17,22 +17,12 @@ each whole `fit`, and the medians and ranges of the per-round ratios (variant / 
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 
 from benchmarks import common, fit_overhead
-
-
-def _ratios(variant, baseline):
-    ratios = [v / b for v, b in zip(variant, baseline, strict=True)]
-    return {
-        "median": round(statistics.median(ratios), 4),
-        "min": round(min(ratios), 4),
-        "max": round(max(ratios), 4),
-    }
 
 
 def main(argv=None):
@@ -94,7 +84,7 @@ def main(argv=None):
         )
     result = {
         "benchmark": "fit_alternated",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "machine": common.machine(),
         "keras": keras.__version__,
         "tensorflow": tf.__version__,
         "load_average_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
@@ -105,8 +95,8 @@ def main(argv=None):
         "cpu_per_step": {n: [round(v, 6) for v in per_step[n]] for n in names},
         "cpu_per_fit": {n: [round(v, 4) for v in per_fit[n]] for n in names},
         "median_cpu_per_step": {n: round(statistics.median(per_step[n]), 6) for n in names},
-        "ratio_per_step": _ratios(per_step[args.variant], per_step["no_callback"]),
-        "ratio_per_fit": _ratios(per_fit[args.variant], per_fit["no_callback"]),
+        "ratio_per_step": common.ratio_range(per_step[args.variant], per_step["no_callback"]),
+        "ratio_per_fit": common.ratio_range(per_fit[args.variant], per_fit["no_callback"]),
     }
     print(json.dumps(result, indent=1))
 

@@ -71,7 +71,6 @@ of each figure to `no_callback` (`ratio_to_no_callback`: the median over pairs o
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -317,12 +316,7 @@ def _aggregate(runs, variants):
         out[variant] = {
             "median": {f: round(statistics.median(v), 6) for f, v in raw.items()},
             "ratio_to_no_callback": {
-                f: round(
-                    statistics.median(
-                        [r[f] / b[f] for r, b in zip(runs[variant], base, strict=True)]
-                    ),
-                    4,
-                )
+                f: common.ratio_range([r[f] for r in runs[variant]], [b[f] for b in base])["median"]
                 for f in FIGURES
             },
             "raw": {f: [round(x, 6) for x in v] for f, v in raw.items()},
@@ -432,7 +426,7 @@ def main(argv=None):
         }
     result = {
         "benchmark": "fit_overhead",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "machine": common.machine(),
         **versions,
         "load_average_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
         "duration_s": round(time.perf_counter() - started, 1),

@@ -16,7 +16,6 @@ Prints one JSON document with the medians.
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -25,6 +24,8 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+
+from benchmarks import common
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -123,7 +124,7 @@ def main(argv=None):
             process.kill()
     result = {
         "benchmark": "frontend_render",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "machine": common.machine(),
         "replicas": args.replicas,
         "steps": args.steps,
         "repeats": args.repeats,

@@ -18,10 +18,11 @@ import argparse
 import glob
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
+
+from benchmarks import common
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -103,7 +104,7 @@ def main(argv=None):
     base = statistics.median(per_step["no_probe"])
     result = {
         "benchmark": "loop_overhead",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "machine": common.machine(),
         "replicas": args.replicas,
         "global_batch": batch,
         "timed_steps_per_variant": args.rounds * args.steps,
