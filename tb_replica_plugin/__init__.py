@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 __all__ = ["ReplicaCallback", "ReplicaProbe", "inspect_dataset", "load", "__version__"]
 
 _LAZY = {
-    "ReplicaCallback": ("tb_replica_plugin.callback", "ReplicaCallback"),
+    "ReplicaCallback": ("tb_replica_plugin.keras.callback", "ReplicaCallback"),
     "ReplicaProbe": ("tb_replica_plugin.probe", "ReplicaProbe"),
     "inspect_dataset": ("tb_replica_plugin.preflight", "inspect_dataset"),
     "load": ("tb_replica_plugin.report", "load"),

@@ -80,7 +80,7 @@ def _value(variable):
 
 
 def _fit_facts(model, callback_warnings):
-    from tb_replica_plugin import keras_compat
+    from tb_replica_plugin.keras import compat as keras_compat
 
     return {
         "iterations": keras_compat.optimizer_iterations(model),
@@ -204,7 +204,7 @@ def mixed_precision(keras, tf, strategy, logdir):
     where the optimizer skipped an overflow step). The policy is global: it is set for this model
     only and restored afterwards.
     """
-    from tb_replica_plugin import keras_compat
+    from tb_replica_plugin.keras import compat as keras_compat
 
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("mixed_float16")
@@ -421,7 +421,7 @@ def gradient_hook(keras, tf, strategy, logdir):
     all-reduce and without the loss scale. Facts: both norm pairs, the loss scale and where the
     unscaling happened.
     """
-    from tb_replica_plugin import keras_compat
+    from tb_replica_plugin.keras import compat as keras_compat
 
     x, y = _xy(4, seed=3)
     x, y = np.concatenate([x, 3 * x]), np.concatenate([y, 3 * y])
@@ -491,7 +491,7 @@ def seeded_norms(keras, tf, strategy, logdir):
     the recorded per-replica gradient norms can be compared across Keras flavours and between
     the policies (the loss scale undone). 16 examples, global batch 8, 2 steps, every step logged.
     """
-    from tb_replica_plugin import keras_compat
+    from tb_replica_plugin.keras import compat as keras_compat
 
     x, y = _xy(16, seed=5)
     y = y * 0.1  # small errors: the float16 gradients stay far from overflow under the loss scale
@@ -623,7 +623,7 @@ def main():
         keras = tf.keras
     strategy = tf.distribute.MirroredStrategy(devices)
     results = run(args.scenarios.split(","), keras, tf, strategy, args.logdir)
-    from tb_replica_plugin import keras_compat
+    from tb_replica_plugin.keras import compat as keras_compat
 
     results["_meta"] = {"keras_version": keras_compat.keras_module().__version__}
     print(json.dumps(results), flush=True)

@@ -157,7 +157,7 @@ def test_mixed_precision_records_float32_inputs_and_continues_steps(request, fla
     assert facts["compute_dtype"] == "float16"
     assert facts["loss_scaled"] is True
     assert facts["loss_scale"] > 1
-    # Where the unscaling happens differs (see keras_compat.OptimizerInfo).
+    # Where the unscaling happens differs (see tb_replica_plugin.keras.compat.OptimizerInfo).
     assert facts["grads_scaled_at_apply"] is (flavour == "keras3")
     assert facts["iterations_count_skipped_steps"] is (flavour == "tf_keras")
     if flavour == "tf_keras":
