@@ -3,7 +3,7 @@
 Pure Python and numpy (no TensorFlow): the same findings feed the tab, `tb-replica report` and
 `tb_replica_plugin.inspect_dataset`. This is the core: `Thresholds`, `Finding`, sorting and
 counting, and `find_run`, which runs every registered family's rules
-(`tb_replica_plugin/families/<name>/rules.py`, each listing its kinds in `FINDING_KINDS`;
+(`tb_replica_plugin/families/<name>/rules.py`, each declaring its kinds in `Family.rules.kinds`;
 `finding_kinds()` gathers them) and then groups findings of one cause (`group_findings`).
 
 Severity means one thing in every family: `error` = training is producing a wrong model (or
@@ -225,9 +225,9 @@ def sort_findings(findings):
 def find_run(run_data, thresholds=Thresholds()):
     """Findings of every family of one run.
 
-    Every registered family's `rules.find` runs in registry order; a family whose rules define
+    Every registered family's `rules.find` runs in registry order; a family whose rules have a
     `group_message(kind, cause, items)` has its findings of one kind and cause grouped into one
-    (`group_findings`); then the rules of families that declare `annotates_findings` amend the
+    (`group_findings`); then the rules of families that have an `annotate` hook amend the
     findings of the others (inputs names the worker of each finding of a multi-worker job).
 
     Args:
@@ -244,10 +244,10 @@ def find_run(run_data, thresholds=Thresholds()):
     findings = []
     for family in registry.families():
         found = family.rules.find(run_data, thresholds)
-        describe = getattr(family.rules, "group_message", None)
+        describe = family.rules.group_message
         findings.extend(group_findings(found, describe) if describe else found)
     for family in registry.families():
-        if family.annotates_findings:
+        if family.rules.annotate is not None:
             family.rules.annotate(findings, run_data)
     return sort_findings(findings)
 
@@ -264,7 +264,7 @@ def finding_kinds():
     """
     kinds = {}
     for family in registry.families():
-        for kind, meta in family.rules.FINDING_KINDS.items():
+        for kind, meta in family.rules.kinds.items():
             if kind in kinds:
                 raise ValueError(f"finding kind {kind!r} declared by two families")
             kinds[kind] = {**meta, "family": family.name}

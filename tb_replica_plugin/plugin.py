@@ -92,7 +92,7 @@ def run_view_query(replicas, family=None):
         "replica_blocks": str(RUN_VIEW_REPLICA_BLOCKS),
     }
     if family is not None:
-        query.update(getattr(registry.family(family).present, "RUN_VIEW_ARGS", {}))
+        query.update(registry.family(family).present.run_view_args)
     return query
 
 
@@ -313,7 +313,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         for family in registry.families():
             if family.route:
                 query = run_view_query(replicas, family.name)
-                arguments = family.present.ARGS.items()
+                arguments = family.present.args.items()
                 parsed = {name: parse(query.get(name)) for name, parse in arguments}
                 view.append((family.name, parsed, self._make_body(run, family, parsed)))
         return view
@@ -331,7 +331,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             if not run:
                 raise BadRequestError("missing argument 'run'")
             present = family.present
-            parsed = {name: parse(request.args.get(name)) for name, parse in present.ARGS.items()}
+            parsed = {name: parse(request.args.get(name)) for name, parse in present.args.items()}
             ctx, experiment_id = self._request_context(request)
             make_body = self._make_body(run, family, parsed)
             # Only this family's tags (and those of the families it needs) are read; the answer
@@ -373,9 +373,8 @@ def runs_entry(run_data, findings=None):
         "last_step": overview.last_step(run_data),
     }
     for family in families:
-        fields = getattr(family.present, "runs_fields", None)
-        if fields is not None:
-            entry.update(fields(run_data))
+        if family.present.runs_fields is not None:
+            entry.update(family.present.runs_fields(run_data))
     if findings is None:
         findings = analysis.find_run(run_data)
     entry["findings"] = analysis.severity_counts(findings)
@@ -386,7 +385,6 @@ def runs_entry(run_data, findings=None):
 
 
 def _listed(family, run_data):
-    listed = getattr(family.present, "listed", None)
-    if listed is not None:
-        return bool(listed(run_data))
+    if family.present.listed is not None:
+        return bool(family.present.listed(run_data))
     return getattr(run_data, family.attribute) is not None

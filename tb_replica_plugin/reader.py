@@ -3,8 +3,8 @@
 Used by the plugin routes (TensorBoard's provider: Python loader or RustBoard), by
 `tb-replica report` and by `tb_replica_plugin.load` (a local provider over a log dir that keeps
 every sample). The core read path only: one `read_tensors` call per run, then every registered
-family's `read.from_samples` in registry (dependency) order; a multi-worker job is merged by every
-family's `read.merge`. The series dataclasses and their parsing live in the families
+family's `Family.read` in registry (dependency) order; a multi-worker job is merged by every
+family's `Family.merge`. The series dataclasses and their parsing live in the families
 (`tb_replica_plugin/families/<name>/read.py`). Imports no TensorFlow.
 """
 
@@ -68,7 +68,7 @@ class RunData:
 
     A multi-worker job (the runs `<job>/worker_<i>` written by the workers of one
     `MultiWorkerMirroredStrategy` job) is one `RunData` named `<job>`: its families are merged
-    over workers on global replica ids (every family's `read.merge`), `workers` groups the
+    over workers on global replica ids (every family's `Family.merge`), `workers` groups the
     replica axis by worker and `worker_runs` keeps each worker's own `RunData`.
 
     Attributes:
@@ -284,7 +284,7 @@ def build_run(run, samples, notes=None, families=None):
         if wanted is not None and family.name not in wanted:
             continue
         needed = {name: by_name[name] for name in family.needs}
-        series = family.read.from_samples(run, samples, notes, needed)
+        series = family.read(run, samples, notes, needed)
         by_name[family.name] = series
         setattr(run_data, family.attribute, series)
     return run_data
@@ -310,7 +310,7 @@ def merge_job(job, member_runs, families=None):
 
     Returns:
       The job's `RunData`, replica axis in global replica order: each family merged by its
-      `read.merge`, in registry order (families not asked for are None).
+      `Family.merge`, in registry order (families not asked for are None).
     """
     members = sorted(member_runs, key=lambda m: (m.inputs.worker["worker"], m.run))
     notes = []
@@ -348,7 +348,8 @@ def merge_job(job, member_runs, families=None):
     wanted = None if families is None else with_needs(families)
     for family in registry.families():
         if wanted is None or family.name in wanted:
-            setattr(data, family.attribute, family.read.merge(job, members, workers, notes))
+            merged = family.merge(job, members, workers, notes) if family.merge else None
+            setattr(data, family.attribute, merged)
     return data
 
 

@@ -1,118 +1,182 @@
 """The one registry of stat families: which families exist, in which order, and what they need.
 
 A family is one package under `tb_replica_plugin/families/` (or anywhere importable) whose
-`__init__` defines `FAMILY = Family(...)`. Adding a family is: its package, one line in
-`FAMILY_MODULES`, one tab section in `frontend/src/sections.js`.
+`__init__` defines `FAMILY = Family(...)`: a typed descriptor that names every part of the family
+(its reader and merge, its rules, its presenter, its write side). Adding a family is: its package,
+one line in `_registered` below, one tab section in `frontend/src/sections.js`.
 
-Order: `FAMILY_MODULES` is in dependency order (a family comes after every family it `needs`) and
-is also the order of the tab's routes and of `/runs` "families". The reader reads families in this
-order, so a family can use the series of the families it needs.
+Order: the registry is in dependency order (a family comes after every family it `needs` or
+`uses`) and is also the order of the tab's routes and of `/runs` "families". The reader reads
+families in this order, so a family can use the series of the families it needs.
 
-Imports no TensorFlow (nor anything else heavy): descriptors are loaded lazily, on first use.
+Imports no TensorFlow: a descriptor names its write side by a function that imports it
+(`Family.write_side`), called by the probe only; the read side (numpy) is imported with the
+descriptors, on first use.
 """
 
+import contextlib
 import dataclasses
 import fnmatch
-import importlib
+from collections.abc import Callable, Mapping
 
-# One line per family, in dependency order.
-FAMILY_MODULES = (
-    "tb_replica_plugin.families.inputs",
-    "tb_replica_plugin.families.step_time",
-    "tb_replica_plugin.families.gradients",
-    "tb_replica_plugin.families.rng",
-    "tb_replica_plugin.families.examples",
-    "tb_replica_plugin.families.variables",
-    "tb_replica_plugin.families.watch",
-)
+
+def _registered():
+    """Every built-in family's descriptor, one line each, in dependency order."""
+    from tb_replica_plugin.families import (
+        examples,
+        gradients,
+        inputs,
+        rng,
+        step_time,
+        variables,
+        watch,
+    )
+
+    return (
+        inputs.FAMILY,
+        step_time.FAMILY,
+        gradients.FAMILY,
+        rng.FAMILY,
+        examples.FAMILY,
+        variables.FAMILY,
+        watch.FAMILY,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """A family's rules: its findings and the kinds it declares.
+
+    Attributes:
+      find: `find(run_data, thresholds)` -> list of `analysis.Finding`.
+      kinds: `{kind: {"severity", "thresholds", "summary"}}`: every kind `find` may give.
+      group_message: `group_message(kind, cause, items)` -> the message of a group of findings
+        of one kind and cause (`analysis.group_findings`), or None when they are never grouped.
+      annotate: `annotate(findings, run_data)`, which amends the findings of every family of the
+        run after all have been found (inputs names the worker of each finding of a job), or None.
+    """
+
+    find: Callable
+    kinds: Mapping
+    group_message: Callable | None = None
+    annotate: Callable | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Presenter:
+    """How a family shows its series: its route's body, its report blocks, its facts in `/runs`.
+
+    Attributes:
+      body: `body(run, run_data, args)` -> the route's JSON (or a `core.args.Download`).
+      args: `{argument: parser}` of the route (each parser takes the raw string or None).
+      report_json: `report_json(run_data, thresholds)` -> `{key: value}` merged into the run's
+        entry of `tb-replica report --json`.
+      report_text: `report_text(run_data, thresholds)` -> lines of the text report.
+      run_view_args: the arguments the tab's run view sends this route instead of the common
+        ones (the rng view asks 2 steps).
+      listed: `listed(run_data)` -> whether `/runs` names the family (None: its series is not
+        None).
+      identity: `identity(run_data)` -> `{"replicas", "devices", "source", "steps"}` or None:
+        what the family knows of the run's replicas (`core.overview`), or None.
+      recorded_steps: `recorded_steps(run_data)` -> arrays of the steps it recorded (the run's
+        first and last step), or None.
+      runs_fields: `runs_fields(run_data)` -> `{key: value}` added to the run's `/runs` entry, or
+        None.
+    """
+
+    body: Callable
+    report_json: Callable
+    report_text: Callable
+    args: Mapping = dataclasses.field(default_factory=dict)
+    run_view_args: Mapping = dataclasses.field(default_factory=dict)
+    listed: Callable | None = None
+    identity: Callable | None = None
+    recorded_steps: Callable | None = None
+    runs_fields: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Family:
     """Descriptor of one stat family.
 
-    The entry points are resolved lazily, by convention, from the package's submodules:
-
-    - `<package>.schema`: `TAGS = {tag: kind}` and the tensor layouts (imported by writer and
-      reader). A tag with `*` is a pattern (`fnmatch`), for a family that writes one tag per
-      user-chosen name (watch: `watch/*/stats`).
-    - `<package>.read`: `from_samples(run, samples, notes, needed)` -> series or None, the
-      family's series from one run's decoded samples (`needed`: `{name: series}` of the families
-      in `needs`, already read); `merge(job, member_runs, workers, notes)` -> series or None, the
-      series of a multi-worker job from its workers' `RunData`.
-    - `<package>.rules`: `find(run_data, thresholds)` -> list of `analysis.Finding`;
-      `FINDING_KINDS = {kind: {"severity", "thresholds", "summary"}}`; optionally
-      `annotate(findings, run_data)` (see `annotates_findings`).
-    - `<package>.present`: `ARGS = {argument: parser}` and `body(run, run_data, args)` -> the
-      route's JSON; `report_json(run_data, thresholds)` -> `{key: value}` merged into the run's
-      entry of `tb-replica report --json`; `report_text(run_data, thresholds)` -> lines of the
-      text report; optionally `listed(run_data)` (whether `/runs` names the family; default: its
-      series is not None) and `recorded_steps(run_data)` (steps counted in `/runs`
-      first_step/last_step; default: none).
-    - `<package>.record`: the write side (TensorFlow, in-graph), loaded lazily by the probe only;
-      nothing on the read side imports it.
-
     Attributes:
       name: the family name, e.g. "examples".
       attribute: the `RunData` attribute holding its series, e.g. "data" for examples.
-      package: the importable package, e.g. "tb_replica_plugin.families.examples".
-      tags: `{tag: kind}` of the summaries it writes (its `schema.TAGS`).
+      tags: `{tag: kind}` of the summaries it writes (its `schema.TAGS`). A tag with `*` is a
+        pattern (`fnmatch`), for a family that writes one tag per user-chosen name (watch:
+        `watch/*/stats`).
+      read: `read(run, samples, notes, needed)` -> its series of one run, or None: from the run's
+        decoded samples (`{tag: [(step, numpy value)]}`; `needed`: `{name: series}` of the
+        families in `needs`, already read).
+      rules: its `Rules`.
+      present: its `Presenter`.
+      merge: `merge(job, member_runs, workers, notes)` -> the series of a multi-worker job from
+        its workers' `RunData`, or None; None when a job never has this family's series.
+      write_side: a function of no arguments that imports the write side (TensorFlow) and returns
+        `(Recorder class, Recording mixin or None)` (`core.recorder`): the probe creates one
+        recorder per family and `ReplicaProbe` gets the mixin's `observe_*` methods. None for a
+        family recorded by another's write side (step_time: by inputs).
       versions: `{kind: schema version}` written for its kinds whose layout changed since
         version 1 (its `schema.VERSIONS`); readers read every older version too.
-      needs: names of the families it reads (they come before it in the registry).
-      merge_tags: tags whose raw samples its `read.merge` reads from the workers' `RunData`
-        (the other samples of a job's workers are dropped as soon as each is read).
+      needs: names of the families whose series it reads (they come before it in the registry;
+        a route of this family reads their tags too).
+      uses: names of the families whose code it imports (they come before it too), e.g. watch
+        describes its leaves with the inputs family's shape statistics.
+      merge_tags: tags whose raw samples its `merge` reads from the workers' `RunData` (the other
+        samples of a job's workers are dropped as soon as each is read).
       route: the URL path of its route under the plugin (e.g. "/data"), or None.
-      annotates_findings: its `rules.annotate` may amend the findings of other families of the
-        same run (inputs names the worker of each finding of a multi-worker job); it runs after
-        every family's `rules.find`.
       text_order, json_order: position of its block in `tb-replica report` text and in each
-        run's entry of `--json` (the run's "findings", "notes" and "workers" sit at 50). They keep
-        the report exactly as it was laid out before the registry (text: step-time lines right
-        after the run header, then batch-size changes, rng, examples, variables, gradients;
-        JSON: step_time last), so registry order (dependency order) need not match it. Families
-        that leave them at 100 follow the others in registry order.
+        run's entry of `--json` (the run's "findings", "notes" and "workers" sit at 50), so
+        registry order (dependency order) need not match the report's layout. Families that
+        leave them at 100 follow the others in registry order.
     """
 
     name: str
     attribute: str
-    package: str
-    tags: dict
-    versions: dict = dataclasses.field(default_factory=dict)
+    tags: Mapping
+    read: Callable
+    rules: Rules
+    present: Presenter
+    merge: Callable | None = None
+    write_side: Callable | None = None
+    versions: Mapping = dataclasses.field(default_factory=dict)
     needs: tuple = ()
+    uses: tuple = ()
     merge_tags: tuple = ()
     route: str | None = None
-    annotates_findings: bool = False
     text_order: int = 100
     json_order: int = 100
 
-    def module(self, part):
-        """The family's submodule `part` ("schema", "read", "rules", "present"), imported.
 
-        Raises:
-          ImportError: if the package has no such submodule.
-        """
-        return importlib.import_module(f"{self.package}.{part}")
-
-    @property
-    def read(self):
-        return self.module("read")
-
-    @property
-    def rules(self):
-        return self.module("rules")
-
-    @property
-    def present(self):
-        return self.module("present")
+_extra = ()  # families registered by `registered`, after the built-in ones
+_loaded = None  # the tuple `families()` returns, built on first use
 
 
-_CACHE = {}
+@contextlib.contextmanager
+def registered(*descriptors):
+    """Registers `descriptors` after the built-in families for the duration of the block.
 
+    For tests (tests/toy_family/) and for a family that lives outside this package.
 
-def clear_cache():
-    """Forgets the loaded descriptors (after `FAMILY_MODULES` changed, e.g. in a test)."""
-    _CACHE.clear()
+    Args:
+      *descriptors: `Family` descriptors, in dependency order.
+
+    Raises:
+      ValueError: (on entry) if a descriptor's `needs` or `uses` is not registered before it.
+
+    Example:
+      >>> with registry.registered(toy_family.FAMILY):
+      ...     [f.name for f in registry.families()][-1]
+      'toy'
+    """
+    global _extra, _loaded
+    previous = _extra
+    _extra, _loaded = (*previous, *descriptors), None
+    try:
+        families()
+        yield
+    finally:
+        _extra, _loaded = previous, None
 
 
 def families():
@@ -122,43 +186,36 @@ def families():
       A tuple of `Family`.
 
     Raises:
-      ImportError: if a package in `FAMILY_MODULES` cannot be imported.
-      ValueError: if a package has no `FAMILY` or a family needs one that is missing or comes
-        later in the registry.
+      ValueError: if two families share a name or a family needs or uses one that is missing
+        or comes later in the registry.
     """
-    key = tuple(FAMILY_MODULES)
-    cached = _CACHE.get(key)
-    if cached is None:
-        loaded = []
-        for package in key:
-            descriptor = getattr(importlib.import_module(package), "FAMILY", None)
-            if not isinstance(descriptor, Family):
-                raise ValueError(f"{package} defines no FAMILY = registry.Family(...)")
-            loaded.append(descriptor)
+    global _loaded
+    loaded = _loaded
+    if loaded is None:
+        loaded = (*_registered(), *_extra)
         check_order(loaded)
-        cached = tuple(loaded)
-        # Request threads may race here: each returns its own (equal) tuple, never a lookup.
-        _CACHE.clear()
-        _CACHE[key] = cached
-    return cached
+        _loaded = loaded  # request threads may race here: each builds an equal tuple
+    return loaded
 
 
 def check_order(descriptors):
-    """Checks that every family's `needs` come before it.
+    """Checks that names are unique and that every family's `needs` and `uses` come before it.
 
     Args:
       descriptors: `Family` descriptors in registry order.
 
     Raises:
-      ValueError: naming the first family whose need is missing or registered after it.
+      ValueError: naming the first duplicate, or the first family whose need is missing or
+        registered after it.
     """
     seen = set()
     for descriptor in descriptors:
-        for need in descriptor.needs:
+        if descriptor.name in seen:
+            raise ValueError(f"two families are called {descriptor.name!r}")
+        for need in (*descriptor.needs, *descriptor.uses):
             if need not in seen:
                 raise ValueError(
-                    f"family {descriptor.name!r} needs {need!r}, which is not registered "
-                    "before it in registry.FAMILY_MODULES"
+                    f"family {descriptor.name!r} needs {need!r}, which is not registered before it"
                 )
         seen.add(descriptor.name)
 

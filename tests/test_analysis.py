@@ -7,6 +7,7 @@ import pytest
 from tensorboard.compat.proto import summary_pb2
 
 from tb_replica_plugin import analysis, metadata
+from tb_replica_plugin.core import leaf_entries
 from tb_replica_plugin.core.downsample import (
     block_starts,
     float32_list,
@@ -69,7 +70,7 @@ def test_replica_count_change_is_noted():
     ],
 )
 def test_mismatch_dims(dtypes, shapes, dims):
-    assert inputs_read._mismatch_dims(dtypes, shapes) == dims
+    assert leaf_entries.mismatch_dims(dtypes, shapes) == dims
 
 
 def test_downsampling_keeps_a_single_odd_step_in_bucket_extremes():
@@ -213,7 +214,8 @@ def test_metadata_roundtrip_and_newer_schema_refused():
 
 
 def test_flatten_with_names():
-    from tb_replica_plugin.families.inputs.record import flatten_with_names, name_fit_batch
+    from tb_replica_plugin.core.nest import flatten_with_names
+    from tb_replica_plugin.families.inputs.record import name_fit_batch
 
     assert flatten_with_names({"b": 1, "a": (2, None)}) == [("a/0", 2), ("b", 1)]
     assert [n for n, _ in flatten_with_names(name_fit_batch(({"img": 1}, 2, None)))] == [

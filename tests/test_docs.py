@@ -353,7 +353,7 @@ def test_http_api_documents_every_route_and_argument():
         f"{family.route} {name}"
         for family in registry.families()
         if family.route
-        for name in family.module("present").ARGS
+        for name in family.present.args
         if f"{name}=" not in documented[family.route]
     ]
     assert not undocumented, f"arguments missing from http_api.md headings: {undocumented}"

@@ -1,8 +1,8 @@
 """The family registry: order and needs, and a new family added with one registry entry; and the
 package's size limits (modules, the probe's core).
 
-The toy family (tests/toy_family/) is registered by adding one entry to
-`registry.FAMILY_MODULES` at test time; nothing else in the package changes.
+The toy family (tests/toy_family/) is registered at test time by `registry.registered`; nothing
+else in the package changes.
 """
 
 import json
@@ -17,14 +17,13 @@ from tb_replica_plugin import analysis, reader, registry
 from tb_replica_plugin import report as report_lib
 
 PLUGIN = "/data/plugin/replicas"
-TOY = "toy_family"
 COUNTS = {0: [3, 1], 1: [2, 0], 2: [5, 4]}
 
 
 def test_every_family_needs_only_families_registered_before_it():
     seen = set()
     names = [family.name for family in registry.families()]
-    assert len(names) == len(set(names)) == len(registry.FAMILY_MODULES)
+    assert len(names) == len(set(names))
     for family in registry.families():
         missing = [need for need in family.needs if need not in seen]
         assert not missing, f"{family.name} needs {missing}, not registered before it"
@@ -70,11 +69,11 @@ def test_tags_kinds_and_finding_kinds_are_unique_across_families():
 
 
 @pytest.fixture
-def toy_registered(monkeypatch):
-    monkeypatch.setattr(registry, "FAMILY_MODULES", (*registry.FAMILY_MODULES, TOY))
-    registry.clear_cache()
-    yield
-    registry.clear_cache()
+def toy_registered():
+    import toy_family
+
+    with registry.registered(toy_family.FAMILY):
+        yield
 
 
 def write_toy_run(logdir):
@@ -150,13 +149,12 @@ def test_toy_family_read_routed_listed_found_and_reported(toy_registered, tmp_pa
     assert "  toy counts: [[3, 1], [2, 0], [5, 4]]" in report.to_text().splitlines()
 
 
-def test_toy_series_is_skipped_when_not_registered(tmp_path, monkeypatch):
+def test_toy_series_is_skipped_when_not_registered(tmp_path):
+    import toy_family
+
     logdir = str(tmp_path)
-    monkeypatch.setattr(registry, "FAMILY_MODULES", (*registry.FAMILY_MODULES, TOY))
-    registry.clear_cache()
-    write_toy_run(logdir)  # writing needs the kind registered
-    monkeypatch.undo()
-    registry.clear_cache()
+    with registry.registered(toy_family.FAMILY):
+        write_toy_run(logdir)  # writing needs the kind registered
     run_data = reader.read_log_dir(logdir)["toy_run"]
     assert not hasattr(run_data, "toy")
     assert run_data.inputs.steps.size == 0

@@ -370,7 +370,7 @@ def test_the_scale_benchmark_asks_each_route_with_the_tabs_arguments():
         query = run_view_query(2048, family.name)
         arguments = urllib.parse.parse_qs(path.format(run="job", **query).partition("?")[2])
         asked = {name: values[0] for name, values in arguments.items() if name != "run"}
-        assert asked == {k: v for k, v in query.items() if k in family.present.ARGS}, path
+        assert asked == {k: v for k, v in query.items() if k in family.present.args}, path
     assert _family_of("/data?run=job") == "examples" and _family_of("/findings?run=j") is None
 
 

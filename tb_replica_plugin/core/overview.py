@@ -26,7 +26,7 @@ def overview(run_data):
     """
     identities = []
     for family in registry.families():
-        identity = getattr(family.present, "identity", None)
+        identity = family.present.identity
         found = identity(run_data) if identity is not None else None
         if found is not None:
             identities.append(found)
@@ -47,7 +47,7 @@ def _all_steps(run_data):
     """The recorded steps of every family of a run (for its first and last step)."""
     parts = [np.zeros(0, np.int64)]
     for family in registry.families():
-        recorded = getattr(family.present, "recorded_steps", None)
+        recorded = family.present.recorded_steps
         if recorded is not None:
             parts += [np.asarray(p, np.int64) for p in recorded(run_data)]
     return np.concatenate(parts)

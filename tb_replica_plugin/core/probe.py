@@ -5,7 +5,7 @@
 
 `ProbeCore` knows no family: `ReplicaProbe` (`tb_replica_plugin.probe`) is this class plus each
 registered family's `Recording` mixin (its `observe_*` methods), and the recorders come from the
-registry (`tb_replica_plugin.registry.FAMILY_MODULES`, each package's `record` module).
+registry (each family's `Family.write_side`).
 
 Everything runs in the graph of the training step; the host is not synchronised at any step.
 Reliability: nothing in the step's graph touches the event file. In-graph writes only queue events

@@ -1,7 +1,7 @@
 """The base of a family's write side: its state, created before any step is traced.
 
-A family's `record` module (`tb_replica_plugin.families.<name>.record`) defines a `Recorder`
-subclass and, for the public API, a `Recording` mixin whose `observe_*` methods become methods of
+A family's write side (`Family.write_side`, usually its `record` module) is a `Recorder` subclass
+and, for the public API, a `Recording` mixin whose `observe_*` methods become methods of
 `ReplicaProbe`. The probe creates one recorder per family of the registry and calls, host side:
 
 - `create_state()` when it builds (outside any graph, before the first step is traced: variables
@@ -15,8 +15,6 @@ Everything a recorder does in-graph goes through its probe: `probe.write(...)` q
 `probe.logged(step)` / `probe.sampled(step)` are the one step-level decision every family shares;
 `run_if(condition, body)` runs work only where such a decision holds.
 """
-
-import importlib
 
 import tensorflow as tf
 
@@ -155,27 +153,23 @@ class Recorder:
         self.state = {}
 
 
-def record_modules():
-    """The `record` modules (write sides) of the registered families, in registry order.
-
-    A family without one (e.g. step_time, recorded by inputs) is skipped; any other import
-    error is raised.
-    """
-    modules = []
-    for package in registry.FAMILY_MODULES:
-        try:
-            modules.append(importlib.import_module(f"{package}.record"))
-        except ModuleNotFoundError as error:
-            if error.name != f"{package}.record":
-                raise
-    return modules
+def write_sides():
+    """`[(family name, Recorder class, Recording mixin or None)]` of every registered family with
+    a write side (`Family.write_side`), in registry order; step_time, recorded by inputs, has
+    none."""
+    sides = []
+    for family in registry.families():
+        if family.write_side is not None:
+            recorder, recording = family.write_side()
+            sides.append((family.name, recorder, recording))
+    return sides
 
 
 def recorder_classes():
     """`[(family name, Recorder class)]` of every registered family with a write side."""
-    return [(module.Recorder.name, module.Recorder) for module in record_modules()]
+    return [(name, recorder) for name, recorder, _ in write_sides()]
 
 
 def recording_mixins():
     """The `Recording` mixins (public `observe_*` methods) of every registered family."""
-    return tuple(m.Recording for m in record_modules() if hasattr(m, "Recording"))
+    return tuple(recording for _, _, recording in write_sides() if recording is not None)

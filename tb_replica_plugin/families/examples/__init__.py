@@ -6,14 +6,31 @@ Submodules: `schema` (tags, tensor layouts), `read`, `rules`, `present`; `record
 (TensorFlow), loaded lazily by the probe only. Importing this package imports no TensorFlow.
 """
 
-from tb_replica_plugin.families.examples import schema
-from tb_replica_plugin.registry import Family
+from tb_replica_plugin.families.examples import present, read, rules, schema
+from tb_replica_plugin.registry import Family, Presenter, Rules
+
+
+def write_side():
+    """The write side (TensorFlow), imported when a probe is created."""
+    from tb_replica_plugin.families.examples.record import Recorder, Recording
+
+    return Recorder, Recording
+
 
 FAMILY = Family(
     name="examples",
     attribute="data",
-    package=__name__,
     tags=schema.TAGS,
+    read=read.from_samples,
+    merge=read.merge_data,
+    rules=Rules(find=rules.find, kinds=rules.FINDING_KINDS),
+    present=Presenter(
+        body=present.body,
+        args=present.ARGS,
+        report_json=present.report_json,
+        report_text=present.report_text,
+    ),
+    write_side=write_side,
     needs=("inputs",),
     route="/data",
     text_order=20,

@@ -337,6 +337,3 @@ def merge_data(job, member_runs, workers, notes):
         ).astype(np.int64),
         sampled=any(s.sampled for s in series),
     )
-
-
-merge = merge_data

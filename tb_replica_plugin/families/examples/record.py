@@ -3,7 +3,7 @@
 Per-example fingerprint (deterministic across processes and machines, so workers of a multi-worker
 job can be compared offline; little-endian hosts):
 
-1. For each input leaf (named and ordered as `inputs.flatten_with_names`: dict keys sorted, `x`,
+1. For each input leaf (named and ordered as `core.nest.flatten_with_names`: dict keys sorted, `x`,
    `y`, `sample_weight` in `fit`) with a leading batch dimension B: its example rows as bytes
    (`bool` cast to uint8, numbers bit-cast to uint8, `[B, -1]`; strings stay strings), hashed by
    `tf.fingerprint` (farmhash64) into 8 bytes per example. A leaf whose leading dimension differs
@@ -22,6 +22,7 @@ import functools
 import tensorflow as tf
 
 from tb_replica_plugin.core.joined import leading_dims, segment_ids
+from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.core.recorder import run_if
 from tb_replica_plugin.families.examples import schema
@@ -368,8 +369,6 @@ class Recording:
               ...
           ```
         """
-        from tb_replica_plugin.families.inputs.record import flatten_with_names
-
         if not self.build():
             return
         recorder = self.recorder("examples")

@@ -4,15 +4,32 @@ Submodules: `schema` (tags, tensor layouts), `read`, `rules`, `present`; `record
 (TensorFlow), loaded lazily by the probe only. Importing this package imports no TensorFlow.
 """
 
-from tb_replica_plugin.families.gradients import schema
-from tb_replica_plugin.registry import Family
+from tb_replica_plugin.families.gradients import present, read, rules, schema
+from tb_replica_plugin.registry import Family, Presenter, Rules
+
+
+def write_side():
+    """The write side (TensorFlow), imported when a probe is created."""
+    from tb_replica_plugin.families.gradients.record import Recorder, Recording
+
+    return Recorder, Recording
+
 
 FAMILY = Family(
     name="gradients",
     attribute="gradients",
-    package=__name__,
     tags=schema.TAGS,
-    needs=(),
+    read=read.from_samples,
+    merge=read.merge_gradients,
+    rules=Rules(find=rules.find, kinds=rules.FINDING_KINDS),
+    present=Presenter(
+        body=present.body,
+        args=present.ARGS,
+        report_json=present.report_json,
+        report_text=present.report_text,
+        recorded_steps=present.recorded_steps,
+    ),
+    write_side=write_side,
     route="/gradients",
     text_order=40,
     json_order=40,

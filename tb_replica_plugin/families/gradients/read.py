@@ -326,6 +326,3 @@ def merge_gradients(job, member_runs, workers, notes):
         loss_scaled=any(s.loss_scaled for s in series),
         batches=sorted((b for s in series for b in s.batches), key=lambda b: (b.step, b.replica)),
     )
-
-
-merge = merge_gradients

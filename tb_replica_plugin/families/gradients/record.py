@@ -25,10 +25,10 @@ import json
 import numpy as np
 import tensorflow as tf
 
+from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.core.recorder import cond_value, run_if
 from tb_replica_plugin.families.gradients import capture, schema
-from tb_replica_plugin.families.inputs.record import flatten_with_names
 
 # What the recorded gradient norms are the norms of (stored in the `gradients/variables` event).
 SCALING_REPLICA_LOSS = "replica_loss"  # the gradient of the replica's own loss (fit, Keras losses)

@@ -9,6 +9,7 @@ import json
 import numpy as np
 
 from tb_replica_plugin import metadata
+from tb_replica_plugin.core.leaf_entries import mismatch_dims, parse_leaf_entries
 from tb_replica_plugin.families.inputs import schema
 
 # Largest step range reconstructed step by step; beyond it only recorded steps are kept.
@@ -55,55 +56,6 @@ class InputsSeries:
     @property
     def num_replicas(self):
         return len(self.replicas)
-
-
-def _mismatch_dims(dtypes, shapes, kinds=None):
-    """Which parts of one input disagree across replicas ("kind", "dtype", "rank", dim indices).
-
-    A ragged dimension is recorded as -1 on every replica (`record.shape_vector`), so ragged
-    leaves disagree only in their structure (kind, ragged rank, uniform inner dimensions).
-    """
-    dims = []
-    if kinds and len(set(kinds)) > 1:
-        dims.append("kind")
-    if len(set(dtypes)) > 1:
-        dims.append("dtype")
-    ranks = {len(shape) for shape in shapes}
-    if len(ranks) > 1:
-        dims.append("rank")
-    else:
-        rank = ranks.pop() if ranks else 0
-        dims.extend(d for d in range(1, rank) if len({shape[d] for shape in shapes}) > 1)
-    return dims
-
-
-def parse_leaf_entries(entries):
-    """Parses the leaf entries of a shapes event (`name`, `dtypes`, `shapes`, for a ragged or
-    sparse leaf `kinds` and `structure`), adding `mismatch` and `mismatch_dims`.
-
-    Raises:
-      KeyError, TypeError, ValueError: if an entry is malformed.
-    """
-    inputs = []
-    for entry in entries:
-        dtypes = [str(d) for d in entry["dtypes"]]
-        shapes = [[int(d) for d in shape] for shape in entry["shapes"]]
-        kinds = [str(k) for k in entry["kinds"]] if "kinds" in entry else None
-        dims = _mismatch_dims(dtypes, shapes, kinds)
-        parsed_entry = {
-            "name": str(entry["name"]),
-            "dtypes": dtypes,
-            "shapes": shapes,
-            "mismatch": bool(dims),
-            "mismatch_dims": dims,
-        }
-        if kinds is not None:
-            # Ragged or sparse: per replica its kind and (values, shortest row, longest row) or
-            # (nnz, -1, -1) at this step.
-            parsed_entry["kinds"] = kinds
-            parsed_entry["structure"] = [[int(v) for v in row] for row in entry["structure"]]
-        inputs.append(parsed_entry)
-    return inputs
 
 
 def parse_shape_event(step, document):
@@ -276,7 +228,7 @@ def from_samples(run, samples, notes, needed=None):
     return series
 
 
-def merge_inputs(job, members, workers, notes):
+def merge_input_series(job, members, workers, notes):
     """The inputs family of a job: every worker's series on one global replica axis.
 
     Args:
@@ -339,7 +291,7 @@ def merge_inputs(job, members, workers, notes):
                     kinds += entry.get("kinds", ["dense"] * count)
                     structure += entry.get("structure", [[-1, -1, -1]] * count)
             composite = any(k not in ("dense", "missing") for k in kinds)
-            dims = _mismatch_dims(dtypes, shapes, kinds if composite else None)
+            dims = mismatch_dims(dtypes, shapes, kinds if composite else None)
             merged = {
                 "name": name,
                 "dtypes": dtypes,
@@ -379,6 +331,6 @@ def merge_inputs(job, members, workers, notes):
     )
 
 
-def merge(job, member_runs, workers, notes):
-    """The inputs family of a job from its workers' `RunData` (see `merge_inputs`)."""
-    return merge_inputs(job, [m.inputs for m in member_runs], workers, notes)
+def merge_inputs(job, member_runs, workers, notes):
+    """The inputs family of a job from its workers' `RunData` (see `merge_input_series`)."""
+    return merge_input_series(job, [m.inputs for m in member_runs], workers, notes)

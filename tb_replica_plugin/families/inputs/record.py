@@ -16,6 +16,7 @@ import math
 
 import tensorflow as tf
 
+from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.families.inputs import schema
 from tb_replica_plugin.families.step_time import schema as step_time_schema
@@ -99,47 +100,6 @@ def structure_vector(value):
     if isinstance(value, tf.SparseTensor):
         return tf.stack([tf.shape(value.indices, out_type=tf.int64)[0], none, none])
     return tf.stack([tf.size(value, out_type=tf.int64), none, none])
-
-
-def flatten_with_names(structure, prefix=""):
-    """Flattens nested dicts/lists/tuples of tensors into `(name, leaf)` pairs.
-
-    Dict keys are sorted (as `tf.nest` does), sequence items are numbered, namedtuple fields keep
-    their names, `None` leaves are dropped. Any other object is a leaf.
-
-    Args:
-      structure: the nested structure, e.g. `{"image": t1, "label": t2}` or `(t1, t2)`.
-      prefix: the name of `structure` itself ("" for the root).
-
-    Returns:
-      A list of `(name, leaf)` pairs; names are joined with "/", e.g. `"x/image"`.
-
-    Example:
-      >>> flatten_with_names({"b": 1, "a": (2, None)})
-      [('a/0', 2), ('b', 1)]
-    """
-
-    def join(key):
-        return f"{prefix}/{key}" if prefix else str(key)
-
-    if structure is None:
-        return []
-    if isinstance(structure, dict):
-        pairs = []
-        for key in sorted(structure, key=str):
-            pairs.extend(flatten_with_names(structure[key], join(key)))
-        return pairs
-    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
-        pairs = []
-        for key in structure._fields:
-            pairs.extend(flatten_with_names(getattr(structure, key), join(key)))
-        return pairs
-    if isinstance(structure, (list, tuple)):
-        pairs = []
-        for index, item in enumerate(structure):
-            pairs.extend(flatten_with_names(item, join(index)))
-        return pairs
-    return [(prefix or "input", structure)]
 
 
 def name_fit_batch(data):
@@ -511,9 +471,8 @@ class Recording:
             recorder.warn(error)
 
     def last_step(self):
-        """The step of the latest `observe_inputs` call (host side), or None before any."""
-        if self._core is None:
-            return None
+        """The step of the latest `observe_inputs` call (host side), or None before any (or
+        once the probe is closed)."""
         return self.recorder("inputs").last_step()
 
     def next_step(self):
@@ -522,6 +481,4 @@ class Recording:
         Returns:
           An int, or None before the probe is built or after it is closed.
         """
-        if self._core is None:
-            return None
         return self.recorder("inputs").next_step()

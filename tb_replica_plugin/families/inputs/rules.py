@@ -8,7 +8,7 @@
 - `shape_mismatch` (error): an input's rank or a non-leading dimension differs across replicas.
 - `dtype_mismatch` (error): an input's dtype differs across replicas.
 
-`annotate` (the family's `annotates_findings`) names, on a multi-worker job, the worker of every
+`annotate` (the family's `Rules.annotate` hook) names, on a multi-worker job, the worker of every
 finding's replicas, whichever family raised it. Pure Python and numpy.
 """
 

@@ -170,6 +170,3 @@ def merge_rng(job, member_runs, workers, notes):
         state=np.concatenate(states, axis=2),
         notes=notes,
     )
-
-
-merge = merge_rng

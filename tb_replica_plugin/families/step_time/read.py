@@ -101,6 +101,3 @@ def merge_step_time(job, member_runs, workers, notes):
         # than its wait right after.
         busy=np.maximum(period - (last - arrival), 0.0),
     )
-
-
-merge = merge_step_time

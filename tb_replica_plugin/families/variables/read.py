@@ -586,6 +586,3 @@ def merge_variables(job, member_runs, workers, notes):
         notes.extend(merged.notes)
         merged.notes = notes
     return merged
-
-
-merge = merge_variables

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from tb_replica_plugin.families.inputs.read import parse_leaf_entries
+from tb_replica_plugin.core.leaf_entries import parse_leaf_entries
 from tb_replica_plugin.families.watch import schema
 
 
@@ -181,7 +181,7 @@ def from_samples(run, samples, notes, needed=None):
     return WatchSeries(run=run, replicas=replicas, devices=devices, values=values, source=source)
 
 
-def merge(job, member_runs, workers, notes):
+def merge_watch(job, member_runs, workers, notes):
     """Multi-worker jobs: watched values are not merged across workers (read each worker's run)."""
     if any(getattr(m, "watch", None) is not None for m in member_runs):
         notes.append(

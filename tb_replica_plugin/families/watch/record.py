@@ -20,9 +20,10 @@ import functools
 import tensorflow as tf
 
 from tb_replica_plugin.core.joined import segment_ids
+from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.core.recorder import run_if
-from tb_replica_plugin.families.inputs.record import InputsStats, as_leaf, flatten_with_names
+from tb_replica_plugin.families.inputs.record import InputsStats, as_leaf
 from tb_replica_plugin.families.watch import schema
 
 # Distinct watched names per probe (each has its own step counter and previous fingerprint).
