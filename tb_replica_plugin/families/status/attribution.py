@@ -338,9 +338,14 @@ def frames_from_stack(frame):
 
 
 def user_frame(frames):
-    """The innermost user FRAME of `frames` (outermost first), or None.
+    """The innermost user FRAME of `frames`, or None.
 
-    A frame without a `user` key is judged by `is_user_file`.
+    Args:
+      frames: FRAME dicts, outermost first (a traceback, a stack, `defined_at`); a frame
+        without a `user` key is judged by `is_user_file`.
+
+    Returns:
+      The last frame whose `user` is true, or None when none is.
 
     Example:
       >>> user_frame([{"file": "/x/train.py", "line": 9, "function": "call", "user": True}])

@@ -43,7 +43,7 @@ def _known(value):
     return None if value is None or value < 0 else int(value)
 
 
-def worker_row(member, run):
+def _worker_row(member, run):
     """One row of `/status` "workers": a worker of a job, or the run itself (named after it)."""
     heartbeat, series = member.heartbeat, member.series
     end = series.end if series is not None else None
@@ -132,7 +132,7 @@ def status_body(run_data, now, thresholds=Thresholds()):
       thresholds: the `Thresholds` to apply.
 
     Returns:
-      `{"run", "state", "age_s", "root_cause", "workers": [worker_row, ...], "events": [...],
+      `{"run", "state", "age_s", "root_cause", "workers": [row, ...], "events": [...],
       "earlier_crashes": [...]}`; state None and empty lists for a run without status data.
 
     Example:
@@ -158,7 +158,7 @@ def status_body(run_data, now, thresholds=Thresholds()):
             "state": state.state,
             "age_s": _number(state.age_s),
             "root_cause": rules.root_cause(status, now, thresholds),
-            "workers": [worker_row(member, run_data.run) for member in members],
+            "workers": [_worker_row(member, run_data.run) for member in members],
             "events": recent_events(members),
             "earlier_crashes": earlier_crashes(members),
         }
@@ -172,6 +172,11 @@ def body(run, run_data, parsed):
 
 def overview_fields(run_data, now, thresholds=Thresholds()):
     """The run's status column of `/overview`.
+
+    Args:
+      run_data: a `reader.RunData` (its `status`: `StatusSeries`, `JobStatus` or None).
+      now: the time to judge at (seconds since the epoch).
+      thresholds: the `Thresholds` to apply.
 
     Returns:
       `{"status": {"state", "age_s", "worst"}}`: `worst` is the message of the root cause (a
@@ -192,7 +197,20 @@ def overview_fields(run_data, now, thresholds=Thresholds()):
 
 
 def report_json(run_data, thresholds=Thresholds(), now=None):
-    """`{"status": ...}`: the run's status in the JSON report (None without status data)."""
+    """The run's status block of `tb-replica report --json`.
+
+    Args:
+      run_data: a `reader.RunData`.
+      thresholds: the `Thresholds` to apply.
+      now: the time to judge at (seconds since the epoch); default `time.time()`.
+
+    Returns:
+      `{"status": body}`: `status_body` without "run", or None without status data.
+
+    Example:
+      >>> report_json(run_data, now=now)["status"]["state"]
+      'finished'
+    """
     now = time.time() if now is None else now
     if getattr(run_data, "status", None) is None:
         return {"status": None}
@@ -292,6 +310,11 @@ _ROOT_CAUSE_TEXT = {
 
 def report_text(run_data, thresholds=Thresholds(), now=None):
     """The status lines of a run in the text report (none without status data).
+
+    Args:
+      run_data: a `reader.RunData`.
+      thresholds: the `Thresholds` to apply.
+      now: the time to judge at (seconds since the epoch); default `time.time()`.
 
     Returns:
       e.g. `["  status: crashed at step 3 — InvalidArgumentError on replica 1 (at train.py:9
