@@ -537,7 +537,7 @@ def test_thread_crash_is_a_warning_and_the_run_goes_on():
         "loader",
         2,
     )
-    assert "Thread `loader` died of ValueError: bad record 17. (2 times)" in finding.message
+    assert "Thread `loader` died of ValueError: bad record 17 (2 times)." in finding.message
     assert f"At {HOME}/loader.py:12 in load." in finding.message
 
 

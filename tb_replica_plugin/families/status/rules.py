@@ -91,6 +91,37 @@ FINDING_KINDS = {
 }
 
 
+def status_finding(kind, run, step, message, **fields):
+    """A `Finding` of this family at one step (-1: before the first, recorded as 0).
+
+    Args:
+      kind: one of `FINDING_KINDS` (its severity is the kind's).
+      run: the run or job name.
+      step: the step it happened at.
+      message: the finding's message.
+      **fields: `replicas` (sorted here), `name`, `value`, `threshold`, `count` (default 1),
+        `last_step` (default `step`).
+
+    Returns:
+      The `Finding`, `view="status"`.
+    """
+    first = max(step, 0)
+    return Finding(
+        kind=kind,
+        severity=FINDING_KINDS[kind]["severity"],
+        run=run,
+        first_step=first,
+        last_step=max(fields.get("last_step", first), first),
+        count=fields.get("count", 1),
+        replicas=sorted(fields.get("replicas", [])),
+        name=fields.get("name"),
+        value=fields.get("value"),
+        threshold=fields.get("threshold"),
+        message=message,
+        view=VIEW,
+    )
+
+
 def _sentence(text):
     """`text` without trailing punctuation, then one full stop."""
     return text.rstrip(" .:;,") + "."
@@ -171,19 +202,13 @@ def crash_finding(run, member, everyone):
     replicas = exception.get("replicas") or [
         r for m in everyone if m.name in lost for r in m.replicas
     ]
-    return Finding(
-        kind="training_crashed",
-        severity="error",
-        run=run,
-        first_step=max(step, 0),
-        last_step=max(step, 0),
-        count=1,
-        replicas=sorted(replicas or (member.replicas if member.name is not None else [])),
+    return status_finding(
+        "training_crashed",
+        run,
+        step,
+        f"{_subject(member)} crashed {at_step(step)} with {_sentence(what)}{details}",
+        replicas=replicas or (member.replicas if member.name is not None else []),
         name=member.name,
-        value=None,
-        threshold=None,
-        message=f"{_subject(member)} crashed {at_step(step)} with {_sentence(what)}{details}",
-        view=VIEW,
     )
 
 
@@ -202,24 +227,20 @@ def _single_stall(run, member, thresholds):
         what = "the main thread is in Python, outside any step"
     where = f", at {frame_place(frame)}" if frame else ""
     look = f"Look at {frame_place(frame)}" if frame else "Look at its stack in the status view"
-    return Finding(
-        kind="stalled",
-        severity="error",
-        run=run,
-        first_step=max(step, 0),
-        last_step=max(step, 0),
-        count=1,
-        replicas=list(member.replicas),
-        name=None,
+    message = (
+        f"No progress for {seconds:.0f} s {at_step(step)} while the process still heartbeats: "
+        f"{what}{where}. {look}; SIGUSR1 to process {heartbeat['pid']} writes every thread's "
+        "stack again. If a step, an evaluation or a checkpoint really takes this long, raise "
+        "Thresholds.stall_seconds."
+    )
+    return status_finding(
+        "stalled",
+        run,
+        step,
+        message,
+        replicas=member.replicas,
         value=round(seconds, 3),
         threshold=thresholds.stall_seconds,
-        message=(
-            f"No progress for {seconds:.0f} s {at_step(step)} while the process still "
-            f"heartbeats: {what}{where}. {look}; SIGUSR1 to process {heartbeat['pid']} "
-            "writes every thread's stack again. If a step, an evaluation or a checkpoint "
-            "really takes this long, raise Thresholds.stall_seconds."
-        ),
-        view=VIEW,
     )
 
 
@@ -327,26 +348,22 @@ def job_stall(run, everyone, roles, thresholds):
     """
     stalled = [m for m in everyone if m.state == STALLED]
     blamed = roles.cause or roles.behind or stalled
-    finding = Finding(
-        kind="stalled",
-        severity="error",
-        run=run,
-        first_step=max(roles.step, 0),
-        last_step=max(roles.step, 0),
-        count=1,
-        replicas=sorted(r for m in blamed for r in m.replicas),
+    message = (
+        f"No progress for {roles.seconds:.0f} s in {step_name(roles.step)} while the workers "
+        f"still heartbeat: {'; '.join(_stall_parts(roles))}. "
+        f"{_stall_advice(roles.step, roles.cause, roles.behind)} Synchronous workers wait for "
+        "each other for ever; tf.distribute.experimental.CommunicationOptions(timeout_seconds="
+        "...) makes them fail instead."
+    )
+    finding = status_finding(
+        "stalled",
+        run,
+        roles.step,
+        message,
+        replicas=[r for m in blamed for r in m.replicas],
         name=blamed[0].name,
         value=round(roles.seconds, 3),
         threshold=thresholds.stall_seconds,
-        message=(
-            f"No progress for {roles.seconds:.0f} s in {step_name(roles.step)} while the workers "
-            "still "
-            f"heartbeat: {'; '.join(_stall_parts(roles))}. "
-            f"{_stall_advice(roles.step, roles.cause, roles.behind)} Synchronous workers wait "
-            "for each other for ever; tf.distribute.experimental.CommunicationOptions("
-            "timeout_seconds=...) makes them fail instead."
-        ),
-        view=VIEW,
     )
     if roles.behind and not roles.cause:
         return finding, None
@@ -365,25 +382,22 @@ def lost_finding(run, member, now, thresholds):
     if member.lost_per:
         who = " and ".join(member.lost_per)
         named = f", and {who}'s error lists it among the tasks that stopped sending heartbeats"
-    return Finding(
-        kind="stopped_without_end",
-        severity="error",
-        run=run,
-        first_step=max(step, 0),
-        last_step=max(step, 0),
-        count=1,
-        replicas=list(member.replicas),
+    subject = "The run" if member.name is None else f"Worker {member.label}"
+    message = (
+        f"{subject} stopped sending heartbeats {at_step(step)}{ago} with no end record{named}: "
+        "its process was killed (the OOM killer, a preemption or eviction, SIGKILL) or its host "
+        "was lost; a clean end, an exception or Ctrl-C would have written one. Look at the "
+        "host's logs (`dmesg` for the OOM killer) and the scheduler's events."
+    )
+    return status_finding(
+        "stopped_without_end",
+        run,
+        step,
+        message,
+        replicas=member.replicas,
         name=member.name,
         value=None if age is None else round(age, 3),
         threshold=silent_limit(member.series, member.heartbeat, thresholds),
-        message=(
-            f"{'The run' if member.name is None else f'Worker {member.label}'} stopped sending "
-            f"heartbeats {at_step(step)}{ago} with no end record{named}: its process was killed "
-            "(the OOM killer, a preemption or eviction, SIGKILL) or its host was lost; a clean "
-            "end, an exception or Ctrl-C would have written one. Look at the host's logs "
-            "(`dmesg` for the OOM killer) and the scheduler's events."
-        ),
-        view=VIEW,
     )
 
 
@@ -402,26 +416,20 @@ def thread_findings(run, member):
         step = step_of(member, exception.get("step"))
         times = f" ({len(exceptions)} times)" if len(exceptions) > 1 else ""
         on = "" if member.name is None else f" on worker {member.label}"
-        died = _sentence(f"{name}: {first}" if first else name)
+        died = _sentence((f"{name}: {first}" if first else name).rstrip(" .:;,") + times)
         at = f" At {frame_place(frame)}." if frame else ""
         findings.append(
-            Finding(
-                kind="thread_crashed",
-                severity="warning",
-                run=run,
-                first_step=max(step, 0),
-                last_step=max(step_of(member, exceptions[-1].get("step")), step, 0),
+            status_finding(
+                "thread_crashed",
+                run,
+                step,
+                f"Thread `{thread}`{on} died of {died}{at} Training went on without it; a "
+                "background thread that dies (a data loader, a callback's worker) can leave "
+                "work undone or the main loop waiting: look at that line.",
+                last_step=step_of(member, exceptions[-1].get("step")),
                 count=len(exceptions),
-                replicas=list(member.replicas) if member.name is not None else [],
+                replicas=member.replicas if member.name is not None else [],
                 name=thread,
-                value=None,
-                threshold=None,
-                message=(
-                    f"Thread `{thread}`{on} died of {died}{times}{at} Training went on "
-                    "without it; a background thread that dies (a data loader, a callback's "
-                    "worker) can leave work undone or the main loop waiting: look at that line."
-                ),
-                view=VIEW,
             )
         )
     return findings
