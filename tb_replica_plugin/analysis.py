@@ -49,6 +49,13 @@ class Thresholds:
         this fraction of the logged steps (0.5: a shard that is consistently off; with tiny
         per-replica batches, e.g. 2 examples, two replicas' norms differ 10× at single steps by
         chance). Every step's ratio is shown in the tab whatever this is.
+      stall_seconds: a run (or a worker of a job) is `stalled` when its last heartbeat shows
+        no progress (no new step, the main thread on the same innermost Python line) for more
+        than this many seconds while it still heartbeats (300: longer than a slow step,
+        an evaluation or a checkpoint of most jobs; lower it to see a hang sooner).
+      silent_seconds: a run without an end record whose last heartbeat is older than this many
+        seconds (or three heartbeat intervals, whichever is longer) stopped: killed or lost
+        (`stopped_without_end`).
     """
 
     max_imbalance_ratio: float = 1.0
@@ -60,6 +67,9 @@ class Thresholds:
 
     max_grad_norm_ratio: float = 10.0
     min_grad_outlier_fraction: float = 0.5
+
+    stall_seconds: float = 300.0
+    silent_seconds: float = 60.0
 
     @classmethod
     def from_overrides(cls, overrides):
