@@ -337,7 +337,7 @@ def test_a_job_keeps_the_kind_and_structure_of_its_workers_ragged_inputs():
         event = inputs_read.parse_shape_event(0, json.dumps(document))
         return inputs_read.build_inputs_series(f"job/worker_{index}", [event], [])
 
-    merged = inputs_read.merge_inputs("job", [worker(0, 4, 7), worker(1, 3, 5)], [], [])
+    merged = inputs_read.merge_input_series("job", [worker(0, 4, 7), worker(1, 3, 5)], [], [])
     (entry,) = merged.shape_events[0]["inputs"]
     assert entry["kinds"] == ["ragged", "ragged"] and entry["structure"] == [[7, 1, 3], [5, 1, 3]]
     assert entry["shapes"] == [[4, -1], [3, -1]] and not entry["mismatch"]
