@@ -232,7 +232,7 @@ def sort_findings(findings):
     return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], f.run, f.first_step, f.kind))
 
 
-def find_run(run_data, thresholds=Thresholds()):
+def find_run(run_data, thresholds=Thresholds(), live=None, now=None):
     """Findings of every family of one run.
 
     Every registered family's `rules.find` runs in registry order; a family whose rules have a
@@ -243,6 +243,9 @@ def find_run(run_data, thresholds=Thresholds()):
     Args:
       run_data: a `reader.RunData`.
       thresholds: the `Thresholds` to apply.
+      live: None for every family; False for the families that are not live (`Family.live`),
+        True for the live ones only (the tab computes those apart, at each request).
+      now: the time (`time.time()`) the live families' rules judge the run at (None: now).
 
     Returns:
       A list of `Finding`, most severe first.
@@ -252,8 +255,12 @@ def find_run(run_data, thresholds=Thresholds()):
       ['empty_shard']
     """
     findings = []
-    for family in registry.families():
-        found = family.rules.find(run_data, thresholds)
+    chosen = [f for f in registry.families() if live is None or f.live == live]
+    for family in chosen:
+        if family.live:
+            found = family.rules.find(run_data, thresholds, now=now)
+        else:
+            found = family.rules.find(run_data, thresholds)
         describe = family.rules.group_message
         findings.extend(group_findings(found, describe) if describe else found)
     for family in registry.families():

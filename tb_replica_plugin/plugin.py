@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import threading
+import time
 
 from tensorboard.backend import http_util, json_util
 from tensorboard.plugins import base_plugin
@@ -270,7 +271,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         """
         ctx, experiment_id = self._request_context(request)
         # The workers of a multi-worker job are read and merged as one job named after it.
-        return self.store.summaries(ctx, experiment_id, runs_entry, run=run)
+        return self.store.summaries(ctx, experiment_id, runs_entry, run=run, make_live=live_entry)
 
     @_handling_errors
     def _serve_runs(self, request):
@@ -311,12 +312,27 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         replicas = len(overview.overview(run_data)["replicas"])
         view = []
         for family in registry.families():
-            if family.route:
+            if family.route and not family.live:
                 query = run_view_query(replicas, family.name)
                 arguments = family.present.args.items()
                 parsed = {name: parse(query.get(name)) for name, parse in arguments}
                 view.append((family.name, parsed, self._make_body(run, family, parsed)))
         return view
+
+    def _live_body(self, ctx, experiment_id, run, family, parsed):
+        """A live family's route body, computed now from its cached read (`RunStore.live_data`).
+
+        Raises:
+          reader.RunNotFoundError: unknown run (404).
+        """
+        runs = self.store.list_runs(ctx, experiment_id)
+        group = run if run in runs or run in reader.job_groups(runs) else None
+        if group is None:
+            raise reader.RunNotFoundError(run)
+        run_data = self.store.live_data(ctx, experiment_id, group, runs).get(run)
+        if run_data is None:  # a run without the family's data: its empty body
+            run_data = reader.RunData(run)
+        return family.present.body(run, run_data, parsed)
 
     def _family_app(self, family):
         """The route of one family: the run named by `run`, the family's arguments, its body.
@@ -333,6 +349,8 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             present = family.present
             parsed = {name: parse(request.args.get(name)) for name, parse in present.args.items()}
             ctx, experiment_id = self._request_context(request)
+            if family.live:
+                return _json(request, self._live_body(ctx, experiment_id, run, family, parsed))
             make_body = self._make_body(run, family, parsed)
             # Only this family's tags (and those of the families it needs) are read; the answer
             # is kept, encoded, until the run has new data.
@@ -349,6 +367,25 @@ class ReplicasPlugin(base_plugin.TBPlugin):
 
         serve.__name__ = f"_serve_{family.name}"
         return functools.partial(_handling_errors(serve), self)
+
+
+def live_entry(run_data, now=None):
+    """The live families' part of a run's `/runs` entry and findings, at time `now`.
+
+    Args:
+      run_data: the run's `RunData` holding the live families (`RunStore.live_data`).
+      now: `time.time()` when None.
+
+    Returns:
+      `(fields, findings)`: each live family's `Presenter.live_fields` merged, and the findings
+      of its rules at `now`.
+    """
+    now = time.time() if now is None else now
+    fields = {}
+    for family in registry.families():
+        if family.live and family.present.live_fields is not None:
+            fields.update(family.present.live_fields(run_data, now))
+    return fields, analysis.find_run(run_data, live=True, now=now)
 
 
 def runs_entry(run_data, findings=None):

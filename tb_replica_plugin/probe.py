@@ -22,6 +22,7 @@ from tb_replica_plugin.families.gradients.capture import (
     DEFAULT_CAPTURE_LIMIT,
     check_capture,
 )
+from tb_replica_plugin.families.status.record import DEFAULT_STALL_SECS, check_stall_secs
 
 
 class ReplicaProbe(*recording_mixins(), ProbeCore):
@@ -61,11 +62,18 @@ class ReplicaProbe(*recording_mixins(), ProbeCore):
         worker sees a fault at the same step (and so stops at the same step).
       capture_limit, capture_bytes: culprit capture of `observe_gradients(..., batch=...)`, as
         for `ReplicaCallback` (default 3 steps, 4 MB per replica batch).
+      heartbeat: write a heartbeat at every background flush (every `flush_secs`: the last step
+        recorded, whether the main thread is inside a step, when it last made progress; about
+        100 bytes), so a hang or a killed process shows in the tab and the report (default
+        True). How the run ends (`close`, the `with` block, an uncaught exception, interpreter
+        exit) is recorded either way. See docs/status.md.
+      stall_secs: after this many seconds without progress the heartbeat also writes every
+        thread's Python stack, once per stall (default 60; `SIGUSR1` asks for them at once).
 
     Raises:
       ValueError: if `update_freq`, `source`, `flush_secs`, `examples_every`, `halt_on`,
-        `capture_limit` or `capture_bytes` is invalid (raised at construction, never during
-        training).
+        `capture_limit`, `capture_bytes` or `stall_secs` is invalid (raised at construction,
+        never during training).
 
     Example:
       ```python
@@ -97,9 +105,12 @@ class ReplicaProbe(*recording_mixins(), ProbeCore):
         halt_on=None,
         capture_limit=DEFAULT_CAPTURE_LIMIT,
         capture_bytes=DEFAULT_CAPTURE_BYTES,
+        heartbeat=True,
+        stall_secs=DEFAULT_STALL_SECS,
         **kwargs,
     ):
         check_capture(capture_limit, capture_bytes)
+        check_stall_secs(stall_secs)
         watch = halt.Watch(self, "error" if halt_on is None else halt_on)
         super().__init__(log_dir, *args, **kwargs)
         self._watch = watch
@@ -108,6 +119,11 @@ class ReplicaProbe(*recording_mixins(), ProbeCore):
         if gradients is not None:
             gradients.capture_limit = capture_limit
             gradients.capture_bytes = capture_bytes
+        status = self._recorders.get("status")
+        if status is not None:
+            status.heartbeat = bool(heartbeat)
+            status.stall_secs = float(stall_secs)
+        self._stopped_by = []  # findings `faults` returned: the run was halted
 
     def build(self):
         built = super().build()
@@ -152,7 +168,16 @@ class ReplicaProbe(*recording_mixins(), ProbeCore):
         """
         if self._core is None:
             return []
-        return self._watch.check(at_check=check)
+        found = self._watch.check(at_check=check)
+        self._stopped_by.extend(found)
+        return found
+
+    def close(self):
+        """Ends the run ("halted" if `faults` returned findings), flushes and closes the writer.
+        The probe records nothing afterwards."""
+        if self._stopped_by:
+            self.end_run("close", findings=self._stopped_by)
+        super().close()
 
     def raise_faults(self, check=False):
         """Raises `ReplicaFaultError` when `faults(check)` finds something (after a flush).

@@ -45,6 +45,7 @@ __all__ = [
     "read_members_in_turn",
     "read_runs",
     "with_needs",
+    "worker_identity",
 ]
 
 # More samples than any run writes: read_tensors must return every sample it kept.
@@ -299,12 +300,23 @@ def read_inputs(provider, ctx, experiment_id, run, tags_of_run=None):
     return read_run(provider, ctx, experiment_id, run, tags_of_run).inputs
 
 
+def worker_identity(member):
+    """`{"worker", "replicas", "devices"}` of a worker's run of a multi-worker job, from the first
+    family (registry order) whose series tells it (`Family.worker_of`), else None."""
+    for family in registry.families():
+        if family.worker_of is not None:
+            identity = family.worker_of(getattr(member, family.attribute, None))
+            if identity is not None:
+                return identity
+    return None
+
+
 def merge_job(job, member_runs, families=None):
     """One `RunData` for the runs of the workers of one job (see `RunData`).
 
     Args:
       job: the job name.
-      member_runs: the `RunData` of its workers' runs, each with `inputs.worker` set.
+      member_runs: the `RunData` of its workers' runs, each a worker (`worker_identity`).
       families: names of the families to merge (they and their needs must have been read), or
         None for every registered family.
 
@@ -312,11 +324,13 @@ def merge_job(job, member_runs, families=None):
       The job's `RunData`, replica axis in global replica order: each family merged by its
       `Family.merge`, in registry order (families not asked for are None).
     """
-    members = sorted(member_runs, key=lambda m: (m.inputs.worker["worker"], m.run))
+    identities = {id(m): worker_identity(m) for m in member_runs}
+    members = sorted(member_runs, key=lambda m: (identities[id(m)]["worker"]["worker"], m.run))
+    infos = [identities[id(m)]["worker"] for m in members]
     notes = []
     workers = []
-    for member in members:
-        info = member.inputs.worker
+    for member, info in zip(members, infos, strict=True):
+        identity = identities[id(member)]
         workers.append(
             {
                 "run": member.run,
@@ -324,20 +338,20 @@ def merge_job(job, member_runs, families=None):
                 "task_type": info["task_type"],
                 "task_index": info["task_index"],
                 "worker": info["worker"],
-                "replicas": list(member.inputs.replicas),
-                "devices": list(member.inputs.devices),
+                "replicas": list(identity["replicas"]),
+                "devices": list(identity["devices"]),
             }
         )
         notes.extend(f"{worker_name(info)}: {note}" for note in member.notes)
-    expected = max(m.inputs.worker["num_workers"] for m in members)
+    expected = max(info["num_workers"] for info in infos)
     if len(members) < expected:
-        seen = {m.inputs.worker["worker"] for m in members}
+        seen = {info["worker"] for info in infos}
         missing = sorted(set(range(expected)) - seen)
         notes.append(
             f"Only {len(members)} of the job's {expected} workers wrote data (workers "
             f"{missing} are missing): give every worker the same log dir or copy their runs in."
         )
-    if len({m.inputs.worker["job"] for m in members}) > 1:
+    if len({info["job"] for info in infos}) > 1:
         notes.append(
             "These worker runs come from jobs with different cluster specs (the log dir was "
             "reused); write each job to its own log dir."
@@ -474,13 +488,18 @@ def read_group(
     members_of = job_groups(runs).get(name)
     if not members_of:
         raise RunNotFoundError(name)
-    # Whether they are the workers of one job comes from the inputs family (their shapes events).
-    read_families = None if families is None else with_needs([*families, "inputs"])
+    # Whether they are the workers of one job comes from a family that can tell (`worker_of`):
+    # the inputs family (shapes events) unless one of those asked for can.
+    read_families = None if families is None else with_needs(families)
+    if read_families is not None and not any(
+        registry.family(name).worker_of for name in read_families
+    ):
+        read_families = with_needs([*families, "inputs"])
     member_tags = {member_run: runs[member_run] for member_run in members_of}
     members = (read_members or read_members_in_turn)(
         provider, ctx, experiment_id, member_tags, read_families, downsample
     )
-    if all(m.inputs.worker is not None for m in members):
+    if all(worker_identity(m) is not None for m in members):
         return {name: merge_job(name, members, read_families)}
     return {m.run: m for m in members}
 
@@ -508,7 +527,7 @@ def read_member(provider, ctx, experiment_id, run, tags_of_run, families, downsa
     merge (about 5 GB for a job of 256 workers).
     """
     member = read_run(provider, ctx, experiment_id, run, tags_of_run, families, downsample)
-    if member.inputs.worker is not None:  # `inputs` is always read (empty without its tags)
+    if worker_identity(member) is not None:
         merge_tags = {tag for family in registry.families() for tag in family.merge_tags}
         member.samples = {tag: v for tag, v in member.samples.items() if tag in merge_tags}
     return member

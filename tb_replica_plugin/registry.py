@@ -27,6 +27,7 @@ def _registered():
         gradients,
         inputs,
         rng,
+        status,
         step_time,
         variables,
         watch,
@@ -40,6 +41,7 @@ def _registered():
         examples.FAMILY,
         variables.FAMILY,
         watch.FAMILY,
+        status.FAMILY,
     )
 
 
@@ -82,6 +84,8 @@ class Presenter:
         first and last step), or None.
       runs_fields: `runs_fields(run_data)` -> `{key: value}` added to the run's `/runs` entry, or
         None.
+      live_fields: for a live family (`Family.live`), `live_fields(run_data, now)` -> `{key:
+        value}` added to the run's `/runs` entry at each request (`now`: `time.time()`), or None.
     """
 
     body: Callable
@@ -93,6 +97,7 @@ class Presenter:
     identity: Callable | None = None
     recorded_steps: Callable | None = None
     runs_fields: Callable | None = None
+    live_fields: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +130,15 @@ class Family:
       merge_tags: tags whose raw samples its `merge` reads from the workers' `RunData` (the other
         samples of a job's workers are dropped as soon as each is read).
       route: the URL path of its route under the plugin (e.g. "/data"), or None.
+      worker_of: `worker_of(series)` -> `{"worker", "replicas", "devices"}` when its series of a
+        run says the run is a worker of a multi-worker job (`worker`: the probe's worker dict,
+        `core.distribute.worker_info`), else None; None for a family that cannot tell. The
+        reader groups a job's workers by the first family that can.
+      live: its findings and route depend on the time they are asked at, not only on its data
+        (status: a run whose heartbeats stopped is "silent" only once enough time has passed),
+        and its data changes while nothing else does (heartbeats): the tab reads it apart, its
+        tags do not count in the data version of the other families' cached reads, and its
+        findings and route body are computed at each request from its own cached read.
       text_order, json_order: position of its block in `tb-replica report` text and in each
         run's entry of `--json` (the run's "findings", "notes" and "workers" sit at 50), so
         registry order (dependency order) need not match the report's layout. Families that
@@ -144,12 +158,15 @@ class Family:
     uses: tuple = ()
     merge_tags: tuple = ()
     route: str | None = None
+    worker_of: Callable | None = None
+    live: bool = False
     text_order: int = 100
     json_order: int = 100
 
 
 _extra = ()  # families registered by `registered`, after the built-in ones
 _loaded = None  # the tuple `families()` returns, built on first use
+_tag_family = {}  # tag -> family, for `family_of_tag` (emptied when the registry changes)
 
 
 @contextlib.contextmanager
@@ -194,6 +211,7 @@ def families():
     if loaded is None:
         loaded = (*_registered(), *_extra)
         check_order(loaded)
+        _tag_family.clear()
         _loaded = loaded  # request threads may race here: each builds an equal tuple
     return loaded
 
@@ -230,6 +248,27 @@ def family(name):
         if descriptor.name == name:
             return descriptor
     raise KeyError(name)
+
+
+def live_names():
+    """The names of the registered families with `live` set (a frozenset)."""
+    return frozenset(f.name for f in families() if f.live)
+
+
+def family_of_tag(tag):
+    """The registered family that writes `tag` (exact tag, else a tag pattern), or None.
+
+    Remembered per tag until the registry changes (a job's data version asks it per tag and
+    worker).
+    """
+    loaded = families()
+    if tag not in _tag_family:
+        found = next((d for d in loaded if tag in d.tags), None)
+        if found is None:
+            patterns = ((d, p) for d in loaded for p in d.tags if "*" in p)
+            found = next((d for d, p in patterns if fnmatch.fnmatchcase(tag, p)), None)
+        _tag_family[tag] = found
+    return _tag_family[tag]
 
 
 def tag_kinds():

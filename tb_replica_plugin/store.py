@@ -7,14 +7,20 @@ and keeps the result in one `core.cache.ByteLRU` keyed by the run's data version
 largest step and wall time the provider lists (`list_tensors` metadata). A run is read again,
 its findings computed again and its bodies built again only when that version changes (new
 data) or the entry was evicted. Job merges are cached the same way (their version is their
-workers'), without their workers' own series (`RunData.without_worker_runs`). No TensorFlow.
+workers'), without their workers' own series (`RunData.without_worker_runs`).
+
+A *live* family (`Family.live`: status, whose heartbeats change a running job every few seconds
+and whose findings depend on the time of the request) does not count in that version: its own
+tags are read apart (`live_data`, cached per their own version) and its findings, `/runs`
+fields and route body are computed from that read at each request (`summaries`' `make_live`),
+so a heartbeat never makes the tab read or recompute the rest of a run. No TensorFlow.
 """
 
 import collections
 import threading
 import time
 
-from tb_replica_plugin import analysis, reader
+from tb_replica_plugin import analysis, reader, registry
 from tb_replica_plugin.core.cache import ByteLRU, SingleFlight
 
 __all__ = [
@@ -127,15 +133,17 @@ class RunStore:
         return self._listing.run(experiment_id, listing)
 
     @staticmethod
-    def version(runs, name):
+    def version(runs, name, live=False):
         """The data version of run or job `name`: per run and tag, its max step and wall time.
 
         Args:
           runs: `reader.list_runs(...)`.
           name: a run or a candidate job of `runs`.
+          live: the version of the live families' tags (`Family.live`) instead of the others'.
 
         Returns:
-          A hashable tuple; it changes when the provider lists new data for the run.
+          A hashable tuple; it changes when the provider lists new data for the run (of the
+          live families, or of the others).
         """
         return tuple(
             (
@@ -143,6 +151,7 @@ class RunStore:
                 tuple(
                     (tag, int(ts.max_step), float(ts.max_wall_time))
                     for tag, ts in sorted(runs[run].items())
+                    if _is_live(tag) == live
                 ),
             )
             for run in reader.group_runs(runs, name)
@@ -195,6 +204,34 @@ class RunStore:
             slot=("data", experiment_id, run, scope),
         )
 
+    def live_data(self, ctx, experiment_id, group, runs=None):
+        """`{name: RunData}` of one group (`reader.groups`) holding the live families only.
+
+        Read again only when the live families' tags have new data (`version(..., live=True)`);
+        a group without any gives `{}`.
+
+        Raises:
+          reader.RunNotFoundError: if `group` is neither a run nor a job of this plugin.
+        """
+        if runs is None:
+            runs = self.list_runs(ctx, experiment_id)
+        if group not in runs and group not in reader.job_groups(runs):
+            raise reader.RunNotFoundError(group)
+        version = self.version(runs, group, live=True)
+        if not any(tags for _, tags in version):
+            return {}
+        names = sorted(registry.live_names())
+
+        def read():
+            self._count("live")
+            found = reader.read_group(
+                self._provider, ctx, experiment_id, group, runs, names, self._downsample
+            )
+            return {name: data.without_worker_runs() for name, data in found.items()}
+
+        key = ("live", experiment_id, group)
+        return self.cache.get_or_compute((*key, version), read, slot=key)
+
     def body(self, ctx, experiment_id, run, family, args, make_body, run_data=None):
         """A family route's JSON body for `run` and its arguments, cached per data version.
 
@@ -242,7 +279,7 @@ class RunStore:
                 own = version if name == group else self.version(runs, name)
                 key = ("data", experiment_id, name, None, own)
                 self.cache.put(key, run_data, slot=("data", experiment_id, name, None))
-                findings = analysis.find_run(run_data)
+                findings = analysis.find_run(run_data, live=False)
                 result[name] = {"entry": make_entry(run_data, findings), "findings": findings}
                 if self._run_view is not None and self.cache.get(key) is None:
                     # Too large to keep: the run view's bodies now, from this read.
@@ -262,7 +299,8 @@ class RunStore:
 
     def warm(self, ctx, experiment_id, make_entry, seen, warmed, clock=time.monotonic, errors=None):
         """Computes ahead the findings and `/runs` entry of every run or job whose data has
-        settled: its data version is the one the previous call saw (`seen`).
+        settled: its data version is the one the previous call saw (`seen`); and its live
+        families' read (`live_data`), which the tab judges at each request.
 
         A job whose full read is too large to keep also gets its run view's bodies (`run_view`),
         so opening the tab after TensorBoard has loaded a large log dir reads nothing. Each
@@ -302,19 +340,23 @@ class RunStore:
             self._count("warm")
             try:
                 self._summaries(ctx, experiment_id, runs, group, make_entry)
+                self.live_data(ctx, experiment_id, group, runs)
             except Exception as error:  # noqa: BLE001 - the others are computed all the same
                 if errors is not None:
                     errors.append((group, error))
             warmed[group] = (version, start + WARM_BACKOFF * (clock() - start))
         return current
 
-    def summaries(self, ctx, experiment_id, make_entry, run=None):
+    def summaries(self, ctx, experiment_id, make_entry, run=None, make_live=None):
         """The findings and `/runs` entry of every run and job, or of `run` only.
 
         Args:
           ctx, experiment_id: as for `reader.read_run`.
           make_entry: `fn(run_data, findings) -> dict`, the `/runs` entry of one run.
           run: a run or job name, or None for all.
+          make_live: `fn(live_run_data) -> (fields, findings)`: the live families' `/runs`
+            fields and findings of one run, computed at each call from its `live_data`; added
+            to its cached entry and findings (None: none).
 
         Returns:
           `{name: {"entry": dict, "findings": [Finding]}}` sorted by name (shared: do not
@@ -327,11 +369,36 @@ class RunStore:
         if run is not None:
             if run not in runs and run not in reader.job_groups(runs):
                 raise reader.RunNotFoundError(run)
-            found = self._summaries(ctx, experiment_id, runs, run, make_entry)
-            if run not in found:
-                raise reader.RunNotFoundError(run)
-            return {run: found[run]}
+            groups = [run]
+        else:
+            groups = reader.groups(runs)
         result = {}
-        for group in reader.groups(runs):
-            result.update(self._summaries(ctx, experiment_id, runs, group, make_entry))
+        for group in groups:
+            found = self._summaries(ctx, experiment_id, runs, group, make_entry)
+            if make_live is not None:
+                live = self.live_data(ctx, experiment_id, group, runs)
+                found = {n: _with_live(s, live.get(n), make_live) for n, s in found.items()}
+            result.update(found)
+        if run is not None:
+            if run not in result:
+                raise reader.RunNotFoundError(run)
+            return {run: result[run]}
         return {name: result[name] for name in sorted(result)}
+
+
+def _is_live(tag):
+    family = registry.family_of_tag(tag)
+    return family is not None and family.live
+
+
+def _with_live(summary, live_run_data, make_live):
+    """A run's cached summary with its live fields and findings added (a new dict)."""
+    if live_run_data is None:
+        return summary
+    fields, findings = make_live(live_run_data)
+    entry = {**summary["entry"], **fields}
+    counts = dict(entry.get("findings") or {})
+    for finding in findings:
+        counts[finding.severity] = counts.get(finding.severity, 0) + 1
+    entry["findings"] = counts
+    return {"entry": entry, "findings": analysis.sort_findings(summary["findings"] + findings)}

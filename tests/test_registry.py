@@ -136,7 +136,7 @@ def test_toy_family_read_routed_listed_found_and_reported(toy_registered, tmp_pa
     status, body = get_json(app, "/runs")
     assert status == 200
     (entry,) = body["runs"]
-    assert entry["run"] == "toy_run" and entry["families"] == ["toy"]
+    assert entry["run"] == "toy_run" and entry["families"] == ["status", "toy"]
     assert entry["findings"] == {"error": 0, "warning": 0, "info": 1}
 
     status, body = get_json(app, "/findings?run=toy_run")

@@ -358,8 +358,8 @@ def test_clean_finish_is_finished_with_no_finding():
     data = run_data(series)
     assert rules.find(data, Thresholds(), now=now) == []
     assert present.report_text(data, Thresholds(), now=now) == ["  status: finished"]
-    assert present.overview_fields(data, now)["status"]["state"] == "finished"
-    assert present.overview_fields(data, now)["status"]["worst"] is None
+    assert present.live_fields(data, now)["status"]["state"] == "finished"
+    assert present.live_fields(data, now)["status"]["worst"] is None
     (row,) = _body_is_strict_json(data, now)["workers"]
     assert (row["name"], row["state"], row["step"], row["replicas"]) == (
         "run",
@@ -398,7 +398,7 @@ def test_crash_in_fit_on_replica_1_at_step_3():
     assert body["root_cause"]["kind"] == "training_crashed"
     assert body["root_cause"]["replicas"] == [1]
     assert body["events"][-1]["summary"].startswith("crashed at step 3: InvalidArgumentError")
-    worst = present.overview_fields(data, now)["status"]["worst"]
+    worst = present.live_fields(data, now)["status"]["worst"]
     assert worst.startswith("Training crashed at step 3")
 
 
@@ -578,7 +578,7 @@ def test_run_without_status_tags_has_no_state_and_no_finding():
     assert rules.root_cause(None, now) is None
     assert present.report_text(data, now=now) == []
     assert present.report_json(data, now=now) == {"status": None}
-    assert present.overview_fields(data, now) == {
+    assert present.live_fields(data, now) == {
         "status": {"state": None, "age_s": None, "worst": None}
     }
     body = present.status_body(data, now)
@@ -751,7 +751,7 @@ def test_sigkilled_worker_is_the_root_cause(now):
     body = _body_is_strict_json(data, now)
     assert [r["state"] for r in body["workers"]] == ["crashed", "silent"]
     assert body["root_cause"]["worker"] == "worker_1"
-    worst = present.overview_fields(data, now)["status"]["worst"]
+    worst = present.live_fields(data, now)["status"]["worst"]
     assert worst.startswith("Root cause (first observed failure): Worker worker_1")
 
 
@@ -858,4 +858,4 @@ def test_rules_and_presenter_never_raise_on_odd_events(first, second):
             rules.find(data, Thresholds(stall_seconds=0.5), now=now)
             _body_is_strict_json(data, now)
             present.report_text(data, now=now)
-            present.overview_fields(data, now)
+            present.live_fields(data, now)

@@ -106,8 +106,12 @@ def test_findings_computed_once_then_again_after_new_data(unit_logs, tmp_path, m
     calls = []
     find_run = analysis.find_run
 
+    live_calls = []
+
     def counting(run_data, *args, **kwargs):
-        calls.append(run_data.run)
+        # The live (status) findings are judged at each request from a cached read; the rest
+        # are computed once per data version.
+        (live_calls if kwargs.get("live") else calls).append(run_data.run)
         return find_run(run_data, *args, **kwargs)
 
     monkeypatch.setattr(analysis, "find_run", counting)
@@ -126,6 +130,7 @@ def test_findings_computed_once_then_again_after_new_data(unit_logs, tmp_path, m
     _, overview = get_json(client, "/overview")
     assert second == first
     assert len(calls) == 4 and len(provider.reads) == reads  # all three from the cache
+    assert len(live_calls) == 4 * 4  # each request judged each run's status again, unread
     assert {r["run"] for r in runs["runs"]} == {r["run"] for r in overview["runs"]}
     loop_counts = {r["run"]: r["findings"] for r in runs["runs"]}["loop_15_7/replicas"]
     assert loop_counts == {"error": 1, "warning": 2, "info": 0}  # first batch, uneven, empty

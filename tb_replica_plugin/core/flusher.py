@@ -42,6 +42,10 @@ class Flusher:
                 atexit.register(self.stop)
         self._wake.set()  # re-plan with this probe's interval
 
+    def wake(self):
+        """Wakes the thread now (a probe whose next flush is due at once: `flush_soon`)."""
+        self._wake.set()
+
     def unregister(self, probe):
         with self._lock:
             self._probes.discard(probe)
@@ -57,7 +61,7 @@ class Flusher:
             wait = 1.0
             for probe in probes:
                 try:
-                    wait = min(wait, probe._flush_if_due(now))
+                    wait = min(wait, probe.flush_if_due(now))
                 except Exception:  # noqa: BLE001 - e.g. warnings turned into errors: keep going
                     logger.exception("tb_replica_plugin: background flush failed")
             del probes

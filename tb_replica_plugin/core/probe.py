@@ -27,6 +27,7 @@ import tensorflow as tf
 from tb_replica_plugin import metadata
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.flusher import FLUSHER
+from tb_replica_plugin.core.lifecycle import Lifecycle
 from tb_replica_plugin.core.recorder import host_variable, recorder_classes, run_if
 
 logger = logging.getLogger("tb_replica_plugin.probe")
@@ -60,7 +61,7 @@ def check_examples_every(examples_every):
         raise ValueError(f"`examples_every` must be an integer >= 1. Received: {examples_every!r}")
 
 
-class ProbeCore:
+class ProbeCore(Lifecycle):
     """Writer, recording gate, step decision, warn-once and family dispatch of `ReplicaProbe`.
 
     See `tb_replica_plugin.ReplicaProbe` for the arguments.
@@ -108,6 +109,7 @@ class ProbeCore:
         self._lock = threading.RLock()  # host-side writer use (main and flush threads)
         self._next_flush = 0.0
         self._dir_identity = None
+        self._host_steps = (None, None)  # `Lifecycle.mark_step`
         self._recorders = {name: cls(self) for name, cls in recorder_classes()}
 
     # ------------------------------------------------------------------ set-up
@@ -220,6 +222,7 @@ class ProbeCore:
                 recorder.create_state()
         self._next_flush = time.monotonic() + self.flush_secs
         FLUSHER.register(self)
+        self.begin_run(self.source)
         return True
 
     # ------------------------------------------------------------ the step decision
@@ -442,28 +445,47 @@ class ProbeCore:
             )
             return
         try:
-            self._writer.flush()
+            with tf.init_scope():  # never an op of a step being traced (the probe's first build)
+                self._writer.flush()
         except Exception as error:  # noqa: BLE001 - full disk, I/O error, closed writer...
             self._disable(
                 f"could not write summaries to {run_dir!r}: {type(error).__name__}: "
                 f"{_first_line(error)}"
             )
 
-    def _flush_if_due(self, now):
-        """Called by the flush thread: flushes when due, returns seconds until the next one."""
+    def flush_if_due(self, now):
+        """Called by the flush thread: flushes when due (each family's `before_flush` first: the
+        status family's heartbeat), returns seconds until the next one.
+
+        Args:
+          now: `time.monotonic()`.
+        """
         if self._disabled_reason:
             return self.flush_secs
         # Never block the flush thread behind a long host-side operation of the main thread.
         if now >= self._next_flush and self._lock.acquire(timeout=0.1):
             try:
+                if self._core is not None:
+                    wall = time.time()
+                    for recorder in list(self._recorders.values()):
+                        try:
+                            recorder.before_flush(wall)
+                        except Exception as error:  # noqa: BLE001 - the flush goes on
+                            self.warn_failed(recorder.name, error)
                 self._flush_writer()
             finally:
                 self._lock.release()
         return max(self._next_flush - time.monotonic(), 0.0)
 
+    def flush_soon(self):
+        """The background flush thread flushes (and heartbeats) at its next wake-up."""
+        self._next_flush = 0.0
+        FLUSHER.wake()
+
     def close(self):
-        """Flushes and closes the writer. The probe records nothing afterwards."""
-        self.flush()
+        """Ends the stretch of training (if not ended), flushes and closes the writer. The probe
+        records nothing afterwards."""
+        self.end_run("close")
         FLUSHER.unregister(self)
         with self._lock:
             if self._core is not None:
@@ -482,7 +504,9 @@ class ProbeCore:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, exc_type, error, traceback):
+        if error is not None:
+            self.end_run("context", error)
         self.close()
 
 

@@ -9,6 +9,9 @@ and, for the public API, a `Recording` mixin whose `observe_*` methods become me
 - `set_step(step)` when the step axis is set;
 - `write_window()` when the dense series' pending window must be written (epoch ends, `flush`,
   `close`): host-side writes of what was kept in the state;
+- `begun(how)`, `before_flush(now)` and `ended(ending)` around a stretch of training: when it
+  begins, before each background flush, when it ends (the status family's heartbeat and end
+  record; the others do nothing);
 - `close()` when the probe closes.
 
 Everything a recorder does in-graph goes through its probe: `probe.write(...)` queues a summary,
@@ -147,6 +150,31 @@ class Recorder:
 
     def write_window(self):
         """Writes what the in-graph steps kept but did not write (host side). Default: nothing."""
+
+    def next_step(self):
+        """The step the family's next call without `step=` records at (host side; slot 0 of its
+        int64 `counters`, the largest for a family with one row per name), None without state.
+
+        Read by the status family's heartbeat from its own thread: a host variable read.
+        """
+        counters = self.state.get("counters")
+        if counters is None:
+            return None
+        with tf.init_scope():  # also when the probe is built inside a step's first trace
+            values = counters.numpy()
+        return int(values[0]) if values.ndim == 1 else int(values[:, 0].max())
+
+    def begun(self, how):
+        """Host side: a stretch of training begins (`ProbeCore.begin_run`: the probe's first
+        record, each Keras `fit`). Default: nothing."""
+
+    def before_flush(self, now):
+        """Host side, in the background flush thread, before each periodic flush (the probe's
+        host lock held; `now`: `time.time()`). Default: nothing."""
+
+    def ended(self, ending):
+        """Host side: a stretch of training ended (`ProbeCore.end_run`; `ending`: a
+        `core.lifecycle.RunEnd`), before the probe flushes. Default: nothing."""
 
     def close(self):
         """Drops the state (the probe records nothing after closing)."""

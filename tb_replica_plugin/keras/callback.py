@@ -23,6 +23,7 @@ replica's loss): the hooks of `keras.hooks`.
 """
 
 import os
+import traceback
 import warnings
 
 import tensorflow as tf
@@ -34,6 +35,7 @@ from tb_replica_plugin.families.gradients.capture import (
     check_capture,
 )
 from tb_replica_plugin.families.inputs import record as inputs_record
+from tb_replica_plugin.families.status.record import DEFAULT_STALL_SECS, check_stall_secs
 from tb_replica_plugin.families.variables import rotation
 from tb_replica_plugin.families.variables.fit import fit_variables, observe_at_epoch_end
 from tb_replica_plugin.keras import compat
@@ -136,6 +138,11 @@ class ReplicaCallback(*compat.callback_bases()):
         (`tb-replica export-batch`). Clean steps pay nothing.
       capture_bytes: bytes kept per captured replica batch (default 4 MB, shared evenly by its
         input leaves; a larger leaf keeps its first rows and the header says so).
+      heartbeat: write a heartbeat every `flush_secs` (default True), so a hang or a killed
+        process shows; how `fit` ends (returned, raised on a replica, stopped by `halt_on`) is
+        recorded either way. See `ReplicaProbe` and docs/status.md.
+      stall_secs: seconds without progress before every thread's Python stack is written
+        (default 60).
 
     Nothing here can stop training: a failure to trace the collectors, to create or write the log
     dir (unwritable, removed while training, full disk) warns once (`RuntimeWarning`) and
@@ -177,10 +184,15 @@ class ReplicaCallback(*compat.callback_bases()):
         halt_on=None,
         capture_limit=DEFAULT_CAPTURE_LIMIT,
         capture_bytes=DEFAULT_CAPTURE_BYTES,
+        heartbeat=True,
+        stall_secs=DEFAULT_STALL_SECS,
     ):
         super().__init__()
         self.halt_on = halt.resolve_halt_on(halt_on)
         check_capture(capture_limit, capture_bytes)
+        check_stall_secs(stall_secs)
+        self.heartbeat = bool(heartbeat)
+        self.stall_secs = stall_secs
         self.capture_limit = capture_limit
         self.capture_bytes = capture_bytes
         if self.halt_on is not None:
@@ -226,6 +238,8 @@ class ReplicaCallback(*compat.callback_bases()):
         self._outputs_capture = None
         self._batches = LossCapture()  # the step's named batch, for the culprit capture
         self.stopped_by = []  # the findings that stopped the last fit (halt_on)
+        self._host_step = 0  # the step the train function runs next (the status heartbeat's)
+        self._steps_per_call = 1
 
     @property
     def probe(self):
@@ -268,9 +282,13 @@ class ReplicaCallback(*compat.callback_bases()):
         if self._patched is None:
             return  # instrumenting failed (warned at set_model)
         self._training = True
+        self.stopped_by = []
         try:
             first_step = self._initial_step()
             self._probe.set_step(first_step)
+            self._probe.begin_run("fit")
+            self._host_step = first_step
+            self._steps_per_call = compat.steps_per_execution(self.model)
             self._whole_checked_at = first_step - 1  # no full check in this fit yet
         except Exception as error:  # noqa: BLE001 - never break the training it watches
             warnings.warn(
@@ -331,8 +349,9 @@ class ReplicaCallback(*compat.callback_bases()):
             for finding in found:
                 print(f"ReplicaCallback: stopping training: {halt.describe(finding)}")
 
-    def _finish(self, model):
-        """Restores the model and writes what was recorded: at train end, or when a step raised.
+    def _finish(self, model, error=None):
+        """Restores the model and writes what was recorded: at train end, or when a step raised
+        `error` (recorded as how the fit ended, at the step it was raised at).
 
         Also keeps where the steps stopped, so that the next fit continues the step axis.
         """
@@ -341,7 +360,9 @@ class ReplicaCallback(*compat.callback_bases()):
             self._restore(model)
         finally:
             if self._probe is not None:
-                self._probe.flush()
+                step = self._probe.host_steps[0] if error is not None else None
+                context = traceback.extract_stack()[:-2] if error is not None else ()
+                self._probe.end_run("fit", error, step, self.stopped_by, context)
                 try:
                     next_step = self._probe.next_step()
                     if next_step is not None:
@@ -410,6 +431,8 @@ class ReplicaCallback(*compat.callback_bases()):
                 halt_on=self.halt_on,
                 capture_limit=self.capture_limit,
                 capture_bytes=self.capture_bytes,
+                heartbeat=self.heartbeat,
+                stall_secs=self.stall_secs,
             )
         # The probe's state (and a tf_keras optimizer's slots) exist before Keras traces the
         # step: variables created during a first trace would make TensorFlow trace it twice.
@@ -469,13 +492,18 @@ class ReplicaCallback(*compat.callback_bases()):
         """`instrumented`, restoring the model and flushing when an exception escapes a step."""
 
         def train_function(*args, **kwargs):
+            step = self._host_step
+            self._probe.mark_step(begun=step)
             try:
-                return instrumented(*args, **kwargs)
+                result = instrumented(*args, **kwargs)
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise  # the end of a dataset of unknown length: fit goes on with the next epoch
-            except BaseException:  # KeyboardInterrupt too; the exception goes on unchanged
-                self._finish(model)
+            except BaseException as error:  # KeyboardInterrupt too; it goes on unchanged
+                self._finish(model, error)
                 raise
+            self._probe.mark_step(completed=step)
+            self._host_step = step + self._steps_per_call
+            return result
 
         return train_function
 

@@ -171,6 +171,21 @@ def optimizer_iterations(model):
     return None if iterations is None else read_int(iterations)
 
 
+def steps_per_execution(model):
+    """How many steps one call of the model's train function runs (host side; 1 if unknown).
+
+    Keras 3 keeps it as the int `model.steps_per_execution`; tf_keras as the variable
+    `model._steps_per_execution`.
+    """
+    value = getattr(model, "steps_per_execution", None)
+    if value is None:
+        value = getattr(model, "_steps_per_execution", None)
+    try:
+        return max(1, read_int(value)) if value is not None else 1
+    except (TypeError, ValueError):
+        return 1
+
+
 # ----------------------------------------------------------------------------- optimizers
 
 

@@ -35,6 +35,7 @@ FAMILY = Family(
     ),
     write_side=write_side,
     route="/inputs",
+    worker_of=read.worker_identity,
     text_order=0,
     json_order=0,
 )

@@ -331,6 +331,13 @@ def merge_input_series(job, members, workers, notes):
     )
 
 
+def worker_identity(series):
+    """`{"worker", "replicas", "devices"}` of a worker's run (its shapes events), else None."""
+    if series is None or series.worker is None:
+        return None
+    return {"worker": series.worker, "replicas": series.replicas, "devices": series.devices}
+
+
 def merge_inputs(job, member_runs, workers, notes):
     """The inputs family of a job from its workers' `RunData` (see `merge_input_series`)."""
     return merge_input_series(job, [m.inputs for m in member_runs], workers, notes)

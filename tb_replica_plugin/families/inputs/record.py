@@ -426,12 +426,6 @@ class Recorder(RecorderBase):
         step = int(counters.numpy()[_LAST_STEP])
         return None if step < 0 else step
 
-    def next_step(self):
-        counters = self.state.get("counters")
-        if counters is None:
-            return None
-        return int(counters[_STEP].numpy())
-
 
 class Recording:
     """`ReplicaProbe` methods of the inputs family."""

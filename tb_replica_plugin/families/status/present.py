@@ -170,8 +170,8 @@ def body(run, run_data, parsed):
     return status_body(run_data, time.time())
 
 
-def overview_fields(run_data, now, thresholds=Thresholds()):
-    """The run's status column of `/overview`.
+def live_fields(run_data, now, thresholds=Thresholds()):
+    """The run's status column of `/overview` (`Presenter.live_fields`: at each request).
 
     Args:
       run_data: a `reader.RunData` (its `status`: `StatusSeries`, `JobStatus` or None).
@@ -183,7 +183,7 @@ def overview_fields(run_data, now, thresholds=Thresholds()):
       job) or of the most severe status finding, None when there is none or no status data.
 
     Example:
-      >>> overview_fields(run_data, now)["status"]["state"]
+      >>> live_fields(run_data, now)["status"]["state"]
       'finished'
     """
     status = getattr(run_data, "status", None)

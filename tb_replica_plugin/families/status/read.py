@@ -367,6 +367,22 @@ def from_samples(run, samples, notes, needed=None):
     )
 
 
+def worker_identity(series):
+    """`{"worker", "replicas", "devices"}` of a worker's run (its latest start event), else None.
+
+    `registry.Family.worker_of`: a worker killed before any other family's first write is still
+    known to be one (the start event is flushed at once).
+    """
+    start = None if series is None else series.start
+    if not start or not isinstance(start.get("worker"), dict):
+        return None
+    return {
+        "worker": start["worker"],
+        "replicas": list(start.get("replicas") or []),
+        "devices": list(start.get("devices") or []),
+    }
+
+
 def merge_status(job, member_runs, workers, notes):
     """The `JobStatus` of a multi-worker job: each worker's `StatusSeries` (or None).
 

@@ -1,0 +1,139 @@
+"""A stretch of training as the probe sees it: when it begins, which step the host is at, how it
+ends.
+
+`Lifecycle` is the part of `ProbeCore` that tells every family's recorder (`Recorder.begun`,
+`Recorder.ended`) when training begins and how it ended: `end_run` builds a `RunEnd` from what
+ended it (nothing: a clean end; an exception; the findings of `halt_on`); the status family
+writes it down. Imports nothing heavy.
+"""
+
+import dataclasses
+
+FINISHED = "finished"
+CRASHED = "crashed"
+HALTED = "halted"
+INTERRUPTED = "interrupted"
+STATES = (FINISHED, CRASHED, HALTED, INTERRUPTED)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunEnd:
+    """The end of a stretch of training.
+
+    Attributes:
+      state: one of `STATES`: "finished" (a clean end), "crashed" (an exception), "halted"
+        (`halt_on` stopped it), "interrupted" (KeyboardInterrupt).
+      how: what ended it: "fit" (Keras `fit` returned or raised), "close" (`probe.close()`),
+        "context" (a `with ReplicaProbe(...)` block exited), "exit" (the interpreter exited with
+        the probe open), "exception" (an uncaught exception reached `sys.excepthook`).
+      error: the exception, or None.
+      step: the training step it ended at when the host knows it (Keras `fit`), else None.
+      findings: the `analysis.Finding`s that stopped training ("halted").
+      context: `traceback.FrameSummary`s of the code that called the place where `error` was
+        caught (outermost first), to put above the exception's own traceback; empty when the
+        traceback reaches the outermost frame (`sys.excepthook`).
+    """
+
+    state: str
+    how: str
+    error: BaseException | None = None
+    step: int | None = None
+    findings: tuple = ()
+    context: tuple = ()
+
+
+def run_end(how, error=None, step=None, findings=(), context=()):
+    """The `RunEnd` of a stretch of training that ended by `how`, with `error` or `findings`.
+
+    Args:
+      how: see `RunEnd.how`.
+      error: the exception that ended it, or None.
+      step: see `RunEnd.step`.
+      findings: the findings that stopped it (`halt_on`), if any.
+      context: see `RunEnd.context`.
+
+    Returns:
+      A `RunEnd`: "halted" with findings (or a `ReplicaFaultError`, whose findings it takes),
+      "interrupted" for KeyboardInterrupt, "finished" without error or for `SystemExit(0)`,
+      else "crashed".
+
+    Example:
+      >>> run_end("fit", KeyboardInterrupt()).state
+      'interrupted'
+    """
+    found = tuple(findings or getattr(error, "findings", None) or ())
+    if isinstance(error, KeyboardInterrupt):
+        state = INTERRUPTED
+    elif isinstance(error, SystemExit) and error.code in (None, 0):
+        state, error = FINISHED, None
+    elif error is not None and not found:
+        state = CRASHED
+    else:
+        state = HALTED if found else FINISHED
+    return RunEnd(state, how, error, step, found, tuple(context))
+
+
+class Lifecycle:
+    """`ProbeCore`'s begin, end and host steps of a stretch of training (a mixin: it uses the
+    probe's `_lock`, `_core`, `_disabled_reason`, `_recorders`, `_host_steps`, `flush`,
+    `_flush_writer` and `warn_failed`)."""
+
+    def begin_run(self, how):
+        """Host side: a stretch of training begins (the first record; each Keras `fit`).
+
+        Every family's `Recorder.begun(how)` runs (the status family writes a start record
+        unless the previous stretch has not ended), then the file is flushed. A failure warns
+        once.
+        """
+        with self._lock:
+            if self._core is None or self._disabled_reason:
+                return
+            for recorder in self._recorders.values():
+                try:
+                    recorder.begun(how)
+                except Exception as error:  # noqa: BLE001 - never break the training
+                    self.warn_failed(recorder.name, error)
+            self._flush_writer()  # what begun wrote is on disk even if the process dies now
+
+    def end_run(self, how, error=None, step=None, findings=(), context=()):
+        """Host side: the stretch of training ended; every family hears how, then the file is
+        flushed (`run_end` for the arguments). A failure warns once.
+
+        Example:
+          >>> probe.end_run("close")  # a clean end; `close()` does this itself
+        """
+        ended = run_end(how, error, step, findings, context)
+        with self._lock:
+            if self._core is None or self._disabled_reason:
+                return
+            for recorder in self._recorders.values():
+                try:
+                    recorder.ended(ended)
+                except Exception as failure:  # noqa: BLE001 - never break the training
+                    self.warn_failed(recorder.name, failure)
+        self.flush()
+
+    def mark_step(self, begun=None, completed=None):
+        """Host side: the step the host began (before the step function's call) or saw complete
+        (after it returned), for what knows its steps (the callback's train function); the status
+        family's heartbeat reads them (`host_steps`)."""
+        last_begun, last_completed = self._host_steps
+        self._host_steps = (
+            last_begun if begun is None else begun,
+            last_completed if completed is None else completed,
+        )
+
+    @property
+    def host_steps(self):
+        """`(last step begun, last step completed)` as `mark_step` set them (None: unknown)."""
+        return self._host_steps
+
+    def recorded_step(self):
+        """The last step any family recorded (host side: their in-graph step counters, or the
+        step the host began), None before any. Safe from another thread."""
+        steps = [self._host_steps[0]]
+        for recorder in list(self._recorders.values()):
+            step = recorder.next_step()
+            steps.append(None if step is None else step - 1)
+        known = [step for step in steps if step is not None]
+        return max(known) if known else None

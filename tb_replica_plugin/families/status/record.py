@@ -1,0 +1,392 @@
+"""The status family, write side: heartbeats, how a run ends, and the stacks of a stalled process.
+
+Nothing here runs in the training step. The probe calls the recorder on the host:
+
+- `begun(how)`: a stretch of training begins (the probe's first record, each `fit`): a start
+  event (who, where, which replicas) and the heartbeat's clocks reset;
+- `before_flush(now)`: in the probe's background flush thread, every `flush_secs`: a heartbeat
+  (the last step recorded, whether the main thread is inside a TensorFlow function call, when it
+  last made progress) and, once per stall, every thread's Python stack;
+- `ended(ending)`: the stretch ended (`fit` returned or raised, `close`, a `with` block, an
+  uncaught exception, interpreter exit): an end event with the exception, its Python frames and
+  the replicas, devices and workers TensorFlow's message names.
+
+Uncaught exceptions reach the recorders through chained `sys.excepthook` and
+`threading.excepthook`; interpreter exit through `atexit`; `SIGUSR1` (where the platform has it
+and nothing else handles it) asks for the stacks at once: `faulthandler` wakes a small thread
+through a pipe even while the main thread is blocked inside TensorFlow, where a Python signal
+handler would never run. Everything is written through the probe's own writer, so it reaches
+TensorBoard's data provider with the rest of the run.
+"""
+
+import atexit
+import contextlib
+import faulthandler
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from tb_replica_plugin.core.recorder import Recorder as RecorderBase
+from tb_replica_plugin.families.status import attribution, schema
+
+# Seconds without progress before the heartbeat thread writes every thread's stack (once per
+# stall); the read side's `Thresholds.stall_seconds` (default 300) decides what is a stall.
+DEFAULT_STALL_SECS = 60.0
+# The signal that asks for the stacks (`SIGUSR1`) once a probe installed it, else None.
+STACKS_SIGNAL = None
+# The innermost Python frame of a thread running a TensorFlow function (a step, or a wait at its
+# all-reduce): what tells that the main thread is "inside a step".
+_FUNCTION_CALL = ("execute.py", "quick_execute")
+
+
+def check_stall_secs(stall_secs):
+    """Raises ValueError unless `stall_secs` is a number > 0."""
+    if isinstance(stall_secs, bool) or not isinstance(stall_secs, (int, float)) or stall_secs <= 0:
+        raise ValueError(f"`stall_secs` must be a number > 0. Received: {stall_secs!r}")
+
+
+class Recorder(RecorderBase):
+    """Heartbeats and events of one probe (see the module docstring).
+
+    Attributes:
+      heartbeat: whether the heartbeat (and the stall's stacks) is written; start and end events
+        are written either way.
+      stall_secs: seconds without progress before the stacks are written.
+      stacks_written: how many stacks events it wrote.
+    """
+
+    name = "status"
+
+    def __init__(self, probe):
+        super().__init__(probe)
+        self.heartbeat = True
+        self.stall_secs = DEFAULT_STALL_SECS
+        self._open = False  # a stretch of training begun and not ended
+        self._clock = _StepClock()
+        self._last_written = {}  # tag -> last wall-clock step written (strictly increasing)
+        self._stacks_requested = False
+        self.stacks_written = 0
+
+    # ------------------------------------------------------------------ probe hooks
+
+    def begun(self, how):
+        if self._open:
+            return
+        self._open = True
+        LIVE.add(self)
+        now = time.time()
+        self._clock = _StepClock(now)
+        static = self.probe.static or {}
+        self._event(
+            schema.EVENT_START,
+            now,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            source=static.get("source", how),
+            how=how,
+            replicas=list(static.get("replicas", [])),
+            devices=list(static.get("devices", [])),
+            worker=static.get("worker"),
+            heartbeat_secs=float(self.probe.flush_secs) if self.heartbeat else None,
+            stall_secs=float(self.stall_secs) if self.heartbeat else None,
+        )
+        self._beat(now)  # a run killed before its first background flush has one too
+
+    def before_flush(self, now):
+        if not self._open:
+            return
+        step = self._beat(now)
+        stalled = self.heartbeat and now - self._clock.active_wall > self.stall_secs
+        if self._stacks_requested or (stalled and self._clock.take_stall()):
+            reason = "signal" if self._stacks_requested else "stall"
+            self._stacks_requested = False
+            self.write_stacks(now, reason, step)
+
+    def ended(self, run_end):
+        if not self._open:
+            return
+        self._open = False
+        LIVE.discard(self)
+        now = time.time()
+        self._beat(now)  # where it ended
+        step = run_end.step if run_end.step is not None else self.probe.recorded_step()
+        error = None
+        if run_end.error is not None:
+            error = self._exception(run_end.error, step, run_end.context)
+        self._event(
+            schema.EVENT_END,
+            now,
+            state=run_end.state,
+            how=run_end.how,
+            step=step,
+            exception=error,
+            findings=[_finding_json(f) for f in run_end.findings],
+        )
+
+    def close(self):
+        LIVE.discard(self)
+        self._open = False
+        super().close()
+
+    # ------------------------------------------------------------------ events
+
+    def thread_died(self, args):
+        """Writes an "exception" event: thread `args.thread` died of `args.exc_value`."""
+        if not self._open:
+            return
+        now = time.time()
+        thread = getattr(args.thread, "name", None) or "unknown"
+        record = self._exception(args.exc_value, self.probe.recorded_step(), ())
+        self._event(schema.EVENT_EXCEPTION, now, thread=thread, exception=record)
+
+    def write_stacks(self, now, reason, step):
+        """Writes a "stacks" event: every thread's Python stack, outermost frame first."""
+        main = threading.main_thread().ident
+        names = {t.ident: t for t in threading.enumerate()}
+        threads = []
+        for ident, frame in sys._current_frames().items():  # noqa: SLF001 - as faulthandler
+            thread = names.get(ident)
+            threads.append(
+                {
+                    "name": thread.name if thread is not None else f"thread {ident}",
+                    "ident": ident,
+                    "main": ident == main,
+                    "daemon": bool(thread.daemon) if thread is not None else None,
+                    "frames": attribution.frames_from_stack(frame),
+                }
+            )
+        threads.sort(key=lambda t: (not t["main"], t["name"]))
+        self.stacks_written += 1
+        self._event(
+            schema.EVENT_STACKS,
+            now,
+            reason=reason,
+            step=step,
+            active_wall=self._clock.active_wall,
+            threads=threads,
+        )
+
+    def request_stacks(self):
+        """The next heartbeat writes every thread's stack (`SIGUSR1`)."""
+        self._stacks_requested = True
+
+    # ------------------------------------------------------------------ writing
+
+    def _beat(self, now):
+        """Writes a heartbeat (when on); returns the step it recorded."""
+        step = self.probe.recorded_step()
+        if self.heartbeat:
+            main = _main_frame()
+            self._clock.tick(now, step, _frame_key(main))
+            values = self._clock.heartbeat(now, step, _in_function_call(main), self.probe)
+            self._write(schema.TAG_HEARTBEAT, schema.KIND_HEARTBEAT, now, values)
+        return step
+
+    def _exception(self, error, step, context):
+        static = self.probe.static or {}
+        replicas = list(static.get("replicas", []))
+
+        def global_replica(local):
+            return replicas[local] if 0 <= local < len(replicas) else local
+
+        record = attribution.exception_record(
+            error, step=step, replicas_of=global_replica, devices=static.get("devices")
+        )
+        if context:
+            above = [attribution.make_frame(f.filename, f.lineno, f.name) for f in context]
+            record["frames"] = (above + record["frames"])[-schema.MAX_FRAMES :]
+        return record
+
+    def _event(self, event_type, now, **fields):
+        document = json.dumps({"type": event_type, "wall_time": now, **fields}, default=str)
+        self._write(schema.TAG_EVENT, schema.KIND_EVENT, now, document.encode("utf-8"))
+
+    def _write(self, tag, kind, now, value):
+        """Queues one summary at the wall-clock step of `now` (strictly increasing per tag)."""
+        step = max(int(now * 1000), self._last_written.get(tag, -1) + 1)
+        self._last_written[tag] = step
+        with self.probe.host_lock:
+            self.probe.write_now(tag, lambda: tf.constant(value), step, kind)
+
+
+class _StepClock:
+    """When the main thread last made progress: a new step, or another innermost frame."""
+
+    def __init__(self, now=None):
+        now = time.time() if now is None else now
+        self.step = None
+        self.step_wall = now
+        self.active_wall = now
+        self._frame = None
+        self._stall_reported = None  # the active_wall of the stall whose stacks were written
+
+    def tick(self, now, step, frame_key):
+        if step != self.step:
+            self.step, self.step_wall, self.active_wall = step, now, now
+        if frame_key != self._frame:
+            self._frame, self.active_wall = frame_key, now
+
+    def take_stall(self):
+        """True once per stall (per `active_wall`): its stacks are to be written."""
+        if self._stall_reported == self.active_wall:
+            return False
+        self._stall_reported = self.active_wall
+        return True
+
+    def heartbeat(self, now, step, in_step, probe):
+        values = np.full(schema.HEARTBEAT_FIELDS, -1.0)
+        completed = probe.host_steps[1]
+        values[schema.HB_WALL] = now
+        values[schema.HB_STEP] = -1 if step is None else step
+        values[schema.HB_STEP_WALL] = self.step_wall
+        values[schema.HB_ACTIVE_WALL] = self.active_wall
+        values[schema.HB_IN_STEP] = 1.0 if in_step else 0.0
+        values[schema.HB_COMPLETED] = -1 if completed is None else completed
+        values[schema.HB_INTERVAL] = probe.flush_secs
+        values[schema.HB_PID] = os.getpid()
+        return values
+
+
+def _main_frame():
+    return sys._current_frames().get(threading.main_thread().ident)  # noqa: SLF001
+
+
+def _frame_key(frame):
+    """What identifies where a thread is: the innermost frame (id, code, instruction)."""
+    if frame is None:
+        return None
+    return (id(frame), frame.f_code, frame.f_lasti)
+
+
+def _in_function_call(frame):
+    """Whether the stack from `frame` outwards runs a TensorFlow function (`quick_execute`)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == _FUNCTION_CALL[1] and code.co_filename.endswith(_FUNCTION_CALL[0]):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _finding_json(finding):
+    to_json = getattr(finding, "to_json", None)
+    return to_json() if to_json is not None else {"message": str(finding)}
+
+
+# ---------------------------------------------------------------------- process-wide hooks
+
+
+class _Live:
+    """The status recorders of open stretches of training, and the process hooks they need.
+
+    The first recorder that begins installs, once per process, the chained `sys.excepthook` and
+    `threading.excepthook`, the `atexit` handler and the `SIGUSR1` stacks request.
+    """
+
+    def __init__(self):
+        self._recorders = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._installed = False
+
+    def add(self, recorder):
+        with self._lock:
+            self._recorders.add(recorder)
+            if not self._installed:
+                self._installed = True
+                _install_hooks()
+
+    def discard(self, recorder):
+        with self._lock:
+            self._recorders.discard(recorder)
+
+    def recorders(self):
+        with self._lock:
+            return list(self._recorders)
+
+
+LIVE = _Live()
+
+
+def _install_hooks():
+    previous_hook = sys.excepthook
+    previous_thread_hook = threading.excepthook
+
+    def excepthook(exc_type, error, tb):
+        for recorder in LIVE.recorders():
+            _quietly(recorder.probe.end_run, "exception", error)
+        previous_hook(exc_type, error, tb)
+
+    def thread_excepthook(args):
+        if args.thread is not threading.main_thread():
+            for recorder in LIVE.recorders():
+                _quietly(recorder.thread_died, args)
+        previous_thread_hook(args)
+
+    sys.excepthook = excepthook
+    threading.excepthook = thread_excepthook
+    atexit.register(_at_exit)
+    _listen_for_stacks_signal()
+
+
+def _at_exit():
+    """The interpreter exits normally with probes still open: a clean end for each."""
+    for recorder in LIVE.recorders():
+        _quietly(recorder.probe.end_run, "exit")
+
+
+def _quietly(function, *args):
+    """`function(*args)`; a hook must never fail the user's program."""
+    with contextlib.suppress(Exception):
+        function(*args)
+
+
+def _listen_for_stacks_signal():
+    """`SIGUSR1` writes every thread's stack at the next heartbeat, even while the main thread
+    is blocked inside TensorFlow: `faulthandler`'s C handler writes into a pipe that a daemon
+    thread reads (a Python signal handler would wait for the main thread). Only where the
+    platform has `SIGUSR1` and no Python handler is set for it."""
+    signum = getattr(signal, "SIGUSR1", None)
+    if signum is None or signal.getsignal(signum) not in (signal.SIG_DFL, None):
+        return
+    try:
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)  # a full pipe drops the dump, never blocks the handler
+        faulthandler.register(signum, file=os.fdopen(write_end, "w"), all_threads=True)
+    except (OSError, RuntimeError, ValueError, AttributeError):
+        return
+    name = "tb_replica_plugin-stacks"
+    threading.Thread(target=_stacks_requests, args=(read_end,), name=name, daemon=True).start()
+    global STACKS_SIGNAL
+    STACKS_SIGNAL = signum
+
+
+def _stacks_requests(read_end):
+    """The `SIGUSR1` thread: each dump `faulthandler` writes into the pipe asks every open
+    probe for its stacks at the next heartbeat (due at once)."""
+    while True:
+        try:
+            data = os.read(read_end, 65536)
+        except OSError:
+            return
+        if not data:
+            return
+        while True:  # drain the rest of this dump
+            try:
+                os.set_blocking(read_end, False)
+                if not os.read(read_end, 65536):
+                    break
+            except BlockingIOError:
+                break
+            finally:
+                os.set_blocking(read_end, True)
+        for recorder in LIVE.recorders():
+            recorder.request_stacks()
+            recorder.probe.flush_soon()
