@@ -32,6 +32,14 @@ Not in `SCENARIOS` (run on its own by tests/test_multiworker.py):
 - `mw_halt`: tf_keras `fit` with `ReplicaCallback(halt_on="error")`; worker 1's data holds one
   NaN example at step 5. The fault flag is all-reduced in the step, so both workers stop after
   step 5; each writes what stopped it to `LOGDIR/mw_halt/stopped_worker_<i>.json`.
+- `mw_stall` (custom loop) and `mw_fit_stall` (tf_keras `fit`): worker 1 stops before step
+  `STALL_STEP` (it waits in `wait_for_a_lock` for `$TB_REPLICA_DEMO_STALL_SECONDS`, default 20),
+  then exits without any cleanup (`os._exit`, as a process the OOM killer ends); worker 0 enters
+  that step and waits in its all-reduce until TensorFlow's coordination service gives up on
+  worker 1 and raises `UnavailableError`. Their probes heartbeat every second and write every
+  thread's stack after 5 s without progress. Both workers exit with an error (launched with
+  `allow_failure=True`). The demo runs `mw_stall`; tests/test_status_jobs.py runs both, reads
+  them while they hang, and kills worker 1 itself.
 
 Every custom-loop scenario records, at every step, each replica's example fingerprints
 (`observe_examples`), its local gradients before the all-reduce (`observe_gradients`) and every
@@ -46,6 +54,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -58,7 +67,13 @@ SCENARIOS = (
     "mw_drift",
     "mw_fit_tf_keras",
 )
-EXTRA_SCENARIOS = ("mw_halt",)
+EXTRA_SCENARIOS = ("mw_halt", "mw_stall", "mw_fit_stall")
+# `mw_stall`, `mw_fit_stall`: worker 1 stops before this step, for this long (seconds), then dies.
+STALL_STEP = 5
+STALL_SECONDS_ENV = "TB_REPLICA_DEMO_STALL_SECONDS"
+DEFAULT_STALL_SECONDS = 20.0
+# Their probes: a heartbeat every second, the stacks after 5 s without progress.
+STALL_PROBE = {"flush_secs": 1.0, "stall_secs": 5.0}
 # The step and local example of worker 1's NaN in `mw_halt` (global batch 8, 4 per worker).
 HALT_STEP = 5
 HALT_EXAMPLE = 1
@@ -88,7 +103,8 @@ def free_ports(count):
             sock.close()
 
 
-def _stop(process):
+def stop_worker(process):
+    """Ends a worker process started here (SIGTERM, then SIGKILL after 10 s) and reaps it."""
     if process.poll() is None:
         process.terminate()
         try:
@@ -98,7 +114,41 @@ def _stop(process):
             process.wait(timeout=10)
 
 
-def launch(logdir, num_workers=2, timeout=300, scenarios=SCENARIOS, env=None):
+def start_workers(logdir, scenarios, logs, env=None):
+    """Starts one worker process per log file of `logs` (free localhost ports, `TF_CONFIG`).
+
+    Args:
+      logdir: the log dir every worker writes to.
+      scenarios: scenario names each worker runs, in order.
+      logs: one open file per worker, for its stdout and stderr.
+      env: extra environment variables for the workers (default `WORKER_ENV`).
+
+    Returns:
+      The `subprocess.Popen` of each worker; the caller stops them (`stop_worker`).
+    """
+    ports = free_ports(len(logs))
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    processes = []
+    for index, log in enumerate(logs):
+        worker_env = dict(os.environ, **(WORKER_ENV if env is None else env))
+        worker_env["TF_CONFIG"] = json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}}
+        )
+        worker_env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        worker_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (REPO, worker_env.get("PYTHONPATH")) if p
+        )
+        command = [sys.executable, "-m", "demo.multiworker", os.fspath(logdir)]
+        command += ["--worker", str(index), "--scenarios", ",".join(scenarios)]
+        processes.append(
+            subprocess.Popen(
+                command, cwd=REPO, env=worker_env, stdout=log, stderr=subprocess.STDOUT
+            )
+        )
+    return processes
+
+
+def launch(logdir, num_workers=2, timeout=300, scenarios=SCENARIOS, env=None, allow_failure=False):
     """Runs a `num_workers`-worker job on localhost and waits for it.
 
     Args:
@@ -107,50 +157,37 @@ def launch(logdir, num_workers=2, timeout=300, scenarios=SCENARIOS, env=None):
       timeout: seconds the whole job may take; then every worker is killed.
       scenarios: scenario names to run, in order.
       env: extra environment variables for the workers (default `WORKER_ENV`).
+      allow_failure: wait for every worker to exit even when some fail (`mw_stall`): only a
+        timeout raises.
 
     Returns:
       The seconds the job took.
 
     Raises:
-      RuntimeError: if a worker fails or the job times out (with the tail of each worker's log
-        and `pids`, the worker processes, all stopped and reaped by then).
+      RuntimeError: if a worker fails (unless `allow_failure`) or the job times out (with the
+        tail of each worker's log and `pids`, the worker processes, all stopped and reaped by
+        then).
     """
-    ports = free_ports(num_workers)
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     processes, logs = [], []
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tb_replica_mw_") as log_root:
         try:
             for index in range(num_workers):
-                worker_env = dict(os.environ, **(WORKER_ENV if env is None else env))
-                worker_env["TF_CONFIG"] = json.dumps(
-                    {"cluster": cluster, "task": {"type": "worker", "index": index}}
-                )
-                worker_env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-                worker_env["PYTHONPATH"] = os.pathsep.join(
-                    p for p in (REPO, worker_env.get("PYTHONPATH")) if p
-                )
                 log = open(os.path.join(log_root, f"worker_{index}.log"), "w+")  # noqa: SIM115
                 logs.append(log)
-                command = [sys.executable, "-m", "demo.multiworker", os.fspath(logdir)]
-                command += ["--worker", str(index), "--scenarios", ",".join(scenarios)]
-                processes.append(
-                    subprocess.Popen(
-                        command, cwd=REPO, env=worker_env, stdout=log, stderr=subprocess.STDOUT
-                    )
-                )
+            processes.extend(start_workers(logdir, scenarios, logs, env))
             deadline = start + timeout
             failed = None
             while any(p.poll() is None for p in processes):
                 if time.monotonic() > deadline:
                     failed = f"timed out after {timeout}s"
                     break
-                if any(p.poll() not in (None, 0) for p in processes):
+                if not allow_failure and any(p.poll() not in (None, 0) for p in processes):
                     failed = "a worker failed"
                     break
                 time.sleep(0.2)
             codes = [p.poll() for p in processes]
-            if failed is None and any(code != 0 for code in codes):
+            if failed is None and not allow_failure and any(code != 0 for code in codes):
                 failed = "a worker failed"
             if failed:
                 tails = []
@@ -163,7 +200,7 @@ def launch(logdir, num_workers=2, timeout=300, scenarios=SCENARIOS, env=None):
                 raise error
         finally:
             for process in processes:
-                _stop(process)
+                stop_worker(process)
             for log in logs:
                 log.close()
     return time.monotonic() - start
@@ -181,13 +218,21 @@ def _data(count, features=4):
 
 
 def custom_loop(
-    strategy, run_dir, dataset, global_batch, epochs=1, before_step=None, after_step=None
+    strategy,
+    run_dir,
+    dataset,
+    global_batch,
+    epochs=1,
+    before_step=None,
+    after_step=None,
+    probe_options=None,
 ):
     """A custom training loop under `strategy` with a `ReplicaProbe` writing `run_dir`.
 
     Inputs, example fingerprints and local gradients are observed in the step; every
     variable's copies after each update.
-    `before_step()` runs on the host before each step, `after_step(model)` after each update.
+    `before_step()` runs on the host before each step, `after_step(model)` after each update;
+    `probe_options` are more arguments of the probe.
     """
     import keras
     import tensorflow as tf
@@ -198,7 +243,7 @@ def custom_loop(
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         optimizer = keras.optimizers.SGD(0.01)
         optimizer.build(model.trainable_variables)
-    probe = ReplicaProbe(run_dir, strategy, update_freq=1)
+    probe = ReplicaProbe(run_dir, strategy, update_freq=1, **(probe_options or {}))
 
     @tf.function
     def train_step(batch):
@@ -305,6 +350,54 @@ def fit_halt(strategy, logdir, x, y):
         json.dump(result, out)
 
 
+def wait_for_a_lock(seconds):
+    """Where worker 1 of `mw_stall` stops: a wait its stack shows (then it dies)."""
+    threading.Event().wait(seconds)
+    os._exit(3)  # no cleanup, as a process ended by the OOM killer
+
+
+def stall_seconds():
+    """How long worker 1 of the stall scenarios waits before it dies (`STALL_SECONDS_ENV`)."""
+    return float(os.environ.get(STALL_SECONDS_ENV, DEFAULT_STALL_SECONDS))
+
+
+def stall_before(step):
+    """`before_step` of worker 1 of `mw_stall`: stops before step `step` (counted here)."""
+    counter = iter(range(1 << 30))
+
+    def before_step():
+        if next(counter) == step:
+            wait_for_a_lock(stall_seconds())
+
+    return before_step
+
+
+def fit_stall(strategy, run_dir, x, y):
+    """`mw_fit_stall`: tf_keras `fit` whose worker 1 stops before step `STALL_STEP`."""
+    import tensorflow as tf
+    import tf_keras
+
+    from tb_replica_plugin import ReplicaCallback
+
+    class StopBeforeStep(tf_keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == STALL_STEP:
+                wait_for_a_lock(stall_seconds())
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    with strategy.scope():
+        model = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(1)])
+        model.compile(optimizer=tf_keras.optimizers.SGD(0.01), loss="mse")
+    callbacks = [
+        ReplicaCallback(
+            os.path.dirname(run_dir), os.path.basename(run_dir), update_freq=1, **STALL_PROBE
+        )
+    ]
+    if strategy.cluster_resolver.task_id == 1:
+        callbacks.append(StopBeforeStep())
+    model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
+
+
 def run_scenario(name, logdir, strategy):
     """Runs one scenario on this worker (every worker runs the same scenarios in order)."""
     import tensorflow as tf
@@ -340,6 +433,14 @@ def run_scenario(name, logdir, strategy):
         fit_tf_keras(strategy, run_dir, x, y)
     elif name == "mw_halt":
         fit_halt(strategy, logdir, x, y)
+    elif name == "mw_stall":
+        dataset = strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+        )
+        stop = stall_before(STALL_STEP) if task == 1 else None
+        custom_loop(strategy, run_dir, dataset, 8, before_step=stop, probe_options=STALL_PROBE)
+    elif name == "mw_fit_stall":
+        fit_stall(strategy, run_dir, x, y)
     elif name == "mw_uneven_shard":
 
         def dataset_fn(context):

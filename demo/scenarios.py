@@ -41,7 +41,7 @@ import os
 
 import numpy as np
 
-from demo import watch_scenarios
+from demo import status_scenarios, watch_scenarios
 
 SCENARIOS = (
     "balanced",
@@ -57,6 +57,7 @@ SCENARIOS = (
     "nan_replica",
     "gather_mismatch",
     "ragged_text",
+    "crash",  # last: it ends a fit with an exception
 )
 
 
@@ -469,6 +470,8 @@ def run_scenario(name, logdir, strategy):
         watch_scenarios.gather_mismatch_run(strategy, run_dir, mismatch=False)
     elif name == "ragged_text":
         watch_scenarios.ragged_text_run(strategy, run_dir)
+    elif name == "crash":
+        status_scenarios.crash_run(strategy, run_dir)
     else:
         raise ValueError(f"unknown scenario {name!r}; expected one of {SCENARIOS}")
 

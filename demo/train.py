@@ -35,6 +35,11 @@ def main():
         seconds = multiworker.launch(args.logdir, num_workers=2)
         names = ", ".join(multiworker.SCENARIOS)
         print(f"demo: multi-worker job ({names}) done in {seconds:.1f}s", flush=True)
+        # A job whose worker 1 stops, then dies: both workers end with an error, on purpose.
+        seconds = multiworker.launch(
+            args.logdir, num_workers=2, scenarios=["mw_stall"], allow_failure=True
+        )
+        print(f"demo: multi-worker job (mw_stall) done in {seconds:.1f}s", flush=True)
 
 
 if __name__ == "__main__":

@@ -38,8 +38,13 @@ COMMON = (
 TF_KERAS_ONLY = ("first_batch_7", "steps_per_execution_2", "ragged_text")
 # Adapter checks that write no run.
 ADAPTER = ("gradient_hook", "traced_once")
+# Ends its fit with an exception: after the others.
+CRASH = ("crash_on_replica_1",)
 # Changes the process's cluster (eager context connected to a server): runs last, on its own.
 CLUSTER = ("parameter_server",)
+# `crash_on_replica_1`: the step and replica whose batch holds the NaN its model asserts on.
+CRASH_STEP = 3
+CRASH_REPLICA = 1
 FLAVOURS = ("tf_keras", "tf_keras_direct", "keras3")
 
 
@@ -555,9 +560,37 @@ def traced_once(keras, tf, strategy, logdir):
     return {"first_fit": first, "second_fit": len(calls) - before - first}
 
 
+def crash_on_replica_1(keras, tf, strategy, logdir):
+    """`fit` on 2 replicas whose first layer asserts its inputs are finite; one example of step 3
+    (global batch 8: rows 24..31, replica 1 gets 28..31) holds a NaN, so the step fails on
+    replica 1 and `fit` raises `InvalidArgumentError`. Facts: the error's class and the line of
+    the assertion (the user frame the crash finding must name)."""
+    import inspect
+
+    class FiniteInputs(keras.layers.Layer):
+        def call(self, inputs):
+            tf.debugging.assert_all_finite(inputs, "an input is not finite")
+            return inputs
+
+    x, y = _xy(64)
+    x[CRASH_STEP * 8 + 4 * CRASH_REPLICA + 1, 0] = np.nan
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), FiniteInputs(), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    try:
+        model.fit(dataset, verbose=0, callbacks=[_callback(logdir, "crash_on_replica_1")])
+    except tf.errors.InvalidArgumentError as error:
+        lines, first = inspect.getsourcelines(FiniteInputs.call)
+        assert_line = first + next(i for i, line in enumerate(lines) if "assert_all" in line)
+        return {"error": type(error).__name__, "file": __file__, "line": assert_line}
+    raise AssertionError("fit did not raise")
+
+
 SCENARIOS = {
     fn.__name__: fn
     for fn in (
+        crash_on_replica_1,
         uneven_last,
         multi_io_dataset,
         class_weight_numpy,
@@ -604,7 +637,9 @@ def main():
         "with Keras 3 as tf.keras (ReplicaCallback then derives from Keras 3's Callback); "
         "keras3: Keras 3",
     )
-    parser.add_argument("--scenarios", default=",".join(COMMON + ADAPTER + TF_KERAS_ONLY + CLUSTER))
+    parser.add_argument(
+        "--scenarios", default=",".join(COMMON + ADAPTER + TF_KERAS_ONLY + CRASH + CLUSTER)
+    )
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.flavour == "tf_keras":

@@ -66,7 +66,7 @@ def keras3_results(tmp_path_factory):
     import tensorflow as tf
 
     logdir = str(tmp_path_factory.mktemp("compat_keras3"))
-    names = compat_scenarios.COMMON + compat_scenarios.ADAPTER
+    names = compat_scenarios.COMMON + compat_scenarios.ADAPTER + compat_scenarios.CRASH
     results = compat_scenarios.run(names, keras, tf, mirrored(2), logdir)
     return logdir, results, ""
 
@@ -80,6 +80,7 @@ def tf_keras_results(tmp_path_factory):
         compat_scenarios.COMMON
         + compat_scenarios.ADAPTER
         + compat_scenarios.TF_KERAS_ONLY
+        + compat_scenarios.CRASH
         + compat_scenarios.CLUSTER
     )
     results, stderr = _subprocess_scenarios(logdir, "tf_keras", names)
@@ -317,3 +318,28 @@ def test_mixed_precision_norms_are_unscaled_like_the_float32_twin(request, flavo
     assert mixed.nonfinite_steps.size == 0
     np.testing.assert_allclose(mixed.global_norm, float32.global_norm, rtol=1e-2)
     np.testing.assert_allclose(mixed.loss, float32.loss, rtol=1e-2)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_fit_that_crashes_on_replica_1_is_reported_with_step_replica_and_line(request, flavour):
+    """`fit` raises `InvalidArgumentError` at step 3 on replica 1: the report's crash finding
+    names the error, the step, the replica and the line of the model's assertion; the run's
+    status is "crashed", recorded by the callback's train function."""
+    logdir, results, stderr = request.getfixturevalue(f"{flavour}_results")
+    outcome = results["crash_on_replica_1"]
+    assert "error" not in outcome, f"{flavour}: {outcome['error']}\n{stderr}"
+    facts = outcome["facts"]
+    assert facts["error"] == "InvalidArgumentError"
+    report = tb_replica_plugin.load(os.path.join(logdir, "crash_on_replica_1"))
+    (run,) = report.runs
+    (crash,) = [f for f in report.findings[run] if f.view == "status"]
+    assert (crash.kind, crash.severity) == ("training_crashed", "error")
+    assert (crash.first_step, crash.replicas) == (compat_scenarios.CRASH_STEP, [1])
+    assert crash.message.startswith("Training crashed at step 3 with InvalidArgumentError")
+    assert "replica 1" in crash.message
+    assert f"compat_scenarios.py:{facts['line']} in call" in crash.message
+    end = report.runs[run].status.end
+    assert (end["state"], end["how"], end["step"]) == ("crashed", "fit", 3)
+    assert end["exception"]["replicas"] == [1]
+    assert end["exception"]["node"].startswith("replica_1/")
+    assert report.to_json()["runs"][0]["status"]["state"] == "crashed"
