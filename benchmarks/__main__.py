@@ -24,6 +24,7 @@ BENCHMARKS = {
         *("--steps-per-epoch", "8", "--epochs", "1", "--rounds", "1", "--repeats", "2"),
     ],
     "benchmarks.multiworker_load": ["--workers", "2", "--replicas", "2", "--steps", "20"],
+    "benchmarks.status_overhead": ["--quick"],
 }
 
 

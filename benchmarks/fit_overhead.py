@@ -18,7 +18,8 @@ histogram_freq=1)`). More with `--variants` (and `--cnn-variants` for the cnn al
 `replica_callback_inputs_only` (every family but inputs off), `replica_callback_variables_off`,
 `replica_callback_outputs_off` (no model outputs: the default minus this is their cost),
 `replica_callback_examples_every_1`, `replica_callback_halt_on` (`halt_on="error"`),
-`replica_callback_capture_off` (`capture_limit=0`); add one to `VARIANTS` below.
+`replica_callback_capture_off` (`capture_limit=0`), `replica_callback_heartbeat_off`
+(`heartbeat=False`); add one to `VARIANTS` below.
 
 How it measures. Every (model, variant, pair) is its own child process (`python -m
 benchmarks.fit_overhead --child ...`, started from the repository root with the parent's
@@ -109,6 +110,8 @@ VARIANTS = {
     "replica_callback_halt_on": lambda keras, d: [_replica_callback()(d, halt_on="error")],
     # The culprit capture off: its cost on clean steps is the default minus this.
     "replica_callback_capture_off": lambda keras, d: [_replica_callback()(d, capture_limit=0)],
+    # The status family's heartbeat off (docs/status.md): the default minus this is its cost.
+    "replica_callback_heartbeat_off": lambda keras, d: [_replica_callback()(d, heartbeat=False)],
 }
 DEFAULT_VARIANTS = (
     "no_callback",

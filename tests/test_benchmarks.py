@@ -32,6 +32,7 @@ def test_every_benchmark_runs_and_prints_its_figures():
         "drift_overhead",
         "fingerprint_overhead",
         "multiworker_load",
+        "status_overhead",
     }
     fit = results["fit_overhead"]
     assert set(fit["models"]) == {"mlp", "cnn"}
@@ -85,6 +86,13 @@ def test_every_benchmark_runs_and_prints_its_figures():
     assert fingerprints["ops_alone_by_batch"]["256"]["fingerprints_us_per_example"] != 0
     workers = results["multiworker_load"]
     assert workers["workers"] == 2 and workers["bytes_per_worker_per_step"] > 0
+    status = results["status_overhead"]
+    assert status["write"]["heartbeats"] >= 2 and status["write"]["events"] == 2  # start, end
+    assert 64 < status["write"]["bytes_per_heartbeat"] < 1000  # 8 float64 values, tag, metadata
+    serve = status["serve"]
+    assert serve["states"] == {"job": "running", "single": "running"}  # an hour, heartbeating
+    assert serve["heartbeats_per_run"] == 721 and serve["reads_of_live_data"] >= 2
+    assert all(seconds > 0 for seconds in serve["median_seconds"].values())
 
 
 def test_job_scale_serves_the_whole_job_on_both_loaders():
