@@ -63,7 +63,17 @@ EXPECTED = {
     "gather_mismatch/clean": [("per_replica_result", "info", [0, 1, 2, 3], 3)],
     # 18 ragged sentences, global batch 16: the last batch gives [1, 1, 0, 0] rows.
     "ragged_text/replicas": [("empty_shard", "warning", [2, 3], 1)],
+    # fit raises on replica 1 at step 3 (a layer asserts its inputs are finite).
+    "crash/replicas": [("training_crashed", "error", [1], 3)],
+    # Worker 1 stops before step 5 and dies; worker 0's UnavailableError names it: the root
+    # cause is worker 1, lost at its last step (4); worker 0's crash names worker 1's replica.
+    "mw_stall/replicas": [
+        ("stopped_without_end", "error", [1], 4),
+        ("training_crashed", "error", [1], 5),
+    ],
 }
+# The runs whose training ends badly on purpose; every other demo run ends "finished".
+ENDED_BADLY = {"crash/replicas": "crashed", "mw_stall/replicas": "crashed"}
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +100,19 @@ def test_demo_scenario_gives_its_expected_findings(demo_report, run):
         assert finding.run == run
         assert finding.message.endswith(".") and len(finding.message) > 40
         assert finding.view
+
+
+def test_every_demo_run_ends_finished_but_the_crash_and_the_stall(demo_report):
+    states = {
+        name: demo_report.to_json()["runs"][index]["status"]["state"]
+        for index, name in enumerate(demo_report.runs)
+    }
+    assert states == {name: ENDED_BADLY.get(name, "finished") for name in EXPECTED}
+    stall = demo_report.runs["mw_stall/replicas"].status
+    assert [w["name"] for w in stall.workers] == ["worker_0", "worker_1"]
+    assert stall.members[1].end is None  # killed without an end record (os._exit)
+    (root,) = [f for f in demo_report.findings["mw_stall/replicas"] if f.cause == "root_cause"]
+    assert root.kind == "stopped_without_end" and "worker_1" in root.message
 
 
 def _report(*args):
