@@ -211,9 +211,9 @@ class Recorder(RecorderBase):
 
     def _write(self, tag, kind, now, value):
         """Queues one summary at the wall-clock step of `now` (strictly increasing per tag)."""
-        step = max(int(now * 1000), self._last_written.get(tag, -1) + 1)
-        self._last_written[tag] = step
-        with self.probe.host_lock:
+        with self.probe.host_lock:  # the flush thread, the main thread, a dying thread
+            step = max(int(now * 1000), self._last_written.get(tag, -1) + 1)
+            self._last_written[tag] = step
             self.probe.write_now(tag, lambda: tf.constant(value), step, kind)
 
 
