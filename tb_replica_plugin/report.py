@@ -8,6 +8,7 @@ family's present `report_json` / `report_text` block (ordered by `Family.json_or
 
 import dataclasses
 import os
+import time
 
 from tb_replica_plugin import analysis, reader, registry
 from tb_replica_plugin.core import overview
@@ -34,12 +35,16 @@ class Report:
       runs: `{run: reader.RunData}`; e.g. `runs["fit/replicas"].inputs.batch_size` is an int
         array [steps, replicas] and `.inputs.steps` its step axis.
       findings: `{run: [analysis.Finding, ...]}`, most severe first.
+      thresholds: the `analysis.Thresholds` the findings were found with.
+      now: the time (seconds since the epoch) the live families (status) were judged at: the
+        report says "running" or "silent", and how long ago, as of then.
     """
 
     logdir: str
     runs: dict
     findings: dict
     thresholds: analysis.Thresholds = dataclasses.field(default_factory=analysis.Thresholds)
+    now: float = dataclasses.field(default_factory=time.time)
 
     def all_findings(self):
         """Every finding of every run, most severe first."""
@@ -75,8 +80,15 @@ class Report:
             if family is None:
                 entry.update(core())
             else:
-                entry.update(family.present.report_json(run_data, self.thresholds))
+                entry.update(self._family_block(family, "report_json", run_data))
         return entry
+
+    def _family_block(self, family, which, run_data):
+        """A family's `report_json` or `report_text` of a run (a live family's as of `now`)."""
+        block = getattr(family.present, which)
+        if family.live:
+            return block(run_data, self.thresholds, now=self.now)
+        return block(run_data, self.thresholds)
 
     def to_text(self):
         """Human-readable report, one block per run."""
@@ -90,7 +102,7 @@ class Report:
             lines.append("")
             lines.extend(_header_lines(name, run_data))
             for _, family in families:
-                lines.extend(family.present.report_text(run_data, self.thresholds))
+                lines.extend(self._family_block(family, "report_text", run_data))
             for note in run_data.notes:
                 lines.append(f"  note: {note}")
             findings = self.findings[name]
@@ -126,7 +138,7 @@ def _header_lines(name, run_data):
     return lines
 
 
-def load(logdir, run=None, thresholds=None, processes=1):
+def load(logdir, run=None, thresholds=None, processes=1, now=None):
     """Reads a log dir into per-run per-replica numpy arrays and findings.
 
     Args:
@@ -138,6 +150,8 @@ def load(logdir, run=None, thresholds=None, processes=1):
         second or more to start, so it pays off from about 1 GB of events). From a script,
         call `load` under `if __name__ == "__main__":` then (the new processes import the main
         module).
+      now: the time (seconds since the epoch) to judge the runs' status at (default: when the
+        log dir has been read); two reports of the same files with the same `now` are equal.
 
     Returns:
       A `Report`.
@@ -161,5 +175,6 @@ def load(logdir, run=None, thresholds=None, processes=1):
             raise LogDirError(f"log dir {logdir!r} is not readable")
     runs = reader.read_log_dir(logdir, run, processes=processes)
     thresholds = thresholds or analysis.Thresholds()
-    findings = {name: analysis.find_run(data, thresholds) for name, data in runs.items()}
-    return Report(logdir=logdir, runs=runs, findings=findings, thresholds=thresholds)
+    now = time.time() if now is None else float(now)
+    findings = {name: analysis.find_run(data, thresholds, now=now) for name, data in runs.items()}
+    return Report(logdir=logdir, runs=runs, findings=findings, thresholds=thresholds, now=now)

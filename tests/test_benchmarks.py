@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 
@@ -134,4 +135,6 @@ def test_fit_alternated_times_both_copies_every_round():
         a / b
         for a, b in zip(per_step["replica_callback_default"], per_step["no_callback"], strict=True)
     )
-    assert ratio["min"] == round(expected[0], 4) and ratio["max"] == round(expected[-1], 4)
+    # The per-step figures are printed rounded: their ratios agree to the 4th decimal.
+    assert ratio["min"] == pytest.approx(expected[0], abs=2e-4)
+    assert ratio["max"] == pytest.approx(expected[-1], abs=2e-4)

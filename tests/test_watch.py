@@ -301,7 +301,7 @@ def test_watch_route_runs_listing_and_report(gather_child):
     assert status == 404
     status, body = get("/runs")
     families = {entry["run"]: entry["families"] for entry in body["runs"]}
-    assert families["mismatch"] == ["watch"]  # the loop watched, it observed no inputs
+    assert families["mismatch"] == ["watch", "status"]  # watched, observed no inputs
     status, body = get("/findings?run=mismatch")
     assert [f["view"] for f in body["findings"]] == ["watch"] * 3
 
