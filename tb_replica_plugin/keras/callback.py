@@ -421,21 +421,38 @@ class ReplicaCallback(*compat.callback_bases()):
         if owner is not None and owner is not self:
             owner._finish(model)  # another ReplicaCallback left its hooks (its fit failed)
         if self._probe is None:
-            self._probe = ReplicaProbe(
-                os.path.join(self.log_dir, self.run_name),
-                strategy=model.distribute_strategy,
-                update_freq=None if self.update_freq == "epoch" else self.update_freq,
-                source="fit",
-                flush_secs=self.flush_secs,
-                examples_every=self.examples_every,
-                halt_on=self.halt_on,
-                capture_limit=self.capture_limit,
-                capture_bytes=self.capture_bytes,
-                heartbeat=self.heartbeat,
-                stall_secs=self.stall_secs,
-            )
-        # The probe's state (and a tf_keras optimizer's slots) exist before Keras traces the
-        # step: variables created during a first trace would make TensorFlow trace it twice.
+            self._probe = self._make_probe(model)
+        self._build_before_trace(model)
+        self._patch_step(model)
+        self._armed = True
+        traced = self._traced
+        # Keras reuses `model.train_function` when set: ours if this model was traced with this
+        # callback before, else none (a train function built without the probe is not reused).
+        if traced is not None and traced[0] == self._traced_key(model):
+            model.train_function = self._guarded(model, traced[1])
+        else:
+            model.train_function = None
+        self._wrap_make_train_function(model)
+
+    def _make_probe(self, model):
+        """The `ReplicaProbe` of this callback's run, for `model`'s strategy."""
+        return ReplicaProbe(
+            os.path.join(self.log_dir, self.run_name),
+            strategy=model.distribute_strategy,
+            update_freq=None if self.update_freq == "epoch" else self.update_freq,
+            source="fit",
+            flush_secs=self.flush_secs,
+            examples_every=self.examples_every,
+            halt_on=self.halt_on,
+            capture_limit=self.capture_limit,
+            capture_bytes=self.capture_bytes,
+            heartbeat=self.heartbeat,
+            stall_secs=self.stall_secs,
+        )
+
+    def _build_before_trace(self, model):
+        """The probe's state (and a tf_keras optimizer's slots) exist before Keras traces the
+        step: variables created during a first trace would make TensorFlow trace it twice."""
         self._probe.build()
         try:
             compat.build_optimizer_before_trace(model)
@@ -445,6 +462,10 @@ class ReplicaCallback(*compat.callback_bases()):
                 "tb_replica_plugin: could not build the tf_keras optimizer before tracing, so "
                 f"fit traces its step twice: {type(error).__name__}: {error}",
             )
+
+    def _patch_step(self, model):
+        """Replaces `model.train_step` by the instrumented one and installs the hooks (XLA off:
+        an XLA-compiled step cannot write summaries)."""
         had_own = "train_step" in model.__dict__
         self._patched = (had_own, model.__dict__.get("train_step"), model.jit_compile)
         object.__setattr__(model, INSTALLED_ATTR, self)
@@ -453,20 +474,16 @@ class ReplicaCallback(*compat.callback_bases()):
                 "tb_replica_plugin: summaries cannot be written from XLA-compiled steps; "
                 "ReplicaCallback turns `jit_compile` off for this fit.",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
             model.jit_compile = False
         self._outputs_capture = self._hook_outputs(model)
         model.train_step = self._instrumented_step(model, model.train_step)
         self._hook_gradients(model, self._probe)
-        self._armed = True
-        traced = self._traced
-        # Keras reuses `model.train_function` when set: ours if this model was traced with this
-        # callback before, else none (a train function built without the probe is not reused).
-        if traced is not None and traced[0] == self._traced_key(model):
-            model.train_function = self._guarded(model, traced[1])
-        else:
-            model.train_function = None
+
+    def _wrap_make_train_function(self, model):
+        """`model.make_train_function` gives this fit the kept instrumented train function (or
+        traces it once and keeps it), guarded; a fit without this callback gets the original."""
         original_make = model.make_train_function
 
         def make_train_function(force=False):
