@@ -287,6 +287,57 @@ def test_cross_replica_per_replica_gradients_eagerly(tmp_path):
     ]
 
 
+def test_cross_replica_scalar_loss_is_recorded_on_every_replica(tmp_path):
+    """A loop that returns `(grads, loss)` from `strategy.run`, reduces the loss to a scalar
+    (`strategy.reduce("MEAN", ...)`) and calls `observe_gradients` outside `strategy.run`:
+    each replica's own gradient norms, and the scalar loss as every replica's loss."""
+    strategy = mirrored(2)
+    x, y = data(3, zero_replica=1, seed=2)
+    with strategy.scope():
+        model = make_model()
+        optimizer = keras.optimizers.SGD(LR)
+        optimizer.build(model.trainable_variables)
+    weights = [w.numpy() for w in model.weights]
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    )
+    probe = ReplicaProbe(str(tmp_path / "loop"), strategy, update_freq=1)
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(features, labels):
+            with tf.GradientTape() as tape:
+                per_example = tf.reduce_mean(tf.square(model(features) - labels), axis=1)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return grads, loss
+
+        grads, loss = strategy.run(step_fn, args=batch)
+        total = strategy.reduce("MEAN", loss, axis=None)  # a scalar, no longer per replica
+        # scale=1/2: each replica's own mean-loss gradient; the MEAN of the replicas' shares
+        # of the global loss, divided by 1/2, is the global mean loss.
+        probe.observe_gradients(grads, model.trainable_variables, loss=total, scale=1 / 2)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in dataset:
+            train_step(batch)
+        probe.close()
+    assert [str(w.message) for w in caught if "tb_replica_plugin" in str(w.message)] == []
+    norms, losses, _ = hand_replay(weights, x, y, 3)
+    series, findings = gradients_of(str(tmp_path))
+    assert series.steps.tolist() == [0, 1, 2]
+    np.testing.assert_allclose(series.global_norm, norms, rtol=1e-4)
+    # Replica 1's examples are zero: its own loss differs from replica 0's, the recorded one
+    # is the mean of both on both.
+    assert np.all(np.abs(losses[:, 0] - losses[:, 1]) > 1e-3)
+    expected = np.repeat(losses.mean(axis=1, keepdims=True), 2, axis=1)
+    np.testing.assert_allclose(series.loss, expected, rtol=1e-4)
+    assert series.nonfinite_steps.size == 0
+    assert not [f for f in findings if f.kind == "nonfinite_gradients"]
+
+
 def test_gradient_failure_warns_once_and_training_goes_on(tmp_path):
     strategy = mirrored(2)
     probe = ReplicaProbe(str(tmp_path), strategy)

@@ -395,45 +395,59 @@ class Recorder(RecorderBase):
                     merge, args=stats, kwargs={"batch_leaves": batch_leaves, "job_bad": bad}
                 )
             else:
-                strategy = probe.strategy
-                per_grad = [strategy.experimental_local_results(g) for g in grads]
-                count = len(per_grad[0])
-                losses = (
-                    [None] * count
-                    if loss is None
-                    else list(strategy.experimental_local_results(loss))
-                )
-                devices = probe.static["devices"]
-                stats = []
-                for replica in range(count):
-                    with tf.device(devices[replica] if replica < len(devices) else None):
-                        stats.append(
-                            replica_stats(
-                                [g[replica] for g in per_grad],
-                                losses[replica],
-                                grad_scale,
-                                loss_scale,
-                            )
-                        )
-                per_leaf = [strategy.experimental_local_results(leaf) for leaf in batch_leaves]
-                if any(len(leaf) != count for leaf in per_leaf):
-                    probe.warn_once(
-                        "capture_batch",
-                        "tb_replica_plugin: observe_gradients got a `batch` that is not "
-                        "per-replica in cross-replica context; pass the PerReplica batch to "
-                        "capture it. Gradients are recorded without it.",
-                    )
-                    per_leaf = []
-                self._write(
-                    [s[0] for s in stats],
-                    [s[1] for s in stats],
-                    [s[2] for s in stats],
-                    [s[3] for s in stats],
-                    batch=[list(r) for r in zip(*per_leaf, strict=True)] if per_leaf else None,
-                    **merge.keywords,
-                )
+                self._observe_across(grads, loss, grad_scale, loss_scale, batch_leaves, merge)
         except Exception as error:  # noqa: BLE001 - must never break training
             self.warn(error)
+
+    def _observe_across(self, grads, loss, grad_scale, loss_scale, batch_leaves, merge):
+        """The cross-replica part of `observe`: each replica's stats on its device, then write.
+
+        Args:
+          grads: `PerReplica` gradients (no None).
+          loss: a `PerReplica` loss, one tensor for every replica (e.g. a loss reduced with
+            `strategy.reduce`: recorded as every replica's loss), or None.
+          grad_scale, loss_scale: the divisors of `replica_stats`.
+          batch_leaves: the `PerReplica` leaves of the batch to capture (or plain tensors:
+            warned once and not captured).
+          merge: the `functools.partial` of `_merge` (its keywords are `_write`'s).
+
+        Raises:
+          ValueError: if the gradients or the loss are not of this probe's replica count.
+        """
+        probe = self.probe
+        strategy = probe.strategy
+        per_grad = [strategy.experimental_local_results(g) for g in grads]
+        count = len(per_grad[0])
+        probe.check_replicas(count, "gradients")
+        # A loss that is not per replica (one scalar) is every replica's, as `strategy.run`
+        # gives one tensor to every replica.
+        losses = [None] * count if loss is None else probe.local_values(strategy, loss)
+        devices = probe.static["devices"]
+        stats = []
+        for replica in range(count):
+            with tf.device(devices[replica]):
+                stats.append(
+                    replica_stats(
+                        [g[replica] for g in per_grad], losses[replica], grad_scale, loss_scale
+                    )
+                )
+        per_leaf = [strategy.experimental_local_results(leaf) for leaf in batch_leaves]
+        if any(len(leaf) != count for leaf in per_leaf):
+            probe.warn_once(
+                "capture_batch",
+                "tb_replica_plugin: observe_gradients got a `batch` that is not "
+                "per-replica in cross-replica context; pass the PerReplica batch to "
+                "capture it. Gradients are recorded without it.",
+            )
+            per_leaf = []
+        self._write(
+            [s[0] for s in stats],
+            [s[1] for s in stats],
+            [s[2] for s in stats],
+            [s[3] for s in stats],
+            batch=[list(r) for r in zip(*per_leaf, strict=True)] if per_leaf else None,
+            **merge.keywords,
+        )
 
     def _merge(
         self, strategy, sq, loss, healthy, values, batch_leaves=(), job_bad=None, **keywords
@@ -650,7 +664,11 @@ class Recording:
           grads: this replica's gradients, one per variable (tensors, `tf.IndexedSlices` or
             None; None gradients are skipped).
           variables: the variables, in the same order (their names label the per-variable norms).
-          loss: this replica's loss (scalar), or None.
+          loss: this replica's loss (scalar), or None. In cross-replica context, the
+            `PerReplica` losses, or one scalar tensor (e.g. `strategy.reduce("MEAN", loss,
+            axis=None)`): as `strategy.run` does with a tensor that is not per replica, that
+            value is recorded as every replica's loss (divided by `scale`), and a NaN/Inf in
+            it counts on every replica (the reduced value cannot say whose it was).
           step: the step to record at (int or int tensor). When omitted, this family counts its
             own calls from 0 (or from `set_step`), so `observe_inputs` and `observe_gradients`
             called once per step record the same step numbers.
