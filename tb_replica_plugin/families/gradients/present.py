@@ -9,7 +9,13 @@ import io
 import numpy as np
 
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import bucket_max, float32_list, json_floats, pool_replicas
+from tb_replica_plugin.core.downsample import (
+    bucket_max,
+    float32_list,
+    json_floats,
+    nanmedian,
+    pool_replicas,
+)
 from tb_replica_plugin.families.gradients import rules
 
 ARGS = {
@@ -209,7 +215,7 @@ def gradients_text(series, max_events=20):
                 loss = series.loss[-1, index]
                 loss_text = f", last loss {_fmt(loss)}" if series.has_loss else ""
                 lines.append(
-                    f"    replica {replica}: median norm {_fmt(np.nanmedian(norms))}, last "
+                    f"    replica {replica}: median norm {_fmt(nanmedian(norms))}, last "
                     f"{_fmt(norms[-1])}, max ratio to median {_fmt(peak)}{loss_text}"
                 )
     if series.nonfinite_steps.size:
