@@ -610,7 +610,7 @@ def test_report_on_weights_gone_nan_prints_no_numpy_warning(tmp_path, capsys):
     """fit with a BatchNormalization layer, a NaN example on replica 1 at step 0: replica 1's
     moving statistics are NaN from step 0 (replica 0's too from step 1, through the NaN
     weights), so every drift of theirs is NaN, and so is replica 1's every gradient norm.
-    `tb-replica report` says so without a numpy RuntimeWarning."""
+    `tb-replica report` says so without a numpy RuntimeWarning, and `--json` as strict JSON."""
     logdir = str(tmp_path)
     strategy = mirrored(2)
     with strategy.scope():
@@ -638,6 +638,8 @@ def test_report_on_weights_gone_nan_prints_no_numpy_warning(tmp_path, capsys):
         warnings.simplefilter("always")
         assert cli.main(["report", logdir]) == 0
         text = capsys.readouterr().out
+        assert cli.main(["report", logdir, "--json"]) == 0
+        document = json.loads(capsys.readouterr().out)
     assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
     series, findings = only(logdir)
     statistics = [i for i, name in enumerate(series.names) if "moving_" in name]
@@ -647,6 +649,12 @@ def test_report_on_weights_gone_nan_prints_no_numpy_warning(tmp_path, capsys):
     assert np.isnan(finding.value)
     assert "2 variables differ on replica 1 from step 0, relative L2 up to nan" in text
     assert "replica 1: median norm nan, last nan" in text
+    # --json: strict JSON, the NaN value as the string "NaN" (docs/data-format.md).
+    (run,) = document["runs"]
+    (statistics,) = [f for f in run["findings"] if f["kind"] == "per_replica_statistics"]
+    assert statistics["value"] == "NaN"
+    assert [item["value"] for item in statistics["items"]] == ["NaN", "NaN"]
+    assert [(f["replicas"], f["first_step"]) for f in run["findings"][:2]] == [([1], 0), ([0], 1)]
 
 
 # ------------------------------------------------------------------------- HTTP route
