@@ -32,6 +32,9 @@ Not in `SCENARIOS` (run on its own by tests/test_multiworker.py):
 - `mw_halt`: tf_keras `fit` with `ReplicaCallback(halt_on="error")`; worker 1's data holds one
   NaN example at step 5. The fault flag is all-reduced in the step, so both workers stop after
   step 5; each writes what stopped it to `LOGDIR/mw_halt/stopped_worker_<i>.json`.
+- `mw_halt_loop`: the same fault in a custom loop with `ReplicaProbe(halt_on="error")` that
+  calls `observe_gradients` in cross-replica context, on what `strategy.run` returned, and
+  `probe.faults()` after each step (`LOGDIR/mw_halt_loop/stopped_worker_<i>.json`).
 
 Every custom-loop scenario records, at every step, each replica's example fingerprints
 (`observe_examples`), its local gradients before the all-reduce (`observe_gradients`) and every
@@ -58,7 +61,7 @@ SCENARIOS = (
     "mw_drift",
     "mw_fit_tf_keras",
 )
-EXTRA_SCENARIOS = ("mw_halt",)
+EXTRA_SCENARIOS = ("mw_halt", "mw_halt_loop")
 # The step and local example of worker 1's NaN in `mw_halt` (global batch 8, 4 per worker).
 HALT_STEP = 5
 HALT_EXAMPLE = 1
@@ -275,12 +278,9 @@ def fit_halt(strategy, logdir, x, y):
     task = strategy.cluster_resolver.task_id
     x = x.copy()
     if task == 1:
-        # Without auto-sharding every worker reads its own copy of the data, rebatched to its
-        # local batch of 4: its step s is rows 4s..4s+3. Only worker 1's copy holds the NaN.
+        # Every worker reads its own copy of the data (`_unsharded`): only worker 1's holds it.
         x[HALT_STEP * 4 + HALT_EXAMPLE, 2] = np.nan
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).with_options(options)
+    dataset = _unsharded(tf, x, y)
     with strategy.scope():
         model = tf_keras.Sequential(
             [
@@ -303,6 +303,74 @@ def fit_halt(strategy, logdir, x, y):
     }
     with open(os.path.join(logdir, "mw_halt", f"stopped_worker_{task}.json"), "w") as out:
         json.dump(result, out)
+
+
+def _unsharded(tf, x, y, global_batch=8):
+    """`(x, y)` in global batches, auto-sharding off: every worker reads its own copy of the
+    data, rebatched to its local batch of 4, so its step s is rows 4s..4s+3."""
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch).with_options(options)
+
+
+def _write_stopped(logdir, scenario, task, steps, found):
+    """Writes `LOGDIR/<scenario>/stopped_worker_<task>.json`: steps run and the findings."""
+    result = {
+        "steps": steps,
+        "stopped_by": [
+            {"kind": f.kind, "replicas": f.replicas, "first_step": f.first_step} for f in found
+        ],
+    }
+    with open(os.path.join(logdir, scenario, f"stopped_worker_{task}.json"), "w") as out:
+        json.dump(result, out)
+
+
+def loop_halt(strategy, logdir, x, y):
+    """`mw_halt_loop`: `observe_gradients` in cross-replica context with `halt_on="error"`, a
+    NaN in worker 1's batch at step 5; `probe.faults()` after each step."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaProbe
+
+    task = strategy.cluster_resolver.task_id
+    x = x.copy()
+    if task == 1:
+        x[HALT_STEP * 4 + HALT_EXAMPLE, 2] = np.nan
+    dataset = strategy.experimental_distribute_dataset(_unsharded(tf, x, y))
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        optimizer = keras.optimizers.SGD(0.01)
+        optimizer.build(model.trainable_variables)
+    run_dir = os.path.join(logdir, "mw_halt_loop", "replicas")
+    probe = ReplicaProbe(run_dir, strategy, update_freq=1, halt_on="error")
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(features, labels):
+            probe.observe_inputs({"x": features, "y": labels})  # the job is known by its inputs
+            with tf.GradientTape() as tape:
+                error = model(features) - labels
+                loss = tf.reduce_sum(error * error) / 8
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return grads, loss
+
+        grads, loss = strategy.run(step_fn, args=batch)
+        # Cross-replica context, on what `strategy.run` returned (plain tensors with one
+        # device per worker, PerReplica values with more) and the PerReplica batch.
+        probe.observe_gradients(grads, model.trainable_variables, loss=loss, batch=batch)
+
+    steps, found = 0, []
+    for batch in dataset:
+        train_step(batch)
+        steps += 1
+        found = probe.faults()
+        if found:
+            break
+    probe.close()
+    _write_stopped(logdir, "mw_halt_loop", task, steps, found)
 
 
 def run_scenario(name, logdir, strategy):
@@ -340,6 +408,8 @@ def run_scenario(name, logdir, strategy):
         fit_tf_keras(strategy, run_dir, x, y)
     elif name == "mw_halt":
         fit_halt(strategy, logdir, x, y)
+    elif name == "mw_halt_loop":
+        loop_halt(strategy, logdir, x, y)
     elif name == "mw_uneven_shard":
 
         def dataset_fn(context):

@@ -635,16 +635,29 @@ def test_single_worker_probe_keeps_its_log_dir(tmp_path):
     assert data.runs["run"].step_time is None
 
 
-def test_halt_on_stops_every_worker_at_the_same_step(tmp_path):
-    """tf_keras `fit`, `halt_on="error"`, one NaN example in worker 1's batch at step 5: the
-    fault flag is all-reduced in the step, so both workers stop after step 5 (2 processes)."""
-    logdir = str(tmp_path)
-    seconds = multiworker.launch(logdir, scenarios=("mw_halt",), timeout=240)
-    assert seconds < 240  # launch raises on a hang (timeout) or a failed worker
+@pytest.fixture(scope="module")
+def halt_logs(tmp_path_factory):
+    """The `halt_on` scenarios (`multiworker.EXTRA_SCENARIOS`), one 2-worker job for all."""
+    logdir = str(tmp_path_factory.mktemp("mw_halt"))
+    seconds = multiworker.launch(logdir, scenarios=multiworker.EXTRA_SCENARIOS, timeout=300)
+    assert seconds < 300  # launch raises on a hang (timeout) or a failed worker
+    return logdir
+
+
+def stopped_workers(logdir, scenario):
+    """What each worker of `scenario` wrote when it stopped (`stopped_worker_<i>.json`)."""
     stopped = []
     for task in (0, 1):
-        with open(os.path.join(logdir, "mw_halt", f"stopped_worker_{task}.json")) as result:
+        with open(os.path.join(logdir, scenario, f"stopped_worker_{task}.json")) as result:
             stopped.append(json.load(result))
+    return stopped
+
+
+def test_halt_on_stops_every_worker_at_the_same_step(halt_logs):
+    """tf_keras `fit`, `halt_on="error"`, one NaN example in worker 1's batch at step 5: the
+    fault flag is all-reduced in the step, so both workers stop after step 5 (2 processes)."""
+    logdir = halt_logs
+    stopped = stopped_workers(logdir, "mw_halt")
     step = multiworker.HALT_STEP
     assert [s["iterations"] for s in stopped] == [step + 1, step + 1]  # steps 0..5, no more
     # Worker 1 names its replica (global id 1); worker 0 stopped on the all-reduced flag.
@@ -662,3 +675,26 @@ def test_halt_on_stops_every_worker_at_the_same_step(tmp_path):
     (captured,) = job.gradients.batches
     assert (captured.step, captured.replica) == (step, 1)
     assert captured.nonfinite_examples == {"x": [multiworker.HALT_EXAMPLE]}
+
+
+def test_halt_on_in_cross_replica_context_stops_every_worker_at_the_same_step(halt_logs):
+    """A custom loop calls `observe_gradients` outside `strategy.run`, on what it returned
+    (one device per worker: plain tensors) with the PerReplica batch, and `probe.faults()`
+    after each step; worker 1's batch holds a NaN at step 5: both workers stop after step 5."""
+    step = multiworker.HALT_STEP
+    stopped = stopped_workers(halt_logs, "mw_halt_loop")
+    assert [s["steps"] for s in stopped] == [step + 1, step + 1]  # of 16
+    assert stopped[1]["stopped_by"] == [
+        {"kind": "nonfinite_gradients", "replicas": [1], "first_step": step}
+    ]
+    assert stopped[0]["stopped_by"] == [
+        {"kind": "nonfinite_gradients", "replicas": [], "first_step": step}
+    ]
+    job = load(halt_logs).runs["mw_halt_loop/replicas"]
+    grads = job.gradients
+    assert grads.replicas == [0, 1] and grads.steps.tolist() == list(range(step + 1))
+    assert grads.nonfinite_steps.tolist() == [step]
+    assert grads.nonfinite[0, 2:].tolist() == [[0, 1], [0, 0]]  # replica 1's loss is NaN
+    (captured,) = grads.batches
+    assert (captured.step, captured.replica) == (step, 1)
+    assert captured.nonfinite_examples == {"0": [multiworker.HALT_EXAMPLE]}
