@@ -35,6 +35,12 @@ Not in `SCENARIOS` (run on its own by tests/test_multiworker.py):
 - `mw_halt_loop`: the same fault in a custom loop with `ReplicaProbe(halt_on="error")` that
   calls `observe_gradients` in cross-replica context, on what `strategy.run` returned, and
   `probe.faults()` after each step (`LOGDIR/mw_halt_loop/stopped_worker_<i>.json`).
+- `mw_halt_overflow`: tf_keras `fit` under `mixed_float16` with a `LossScaleOptimizer` whose
+  initial scale (2**40) overflows the float16 gradients at every step (expected, not a
+  stopping fault), and `ReplicaCallback(halt_on="error", update_freq=1)`; a second model
+  output without a loss passes input column 4 through, NaN at step 0 on both workers: a
+  `nonfinite_values` error every worker sees at its step-0 check
+  (`LOGDIR/mw_halt_overflow/stopped_worker_<i>.json`).
 
 Every custom-loop scenario records, at every step, each replica's example fingerprints
 (`observe_examples`), its local gradients before the all-reduce (`observe_gradients`) and every
@@ -61,7 +67,7 @@ SCENARIOS = (
     "mw_drift",
     "mw_fit_tf_keras",
 )
-EXTRA_SCENARIOS = ("mw_halt", "mw_halt_loop")
+EXTRA_SCENARIOS = ("mw_halt", "mw_halt_loop", "mw_halt_overflow")
 # The step and local example of worker 1's NaN in `mw_halt` (global batch 8, 4 per worker).
 HALT_STEP = 5
 HALT_EXAMPLE = 1
@@ -373,6 +379,43 @@ def loop_halt(strategy, logdir, x, y):
     _write_stopped(logdir, "mw_halt_loop", task, steps, found)
 
 
+def fit_halt_overflow(strategy, logdir, x, y):
+    """`mw_halt_overflow`: loss-scale overflows at every step and, at step 0, a NaN in an output
+    without a loss on both workers (`nonfinite_values`, a check-time error)."""
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+
+    from tb_replica_plugin import ReplicaCallback
+
+    task = strategy.cluster_resolver.task_id
+    x = np.concatenate([x, np.zeros((len(x), 1), "float32")], axis=1)
+    x[:4, 4] = np.nan  # step 0 of every worker
+    previous = tf_keras.mixed_precision.global_policy()
+    tf_keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope():
+            inputs = tf_keras.Input((5,))
+            hidden = tf_keras.layers.Dense(4)(tf_keras.layers.Lambda(lambda t: t[:, :4])(inputs))
+            fitted = tf_keras.layers.Dense(1, dtype="float32", name="fitted")(hidden)
+            passed = tf_keras.layers.Lambda(lambda t: t[:, 4:], dtype="float32", name="passed")(
+                inputs
+            )
+            model = tf_keras.Model(inputs, {"fitted": fitted, "passed": passed})
+            optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
+                tf_keras.optimizers.SGD(0.01), initial_scale=2.0**40
+            )
+            model.compile(optimizer=optimizer, loss={"fitted": "mse"})
+        callback = ReplicaCallback(
+            os.path.join(logdir, "mw_halt_overflow"), update_freq=1, halt_on="error"
+        )
+        model.fit(_unsharded(tf, x, {"fitted": y}), epochs=1, verbose=0, callbacks=[callback])
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous)
+    steps = callback.probe.next_step() if callback.probe is not None else None
+    _write_stopped(logdir, "mw_halt_overflow", task, steps, callback.stopped_by)
+
+
 def run_scenario(name, logdir, strategy):
     """Runs one scenario on this worker (every worker runs the same scenarios in order)."""
     import tensorflow as tf
@@ -410,6 +453,8 @@ def run_scenario(name, logdir, strategy):
         fit_halt(strategy, logdir, x, y)
     elif name == "mw_halt_loop":
         loop_halt(strategy, logdir, x, y)
+    elif name == "mw_halt_overflow":
+        fit_halt_overflow(strategy, logdir, x, y)
     elif name == "mw_uneven_shard":
 
         def dataset_fn(context):

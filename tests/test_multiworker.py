@@ -698,3 +698,18 @@ def test_halt_on_in_cross_replica_context_stops_every_worker_at_the_same_step(ha
     (captured,) = grads.batches
     assert (captured.step, captured.replica) == (step, 1)
     assert captured.nonfinite_examples == {"0": [multiworker.HALT_EXAMPLE]}
+
+
+def test_check_time_finding_at_an_expected_overflow_step_stops_at_that_check(halt_logs):
+    """tf_keras `fit` under mixed precision whose loss scale overflows at every step (a fault
+    the job does not stop on), `halt_on="error"`, `update_freq=1`: each worker's outputs hold
+    a NaN at step 0 (`nonfinite_values`, decided at checks): both stop at the step-0 check."""
+    stopped = stopped_workers(halt_logs, "mw_halt_overflow")
+    assert [s["steps"] for s in stopped] == [1, 1]  # of 8
+    for task, result in enumerate(stopped):
+        assert result["stopped_by"] == [
+            {"kind": "nonfinite_values", "replicas": [task], "first_step": 0}
+        ]
+    grads = load(halt_logs, "mw_halt_overflow/*").runs["mw_halt_overflow/replicas"].gradients
+    assert grads.loss_scaled and grads.nonfinite_steps.tolist() == [0]
+    assert (grads.nonfinite[0, 2:] == 0).all()  # finite losses: an overflow, not a fault
