@@ -18,6 +18,7 @@ from demo import multiworker
 from tb_replica_plugin import analysis, reader
 from tb_replica_plugin.families.examples import read as examples_read
 from tb_replica_plugin.families.examples import rules as examples_rules
+from tb_replica_plugin.families.gradients import present as gradients_present
 from tb_replica_plugin.families.gradients import read as gradients_read
 from tb_replica_plugin.families.gradients import rules as gradients_rules
 from tb_replica_plugin.families.inputs import read as inputs_read
@@ -560,6 +561,53 @@ def test_cross_worker_gradients_keep_every_nonfinite_event():
         ("nonfinite_gradients", [1], 1),
         ("nonfinite_gradients", [0], 3),
     ]
+
+
+def test_job_of_workers_with_different_gradient_scalings_is_labelled_so():
+    """A job whose workers recorded different gradient scalings (one `fit` with Keras's own
+    loss, one custom loop, say) is not labelled "gradients as given" in the report."""
+    workers = [{"name": f"worker_{i}", "replicas": [i], "run": f"j/worker_{i}"} for i in (0, 1)]
+
+    def member(replica, scaling):
+        series = gradients_read.GradientsSeries(
+            run=f"j/worker_{replica}",
+            replicas=[replica],
+            variables=["k"],
+            shapes=[[2]],
+            has_loss=True,
+            scaling=scaling,
+            steps=np.array([0, 1], np.int64),
+            global_norm=np.full((2, 1), 1.0 + replica),
+            loss=np.ones((2, 1)),
+            variable_norms=np.ones((2, 1, 1)),
+            nonfinite_steps=np.zeros(0, np.int64),
+            nonfinite=np.zeros((0, 4, 1), np.int64),
+        )
+        run = f"j/worker_{replica}"
+        return reader.RunData(run=run, inputs=None, samples={}, notes=[], gradients=series)
+
+    def head(scalings):
+        notes = []
+        members = [member(r, scaling) for r, scaling in enumerate(scalings)]
+        merged = gradients_read.merge_gradients("j", members, workers, notes)
+        (line,) = [line for line in gradients_present.gradients_text(merged) if "variable" in line]
+        return merged.scaling, line, notes
+
+    scaling, line, notes = head(["replica_loss", "as_given"])
+    assert scaling == "as_given,replica_loss"
+    assert line == (
+        "  gradients (scalings differ across workers: gradients as given, gradient of each "
+        "replica's own loss; norms not comparable across workers), 2 logged step(s) 0–1, "
+        "1 variable(s):"
+    )
+    assert notes == [
+        "The workers recorded gradients of different scalings (worker_0: gradient of each "
+        "replica's own loss; worker_1: gradients as given): the norms of replicas on different "
+        "workers are not comparable."
+    ]
+    scaling, line, notes = head(["as_given", "as_given"])
+    assert (scaling, notes) == ("as_given", [])
+    assert line == "  gradients (gradients as given), 2 logged step(s) 0–1, 1 variable(s):"
 
 
 def test_straggler_thresholds():

@@ -16,7 +16,7 @@ from tb_replica_plugin.core.downsample import (
     nanmedian,
     pool_replicas,
 )
-from tb_replica_plugin.families.gradients import rules
+from tb_replica_plugin.families.gradients import read, rules
 
 ARGS = {
     "max_points": args.parse_max_points,
@@ -199,11 +199,7 @@ def gradients_text(series, max_events=20):
         if series.steps.size
         else "no logged steps"
     )
-    what = (
-        "gradient of each replica's own loss"
-        if series.scaling == "replica_loss"
-        else ("gradients as given")
-    )
+    what = read.scaling_text(series.scaling)
     lines.append(f"  gradients ({what}), {steps}, {len(series.variables)} variable(s):")
     if series.steps.size:
         ratio = rules.ratio_to_median(series.global_norm)
