@@ -5,7 +5,10 @@
 
 `ProbeCore` knows no family: `ReplicaProbe` (`tb_replica_plugin.probe`) is this class plus each
 registered family's `Recording` mixin (its `observe_*` methods), and the recorders come from the
-registry (`tb_replica_plugin.registry.FAMILY_MODULES`, each package's `record` module).
+registry (`tb_replica_plugin.registry.FAMILY_MODULES`, each package's `record` module). One
+module of the core does reach a family directly: `core.halt` (the `halt_on` decision) reads the
+gradients family's fault state, the `FAULT_*` slots of `families.gradients.record` and its
+recorder's `fault_state()` and `sync_faults` (`recorder("gradients")`).
 
 Everything runs in the graph of the training step; the host is not synchronised at any step.
 Reliability: nothing in the step's graph touches the event file. In-graph writes only queue events
