@@ -63,6 +63,42 @@ def check_examples_every(examples_every):
         raise ValueError(f"`examples_every` must be an integer >= 1. Received: {examples_every!r}")
 
 
+def check_update_freq(update_freq, words=None):
+    """Raises ValueError unless `update_freq` is a period its caller takes.
+
+    Args:
+      update_freq: the value given.
+      words: None for a probe, which takes an integer >= 1 or None (the host writes the
+        window); for `ReplicaCallback` the words it takes besides a positive integer
+        ("epoch", "batch"), named by the message.
+
+    Raises:
+      ValueError: naming what is taken and what was received.
+    """
+    if isinstance(update_freq, int) and not isinstance(update_freq, bool) and update_freq >= 1:
+        return
+    if words is None:
+        if update_freq is not None:
+            raise ValueError(
+                f"`update_freq` must be an integer >= 1 or None. Received: {update_freq!r}"
+            )
+    elif not (isinstance(update_freq, str) and update_freq in words):
+        raise ValueError(
+            f"`update_freq` must be {', '.join(repr(w) for w in words)} or a positive integer. "
+            f"Received: update_freq={update_freq!r}"
+        )
+
+
+def check_flush_secs(flush_secs):
+    """Raises ValueError unless `flush_secs` is a number > 0 (seconds between flushes)."""
+    if (
+        isinstance(flush_secs, bool)
+        or not isinstance(flush_secs, (int, float))
+        or not flush_secs > 0
+    ):
+        raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
+
+
 class ProbeCore:
     """Writer, recording gate, step decision, warn-once and family dispatch of `ReplicaProbe`.
 
@@ -79,21 +115,11 @@ class ProbeCore:
         per_worker_run=True,
         examples_every=DEFAULT_EXAMPLES_EVERY,
     ):
-        if update_freq is not None and (
-            isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1
-        ):
-            raise ValueError(
-                f"`update_freq` must be an integer >= 1 or None. Received: {update_freq!r}"
-            )
+        check_update_freq(update_freq)
         if source not in SOURCES:
             raise ValueError(f"`source` must be one of {SOURCES}. Received: {source!r}")
         check_examples_every(examples_every)
-        if (
-            isinstance(flush_secs, bool)
-            or not isinstance(flush_secs, (int, float))
-            or not flush_secs > 0
-        ):
-            raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
+        check_flush_secs(flush_secs)
         self.log_dir = os.fspath(log_dir)
         self.update_freq = update_freq
         self.source = source
