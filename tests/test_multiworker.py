@@ -523,32 +523,42 @@ def test_cross_worker_data_exact_and_estimated():
     assert any("worker_1 recorded no example fingerprints" in note for note in notes)
 
 
+GRADIENT_WORKERS = [
+    {"name": f"worker_{i}", "replicas": [i], "run": f"j/worker_{i}"} for i in (0, 1)
+]
+
+
+def gradients_member(replica, steps, events, scaling="as_given"):
+    """Worker `replica`'s run `j/worker_<replica>` (one replica) holding only gradients: global
+    norms `0, 1, ...` + replica at `steps`, every per-variable norm replica + 1, and `events`
+    `{step: NaN count}` of its gradients."""
+    series = gradients_read.GradientsSeries(
+        run=f"j/worker_{replica}",
+        replicas=[replica],
+        variables=["k"],
+        shapes=[[2]],
+        has_loss=True,
+        scaling=scaling,
+        steps=np.array(steps, np.int64),
+        global_norm=np.arange(len(steps), dtype=float)[:, None] + replica,
+        loss=np.ones((len(steps), 1)),
+        variable_norms=np.ones((len(steps), 1, 1)) * (replica + 1),
+        nonfinite_steps=np.array(sorted(events), np.int64),
+        nonfinite=np.array([[[n], [0], [0], [0]] for _, n in sorted(events.items())]).reshape(
+            -1, 4, 1
+        ),
+    )
+    run = f"j/worker_{replica}"
+    return reader.RunData(run=run, inputs=None, samples={}, notes=[], gradients=series)
+
+
 def test_cross_worker_gradients_keep_every_nonfinite_event():
-    workers = [{"name": f"worker_{i}", "replicas": [i], "run": f"j/worker_{i}"} for i in (0, 1)]
-
-    def member(replica, steps, events):
-        series = gradients_read.GradientsSeries(
-            run=f"j/worker_{replica}",
-            replicas=[replica],
-            variables=["k"],
-            shapes=[[2]],
-            has_loss=True,
-            scaling="as_given",
-            steps=np.array(steps, np.int64),
-            global_norm=np.arange(len(steps), dtype=float)[:, None] + replica,
-            loss=np.ones((len(steps), 1)),
-            variable_norms=np.ones((len(steps), 1, 1)) * (replica + 1),
-            nonfinite_steps=np.array(sorted(events), np.int64),
-            nonfinite=np.array([[[n], [0], [0], [0]] for _, n in sorted(events.items())]).reshape(
-                -1, 4, 1
-            ),
-        )
-        run = f"j/worker_{replica}"
-        return reader.RunData(run=run, inputs=None, samples={}, notes=[], gradients=series)
-
     notes = []
     merged = gradients_read.merge_gradients(
-        "j", [member(0, [0, 2, 4], {3: 5}), member(1, [0, 2], {1: 2, 3: 1})], workers, notes
+        "j",
+        [gradients_member(0, [0, 2, 4], {3: 5}), gradients_member(1, [0, 2], {1: 2, 3: 1})],
+        GRADIENT_WORKERS,
+        notes,
     )
     assert merged.steps.tolist() == [0, 2]
     assert merged.global_norm.tolist() == [[0.0, 1.0], [1.0, 2.0]]
@@ -566,30 +576,11 @@ def test_cross_worker_gradients_keep_every_nonfinite_event():
 def test_job_of_workers_with_different_gradient_scalings_is_labelled_so():
     """A job whose workers recorded different gradient scalings (one `fit` with Keras's own
     loss, one custom loop, say) is not labelled "gradients as given" in the report."""
-    workers = [{"name": f"worker_{i}", "replicas": [i], "run": f"j/worker_{i}"} for i in (0, 1)]
-
-    def member(replica, scaling):
-        series = gradients_read.GradientsSeries(
-            run=f"j/worker_{replica}",
-            replicas=[replica],
-            variables=["k"],
-            shapes=[[2]],
-            has_loss=True,
-            scaling=scaling,
-            steps=np.array([0, 1], np.int64),
-            global_norm=np.full((2, 1), 1.0 + replica),
-            loss=np.ones((2, 1)),
-            variable_norms=np.ones((2, 1, 1)),
-            nonfinite_steps=np.zeros(0, np.int64),
-            nonfinite=np.zeros((0, 4, 1), np.int64),
-        )
-        run = f"j/worker_{replica}"
-        return reader.RunData(run=run, inputs=None, samples={}, notes=[], gradients=series)
 
     def head(scalings):
         notes = []
-        members = [member(r, scaling) for r, scaling in enumerate(scalings)]
-        merged = gradients_read.merge_gradients("j", members, workers, notes)
+        members = [gradients_member(r, [0, 1], {}, scaling) for r, scaling in enumerate(scalings)]
+        merged = gradients_read.merge_gradients("j", members, GRADIENT_WORKERS, notes)
         (line,) = [line for line in gradients_present.gradients_text(merged) if "variable" in line]
         return merged.scaling, line, notes
 
