@@ -40,6 +40,15 @@ Not in `SCENARIOS` (run on its own by tests/test_multiworker.py):
   thread's stack after 5 s without progress. Both workers exit with an error (launched with
   `allow_failure=True`). The demo runs `mw_stall`; tests/test_status_jobs.py runs both, reads
   them while they hang, and kills worker 1 itself.
+- `mw_halt_loop`: the same fault in a custom loop with `ReplicaProbe(halt_on="error")` that
+  calls `observe_gradients` in cross-replica context, on what `strategy.run` returned, and
+  `probe.faults()` after each step (`LOGDIR/mw_halt_loop/stopped_worker_<i>.json`).
+- `mw_halt_overflow`: tf_keras `fit` under `mixed_float16` with a `LossScaleOptimizer` whose
+  initial scale (2**40) overflows the float16 gradients at every step (expected, not a
+  stopping fault), and `ReplicaCallback(halt_on="error", update_freq=1)`; a second model
+  output without a loss passes input column 4 through, NaN at step 0 on both workers: a
+  `nonfinite_values` error every worker sees at its step-0 check
+  (`LOGDIR/mw_halt_overflow/stopped_worker_<i>.json`).
 
 Every custom-loop scenario records, at every step, each replica's example fingerprints
 (`observe_examples`), its local gradients before the all-reduce (`observe_gradients`) and every
@@ -67,7 +76,7 @@ SCENARIOS = (
     "mw_drift",
     "mw_fit_tf_keras",
 )
-EXTRA_SCENARIOS = ("mw_halt", "mw_stall", "mw_fit_stall")
+EXTRA_SCENARIOS = ("mw_halt", "mw_halt_loop", "mw_halt_overflow", "mw_stall", "mw_fit_stall")
 # `mw_stall`, `mw_fit_stall`: worker 1 stops before this step, for this long (seconds), then dies.
 STALL_STEP = 5
 STALL_SECONDS_ENV = "TB_REPLICA_DEMO_STALL_SECONDS"
@@ -320,12 +329,9 @@ def fit_halt(strategy, logdir, x, y):
     task = strategy.cluster_resolver.task_id
     x = x.copy()
     if task == 1:
-        # Without auto-sharding every worker reads its own copy of the data, rebatched to its
-        # local batch of 4: its step s is rows 4s..4s+3. Only worker 1's copy holds the NaN.
+        # Every worker reads its own copy of the data (`_unsharded`): only worker 1's holds it.
         x[HALT_STEP * 4 + HALT_EXAMPLE, 2] = np.nan
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).with_options(options)
+    dataset = _unsharded(tf, x, y)
     with strategy.scope():
         model = tf_keras.Sequential(
             [
@@ -398,6 +404,111 @@ def fit_stall(strategy, run_dir, x, y):
     model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
 
 
+def _unsharded(tf, x, y, global_batch=8):
+    """`(x, y)` in global batches, auto-sharding off: every worker reads its own copy of the
+    data, rebatched to its local batch of 4, so its step s is rows 4s..4s+3."""
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch).with_options(options)
+
+
+def _write_stopped(logdir, scenario, task, steps, found):
+    """Writes `LOGDIR/<scenario>/stopped_worker_<task>.json`: steps run and the findings."""
+    result = {
+        "steps": steps,
+        "stopped_by": [
+            {"kind": f.kind, "replicas": f.replicas, "first_step": f.first_step} for f in found
+        ],
+    }
+    with open(os.path.join(logdir, scenario, f"stopped_worker_{task}.json"), "w") as out:
+        json.dump(result, out)
+
+
+def loop_halt(strategy, logdir, x, y):
+    """`mw_halt_loop`: `observe_gradients` in cross-replica context with `halt_on="error"`, a
+    NaN in worker 1's batch at step 5; `probe.faults()` after each step."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tb_replica_plugin import ReplicaProbe
+
+    task = strategy.cluster_resolver.task_id
+    x = x.copy()
+    if task == 1:
+        x[HALT_STEP * 4 + HALT_EXAMPLE, 2] = np.nan
+    dataset = strategy.experimental_distribute_dataset(_unsharded(tf, x, y))
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        optimizer = keras.optimizers.SGD(0.01)
+        optimizer.build(model.trainable_variables)
+    run_dir = os.path.join(logdir, "mw_halt_loop", "replicas")
+    probe = ReplicaProbe(run_dir, strategy, update_freq=1, halt_on="error")
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(features, labels):
+            probe.observe_inputs({"x": features, "y": labels})  # the job is known by its inputs
+            with tf.GradientTape() as tape:
+                error = model(features) - labels
+                loss = tf.reduce_sum(error * error) / 8
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return grads, loss
+
+        grads, loss = strategy.run(step_fn, args=batch)
+        # Cross-replica context, on what `strategy.run` returned (plain tensors with one
+        # device per worker, PerReplica values with more) and the PerReplica batch.
+        probe.observe_gradients(grads, model.trainable_variables, loss=loss, batch=batch)
+
+    steps, found = 0, []
+    for batch in dataset:
+        train_step(batch)
+        steps += 1
+        found = probe.faults()
+        if found:
+            break
+    probe.close()
+    _write_stopped(logdir, "mw_halt_loop", task, steps, found)
+
+
+def fit_halt_overflow(strategy, logdir, x, y):
+    """`mw_halt_overflow`: loss-scale overflows at every step and, at step 0, a NaN in an output
+    without a loss on both workers (`nonfinite_values`, a check-time error)."""
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+
+    from tb_replica_plugin import ReplicaCallback
+
+    task = strategy.cluster_resolver.task_id
+    x = np.concatenate([x, np.zeros((len(x), 1), "float32")], axis=1)
+    x[:4, 4] = np.nan  # step 0 of every worker
+    previous = tf_keras.mixed_precision.global_policy()
+    tf_keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope():
+            inputs = tf_keras.Input((5,))
+            hidden = tf_keras.layers.Dense(4)(tf_keras.layers.Lambda(lambda t: t[:, :4])(inputs))
+            fitted = tf_keras.layers.Dense(1, dtype="float32", name="fitted")(hidden)
+            passed = tf_keras.layers.Lambda(lambda t: t[:, 4:], dtype="float32", name="passed")(
+                inputs
+            )
+            model = tf_keras.Model(inputs, {"fitted": fitted, "passed": passed})
+            optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
+                tf_keras.optimizers.SGD(0.01), initial_scale=2.0**40
+            )
+            model.compile(optimizer=optimizer, loss={"fitted": "mse"})
+        callback = ReplicaCallback(
+            os.path.join(logdir, "mw_halt_overflow"), update_freq=1, halt_on="error"
+        )
+        model.fit(_unsharded(tf, x, {"fitted": y}), epochs=1, verbose=0, callbacks=[callback])
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous)
+    steps = callback.probe.next_step() if callback.probe is not None else None
+    _write_stopped(logdir, "mw_halt_overflow", task, steps, callback.stopped_by)
+
+
 def run_scenario(name, logdir, strategy):
     """Runs one scenario on this worker (every worker runs the same scenarios in order)."""
     import tensorflow as tf
@@ -441,6 +552,10 @@ def run_scenario(name, logdir, strategy):
         custom_loop(strategy, run_dir, dataset, 8, before_step=stop, probe_options=STALL_PROBE)
     elif name == "mw_fit_stall":
         fit_stall(strategy, run_dir, x, y)
+    elif name == "mw_halt_loop":
+        loop_halt(strategy, logdir, x, y)
+    elif name == "mw_halt_overflow":
+        fit_halt_overflow(strategy, logdir, x, y)
     elif name == "mw_uneven_shard":
 
         def dataset_fn(context):

@@ -11,6 +11,8 @@ failing) now; `warning` = likely unintended, check it; `info` = expected behavio
 """
 
 import dataclasses
+import math
+import numbers
 
 from tb_replica_plugin import registry
 
@@ -145,7 +147,20 @@ class Finding:
     items: list = dataclasses.field(default_factory=list)
 
     def to_json(self):
-        return dataclasses.asdict(self)
+        """The finding as a dict of strict JSON: a NaN or infinite `value` or `threshold` is the
+        string "NaN", "Infinity" or "-Infinity" (as the HTTP API and `tb-replica report --json`
+        write every non-finite number)."""
+        document = dataclasses.asdict(self)
+        for key in ("value", "threshold"):
+            document[key] = _json_number(document[key])
+        return document
+
+
+def _json_number(value):
+    """`value`, or the string TensorBoard's JSON writes for it when it is a non-finite float."""
+    if isinstance(value, numbers.Real) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
 
 
 def fmt_steps(steps):

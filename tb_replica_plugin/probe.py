@@ -15,6 +15,8 @@ from tb_replica_plugin.core.probe import (  # noqa: F401 - public constants
     SOURCES,
     ProbeCore,
     check_examples_every,
+    check_flush_secs,
+    check_update_freq,
 )
 from tb_replica_plugin.core.recorder import recording_mixins
 from tb_replica_plugin.families.gradients.capture import (

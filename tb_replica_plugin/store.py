@@ -71,8 +71,12 @@ class RunStore:
 
     Example:
       >>> store = RunStore(provider)
-      >>> store.findings(ctx, "", "balanced/replicas")
+      >>> entry = lambda run_data, findings: {"replicas": run_data.inputs.replicas}
+      >>> summary = store.summaries(ctx, "", entry, run="balanced/replicas")
+      >>> summary["balanced/replicas"]["findings"]  # `analysis.Finding`s of a clean run
       []
+      >>> store.run_data(ctx, "", "balanced/replicas", families=["inputs"]).inputs.steps
+      array([0, 1])
     """
 
     def __init__(

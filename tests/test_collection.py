@@ -254,6 +254,66 @@ def test_probe_rejects_bad_options_and_survives_unwritable_log_dir(tmp_path):
     assert int(model.optimizer.iterations.numpy()) == 2  # training went on
 
 
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda d: ReplicaProbe(d, update_freq=0),
+            "`update_freq` must be an integer >= 1 or None. Received: 0",
+        ),
+        (
+            lambda d: ReplicaProbe(d, update_freq=True),
+            "`update_freq` must be an integer >= 1 or None. Received: True",
+        ),
+        (
+            lambda d: ReplicaProbe(d, update_freq="epoch"),
+            "`update_freq` must be an integer >= 1 or None. Received: 'epoch'",
+        ),
+        (
+            lambda d: ReplicaCallback(d, update_freq="sometimes"),
+            "`update_freq` must be 'epoch', 'batch' or a positive integer. "
+            "Received: update_freq='sometimes'",
+        ),
+        (
+            lambda d: ReplicaCallback(d, update_freq=None),
+            "`update_freq` must be 'epoch', 'batch' or a positive integer. "
+            "Received: update_freq=None",
+        ),
+        (
+            lambda d: ReplicaCallback(d, update_freq=2.0),
+            "`update_freq` must be 'epoch', 'batch' or a positive integer. "
+            "Received: update_freq=2.0",
+        ),
+        (lambda d: ReplicaProbe(d, flush_secs=0), "`flush_secs` must be a number > 0. Received: 0"),
+        (
+            lambda d: ReplicaProbe(d, flush_secs=float("nan")),
+            "`flush_secs` must be a number > 0. Received: nan",
+        ),
+        (
+            lambda d: ReplicaCallback(d, flush_secs=True),
+            "`flush_secs` must be a number > 0. Received: True",
+        ),
+        (
+            lambda d: ReplicaCallback(d, flush_secs="5"),
+            "`flush_secs` must be a number > 0. Received: '5'",
+        ),
+    ],
+)
+def test_update_freq_and_flush_secs_are_refused_with_these_words(tmp_path, make, message):
+    with pytest.raises(ValueError) as error:
+        make(str(tmp_path))
+    assert str(error.value) == message
+
+
+def test_update_freq_and_flush_secs_accepted_as_given(tmp_path):
+    probe = ReplicaProbe(str(tmp_path), update_freq=None, flush_secs=1)
+    assert (probe.update_freq, probe.flush_secs) == (None, 1.0)
+    assert ReplicaCallback(str(tmp_path), update_freq="batch").update_freq == 1
+    callback = ReplicaCallback(str(tmp_path), update_freq=3, flush_secs=0.5)
+    assert (callback.update_freq, callback.flush_secs) == (3, 0.5)
+    assert ReplicaCallback(str(tmp_path)).update_freq == "epoch"
+
+
 def test_shapes_json_formats_every_replica_in_one_layout_or_replica_by_replica():
     from tb_replica_plugin.families.inputs.record import InputsStats
 

@@ -6,6 +6,7 @@ values are compared with norms computed by hand from each replica's batch with a
 """
 
 import os
+import types
 import warnings
 
 import keras
@@ -218,26 +219,46 @@ def test_overridden_train_step_records_gradients_as_given(tmp_path):
     assert series.variable_norms[0, 0, 0] == 0  # replica 0 saw zeros: no kernel gradient
 
 
-def test_custom_loop_norms_equal_hand_computation(tmp_path):
+def custom_loop(tmp_path, seed):
+    """The pieces of a custom loop on 2 replicas: 3 steps of data (replica 1 fed zeros), the
+    model and SGD made under the scope, their initial weights, the distributed dataset and a
+    probe writing `tmp_path/loop` at every step (a `SimpleNamespace`)."""
     strategy = mirrored(2)
-    x, y = data(3, zero_replica=1, seed=1)
+    x, y = data(3, zero_replica=1, seed=seed)
     with strategy.scope():
         model = make_model()
         optimizer = keras.optimizers.SGD(LR)
         optimizer.build(model.trainable_variables)
-    weights = [w.numpy() for w in model.weights]
-    dataset = strategy.experimental_distribute_dataset(
-        tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    return types.SimpleNamespace(
+        strategy=strategy,
+        x=x,
+        y=y,
+        model=model,
+        optimizer=optimizer,
+        weights=[w.numpy() for w in model.weights],
+        dataset=strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+        ),
+        probe=ReplicaProbe(str(tmp_path / "loop"), strategy, update_freq=1),
     )
-    probe = ReplicaProbe(str(tmp_path / "loop"), strategy, update_freq=1)
+
+
+def replica_gradients(model, features, labels):
+    """`(grads, loss)` of one replica: its share of the global batch's mean squared error."""
+    with tf.GradientTape() as tape:
+        per_example = tf.reduce_mean(tf.square(model(features) - labels), axis=1)
+        loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
+    return tape.gradient(loss, model.trainable_variables), loss
+
+
+def test_custom_loop_norms_equal_hand_computation(tmp_path):
+    loop = custom_loop(tmp_path, seed=1)
+    strategy, model, optimizer, probe = loop.strategy, loop.model, loop.optimizer, loop.probe
 
     @tf.function
     def train_step(batch):
         def step_fn(features, labels):
-            with tf.GradientTape() as tape:
-                per_example = tf.reduce_mean(tf.square(model(features) - labels), axis=1)
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
-            grads = tape.gradient(loss, model.trainable_variables)
+            grads, loss = replica_gradients(model, features, labels)
             probe.observe_gradients(
                 grads, model.trainable_variables, loss=loss, scale=1 / 2
             )  # the gradient of each replica's own mean loss
@@ -246,10 +267,10 @@ def test_custom_loop_norms_equal_hand_computation(tmp_path):
 
         return strategy.run(step_fn, args=batch)
 
-    for batch in dataset:
+    for batch in loop.dataset:
         train_step(batch)
     probe.close()
-    norms, losses, var_norms = hand_replay(weights, x, y, 3)
+    norms, losses, var_norms = hand_replay(loop.weights, loop.x, loop.y, 3)
     series, findings = gradients_of(str(tmp_path))
     assert series.steps.tolist() == [0, 1, 2]
     assert series.scaling == "as_given"
@@ -285,6 +306,45 @@ def test_cross_replica_per_replica_gradients_eagerly(tmp_path):
     assert [(f.kind, f.replicas, f.first_step) for f in findings] == [
         ("nonfinite_gradients", [1], 15)
     ]
+
+
+def test_cross_replica_scalar_loss_is_recorded_on_every_replica(tmp_path):
+    """A loop that returns `(grads, loss)` from `strategy.run`, reduces the loss to a scalar
+    (`strategy.reduce("MEAN", ...)`) and calls `observe_gradients` outside `strategy.run`:
+    each replica's own gradient norms, and the scalar loss as every replica's loss."""
+    loop = custom_loop(tmp_path, seed=2)
+    strategy, model, optimizer, probe = loop.strategy, loop.model, loop.optimizer, loop.probe
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(features, labels):
+            grads, loss = replica_gradients(model, features, labels)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return grads, loss
+
+        grads, loss = strategy.run(step_fn, args=batch)
+        total = strategy.reduce("MEAN", loss, axis=None)  # a scalar, no longer per replica
+        # scale=1/2: each replica's own mean-loss gradient; the MEAN of the replicas' shares
+        # of the global loss, divided by 1/2, is the global mean loss.
+        probe.observe_gradients(grads, model.trainable_variables, loss=total, scale=1 / 2)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in loop.dataset:
+            train_step(batch)
+        probe.close()
+    assert [str(w.message) for w in caught if "tb_replica_plugin" in str(w.message)] == []
+    norms, losses, _ = hand_replay(loop.weights, loop.x, loop.y, 3)
+    series, findings = gradients_of(str(tmp_path))
+    assert series.steps.tolist() == [0, 1, 2]
+    np.testing.assert_allclose(series.global_norm, norms, rtol=1e-4)
+    # Replica 1's examples are zero: its own loss differs from replica 0's, the recorded one
+    # is the mean of both on both.
+    assert np.all(np.abs(losses[:, 0] - losses[:, 1]) > 1e-3)
+    expected = np.repeat(losses.mean(axis=1, keepdims=True), 2, axis=1)
+    np.testing.assert_allclose(series.loss, expected, rtol=1e-4)
+    assert series.nonfinite_steps.size == 0
+    assert not [f for f in findings if f.kind == "nonfinite_gradients"]
 
 
 def test_gradient_failure_warns_once_and_training_goes_on(tmp_path):

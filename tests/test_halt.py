@@ -418,3 +418,27 @@ def test_cross_replica_capture_and_a_batch_that_is_not_per_replica(tmp_path):
         probe.observe_gradients([bad], [variable], step=3, batch=tf.ones([3, 2]))
     series = tb_replica_plugin.load(plain).runs["."].gradients
     assert series.nonfinite_steps.tolist() == [3] and series.batches == []
+
+
+def test_cross_replica_fault_of_a_worker_with_two_replicas_is_a_job_fault(tmp_path):
+    """The cross-replica branch with `sync_faults` (set in a job) on a worker of 2 replicas:
+    MirroredStrategy(2) stands for that worker (tests/test_multiworker.py runs the 2-worker
+    job, one replica each). Replica 1's Inf is counted by the all-reduce over every replica,
+    so the job fault slot is set and `faults()` names replica 1 at that step."""
+    from tb_replica_plugin.families.gradients import record
+
+    strategy = mirrored(2)
+    with strategy.scope():
+        variable = tf.Variable([1.0, 2.0])
+    probe = ReplicaProbe(str(tmp_path), strategy, update_freq=1, halt_on="error")
+    probe.build()
+    probe.recorder("gradients").sync_faults = True  # what `build` sets on a worker of a job
+    bad = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant([np.inf, 0.0]) if ctx.replica_id_in_sync_group else tf.ones(2)
+    )
+    probe.observe_gradients([bad], [variable], step=3)
+    state = probe.recorder("gradients").fault_state()
+    assert state[[record.FAULT_LAST, record.FAULT_LOCAL, record.FAULT_JOB]].tolist() == [3, 1, 1]
+    (finding,) = probe.faults()
+    assert (finding.kind, finding.replicas, finding.first_step) == ("nonfinite_gradients", [1], 3)
+    probe.close()

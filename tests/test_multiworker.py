@@ -18,6 +18,7 @@ from demo import multiworker
 from tb_replica_plugin import analysis, reader
 from tb_replica_plugin.families.examples import read as examples_read
 from tb_replica_plugin.families.examples import rules as examples_rules
+from tb_replica_plugin.families.gradients import present as gradients_present
 from tb_replica_plugin.families.gradients import read as gradients_read
 from tb_replica_plugin.families.gradients import rules as gradients_rules
 from tb_replica_plugin.families.inputs import read as inputs_read
@@ -524,32 +525,42 @@ def test_cross_worker_data_exact_and_estimated():
     assert any("worker_1 recorded no example fingerprints" in note for note in notes)
 
 
+GRADIENT_WORKERS = [
+    {"name": f"worker_{i}", "replicas": [i], "run": f"j/worker_{i}"} for i in (0, 1)
+]
+
+
+def gradients_member(replica, steps, events, scaling="as_given"):
+    """Worker `replica`'s run `j/worker_<replica>` (one replica) holding only gradients: global
+    norms `0, 1, ...` + replica at `steps`, every per-variable norm replica + 1, and `events`
+    `{step: NaN count}` of its gradients."""
+    series = gradients_read.GradientsSeries(
+        run=f"j/worker_{replica}",
+        replicas=[replica],
+        variables=["k"],
+        shapes=[[2]],
+        has_loss=True,
+        scaling=scaling,
+        steps=np.array(steps, np.int64),
+        global_norm=np.arange(len(steps), dtype=float)[:, None] + replica,
+        loss=np.ones((len(steps), 1)),
+        variable_norms=np.ones((len(steps), 1, 1)) * (replica + 1),
+        nonfinite_steps=np.array(sorted(events), np.int64),
+        nonfinite=np.array([[[n], [0], [0], [0]] for _, n in sorted(events.items())]).reshape(
+            -1, 4, 1
+        ),
+    )
+    run = f"j/worker_{replica}"
+    return reader.RunData(run=run, inputs=None, samples={}, notes=[], gradients=series)
+
+
 def test_cross_worker_gradients_keep_every_nonfinite_event():
-    workers = [{"name": f"worker_{i}", "replicas": [i], "run": f"j/worker_{i}"} for i in (0, 1)]
-
-    def member(replica, steps, events):
-        series = gradients_read.GradientsSeries(
-            run=f"j/worker_{replica}",
-            replicas=[replica],
-            variables=["k"],
-            shapes=[[2]],
-            has_loss=True,
-            scaling="as_given",
-            steps=np.array(steps, np.int64),
-            global_norm=np.arange(len(steps), dtype=float)[:, None] + replica,
-            loss=np.ones((len(steps), 1)),
-            variable_norms=np.ones((len(steps), 1, 1)) * (replica + 1),
-            nonfinite_steps=np.array(sorted(events), np.int64),
-            nonfinite=np.array([[[n], [0], [0], [0]] for _, n in sorted(events.items())]).reshape(
-                -1, 4, 1
-            ),
-        )
-        run = f"j/worker_{replica}"
-        return reader.RunData(run=run, inputs=None, samples={}, notes=[], gradients=series)
-
     notes = []
     merged = gradients_read.merge_gradients(
-        "j", [member(0, [0, 2, 4], {3: 5}), member(1, [0, 2], {1: 2, 3: 1})], workers, notes
+        "j",
+        [gradients_member(0, [0, 2, 4], {3: 5}), gradients_member(1, [0, 2], {1: 2, 3: 1})],
+        GRADIENT_WORKERS,
+        notes,
     )
     assert merged.steps.tolist() == [0, 2]
     assert merged.global_norm.tolist() == [[0.0, 1.0], [1.0, 2.0]]
@@ -562,6 +573,34 @@ def test_cross_worker_gradients_keep_every_nonfinite_event():
         ("nonfinite_gradients", [1], 1),
         ("nonfinite_gradients", [0], 3),
     ]
+
+
+def test_job_of_workers_with_different_gradient_scalings_is_labelled_so():
+    """A job whose workers recorded different gradient scalings (one `fit` with Keras's own
+    loss, one custom loop, say) is not labelled "gradients as given" in the report."""
+
+    def head(scalings):
+        notes = []
+        members = [gradients_member(r, [0, 1], {}, scaling) for r, scaling in enumerate(scalings)]
+        merged = gradients_read.merge_gradients("j", members, GRADIENT_WORKERS, notes)
+        (line,) = [line for line in gradients_present.gradients_text(merged) if "variable" in line]
+        return merged.scaling, line, notes
+
+    scaling, line, notes = head(["replica_loss", "as_given"])
+    assert scaling == "as_given,replica_loss"
+    assert line == (
+        "  gradients (scalings differ across workers: gradients as given, gradient of each "
+        "replica's own loss; norms not comparable across workers), 2 logged step(s) 0–1, "
+        "1 variable(s):"
+    )
+    assert notes == [
+        "The workers recorded gradients of different scalings (worker_0: gradient of each "
+        "replica's own loss; worker_1: gradients as given): the norms of replicas on different "
+        "workers are not comparable."
+    ]
+    scaling, line, notes = head(["as_given", "as_given"])
+    assert (scaling, notes) == ("as_given", [])
+    assert line == "  gradients (gradients as given), 2 logged step(s) 0–1, 1 variable(s):"
 
 
 def test_straggler_thresholds():
@@ -637,16 +676,29 @@ def test_single_worker_probe_keeps_its_log_dir(tmp_path):
     assert data.runs["run"].step_time is None
 
 
-def test_halt_on_stops_every_worker_at_the_same_step(tmp_path):
-    """tf_keras `fit`, `halt_on="error"`, one NaN example in worker 1's batch at step 5: the
-    fault flag is all-reduced in the step, so both workers stop after step 5 (2 processes)."""
-    logdir = str(tmp_path)
-    seconds = multiworker.launch(logdir, scenarios=("mw_halt",), timeout=240)
-    assert seconds < 240  # launch raises on a hang (timeout) or a failed worker
+@pytest.fixture(scope="module")
+def halt_logs(tmp_path_factory):
+    """The `halt_on` scenarios (`multiworker.EXTRA_SCENARIOS`), one 2-worker job for all."""
+    logdir = str(tmp_path_factory.mktemp("mw_halt"))
+    seconds = multiworker.launch(logdir, scenarios=multiworker.EXTRA_SCENARIOS, timeout=300)
+    assert seconds < 300  # launch raises on a hang (timeout) or a failed worker
+    return logdir
+
+
+def stopped_workers(logdir, scenario):
+    """What each worker of `scenario` wrote when it stopped (`stopped_worker_<i>.json`)."""
     stopped = []
     for task in (0, 1):
-        with open(os.path.join(logdir, "mw_halt", f"stopped_worker_{task}.json")) as result:
+        with open(os.path.join(logdir, scenario, f"stopped_worker_{task}.json")) as result:
             stopped.append(json.load(result))
+    return stopped
+
+
+def test_halt_on_stops_every_worker_at_the_same_step(halt_logs):
+    """tf_keras `fit`, `halt_on="error"`, one NaN example in worker 1's batch at step 5: the
+    fault flag is all-reduced in the step, so both workers stop after step 5 (2 processes)."""
+    logdir = halt_logs
+    stopped = stopped_workers(logdir, "mw_halt")
     step = multiworker.HALT_STEP
     assert [s["iterations"] for s in stopped] == [step + 1, step + 1]  # steps 0..5, no more
     # Worker 1 names its replica (global id 1); worker 0 stopped on the all-reduced flag.
@@ -664,3 +716,41 @@ def test_halt_on_stops_every_worker_at_the_same_step(tmp_path):
     (captured,) = job.gradients.batches
     assert (captured.step, captured.replica) == (step, 1)
     assert captured.nonfinite_examples == {"x": [multiworker.HALT_EXAMPLE]}
+
+
+def test_halt_on_in_cross_replica_context_stops_every_worker_at_the_same_step(halt_logs):
+    """A custom loop calls `observe_gradients` outside `strategy.run`, on what it returned
+    (one device per worker: plain tensors) with the PerReplica batch, and `probe.faults()`
+    after each step; worker 1's batch holds a NaN at step 5: both workers stop after step 5."""
+    step = multiworker.HALT_STEP
+    stopped = stopped_workers(halt_logs, "mw_halt_loop")
+    assert [s["steps"] for s in stopped] == [step + 1, step + 1]  # of 16
+    assert stopped[1]["stopped_by"] == [
+        {"kind": "nonfinite_gradients", "replicas": [1], "first_step": step}
+    ]
+    assert stopped[0]["stopped_by"] == [
+        {"kind": "nonfinite_gradients", "replicas": [], "first_step": step}
+    ]
+    job = load(halt_logs).runs["mw_halt_loop/replicas"]
+    grads = job.gradients
+    assert grads.replicas == [0, 1] and grads.steps.tolist() == list(range(step + 1))
+    assert grads.nonfinite_steps.tolist() == [step]
+    assert grads.nonfinite[0, 2:].tolist() == [[0, 1], [0, 0]]  # replica 1's loss is NaN
+    (captured,) = grads.batches
+    assert (captured.step, captured.replica) == (step, 1)
+    assert captured.nonfinite_examples == {"0": [multiworker.HALT_EXAMPLE]}
+
+
+def test_check_time_finding_at_an_expected_overflow_step_stops_at_that_check(halt_logs):
+    """tf_keras `fit` under mixed precision whose loss scale overflows at every step (a fault
+    the job does not stop on), `halt_on="error"`, `update_freq=1`: each worker's outputs hold
+    a NaN at step 0 (`nonfinite_values`, decided at checks): both stop at the step-0 check."""
+    stopped = stopped_workers(halt_logs, "mw_halt_overflow")
+    assert [s["steps"] for s in stopped] == [1, 1]  # of 8
+    for task, result in enumerate(stopped):
+        assert result["stopped_by"] == [
+            {"kind": "nonfinite_values", "replicas": [task], "first_step": 0}
+        ]
+    grads = load(halt_logs, "mw_halt_overflow/*").runs["mw_halt_overflow/replicas"].gradients
+    assert grads.loss_scaled and grads.nonfinite_steps.tolist() == [0]
+    assert (grads.nonfinite[0, 2:] == 0).all()  # finite losses: an overflow, not a fault

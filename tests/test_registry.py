@@ -159,3 +159,32 @@ def test_toy_series_is_skipped_when_not_registered(tmp_path):
     assert not hasattr(run_data, "toy")
     assert run_data.inputs.steps.size == 0
     assert np.array_equal(run_data.inputs.batch_size, np.zeros((0, 0)))
+
+
+def test_the_core_imports_only_the_family_modules_core_probe_names():
+    """core/probe.py's module docstring says where the core reaches a family: every family
+    module a module of `core/` imports is named there (as `families.<name>.<module>`)."""
+    import ast
+    import re
+
+    from tb_replica_plugin.core import probe
+
+    core = os.path.join(os.path.dirname(registry.__file__), "core")
+    imported = set()
+    for name in sorted(os.listdir(core)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(core, name), encoding="utf-8") as source:
+            tree = ast.parse(source.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "tb_replica_plugin.families"
+            ):
+                imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                imported.update(
+                    a.name for a in node.names if a.name.startswith("tb_replica_plugin.families")
+                )
+    assert imported == {"tb_replica_plugin.families.gradients.record"}
+    named = set(re.findall(r"`(families\.[\w.]+)`", probe.__doc__))
+    assert {path.removeprefix("tb_replica_plugin.") for path in imported} <= named

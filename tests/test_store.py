@@ -464,3 +464,26 @@ def test_reads_follow_the_sampling_hint(unit_logs):
     status, body = get_json(client, "/inputs?run=fit_17_8/replicas")
     # At most 2 samples per tag asked, as TensorBoard's own plugins do with their hint.
     assert provider.downsample == [2] and status == 200 and body["replicas"] == [0, 1]
+
+
+def test_run_store_docstring_example_runs_as_written(tmp_path):
+    """`RunStore`'s docstring example, run by doctest on a real provider over a balanced run
+    of 2 replicas (the run its example names)."""
+    import doctest
+
+    import numpy as np
+    import tensorflow as tf
+    from conftest import custom_loop_inputs
+
+    from tb_replica_plugin import store
+
+    strategy = mirrored(2)
+    dataset = tf.data.Dataset.from_tensor_slices(np.zeros((16, 3), "float32")).batch(8)
+    run_dir = str(tmp_path / "balanced" / "replicas")
+    custom_loop_inputs(strategy, run_dir, strategy.experimental_distribute_dataset(dataset))
+    provider, ctx, _ = reader.local_provider(str(tmp_path))
+    globs = {"RunStore": store.RunStore, "provider": provider, "ctx": ctx}
+    (test,) = doctest.DocTestFinder(recurse=False).find(store.RunStore, globs=globs)
+    runner = doctest.DocTestRunner()
+    result = runner.run(test)
+    assert (result.failed, result.attempted) == (0, len(test.examples)) and result.attempted >= 2

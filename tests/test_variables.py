@@ -12,7 +12,7 @@ import tensorflow as tf
 from conftest import TensorBoardServer, http_get, mirrored
 
 import tb_replica_plugin
-from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, metadata
+from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, cli, metadata
 from tb_replica_plugin.families.variables import check as variables_check
 from tb_replica_plugin.families.variables import fingerprint as collector
 from tb_replica_plugin.families.variables import present as variables_present
@@ -604,6 +604,57 @@ def test_report_text_and_json(demo_logs):
     assert len(body["top"]) == 4 and len(body["top"][0]["rel_l2"][0]) == 4
     assert body["top"][0]["rel_l2"][0][0] == 0.0  # replica 0 against itself
     json.dumps(report.to_json())
+
+
+def test_report_on_weights_gone_nan_prints_no_numpy_warning(tmp_path, capsys):
+    """fit with a BatchNormalization layer, a NaN example on replica 1 at step 0: replica 1's
+    moving statistics are NaN from step 0 (replica 0's too from step 1, through the NaN
+    weights), so every drift of theirs is NaN, and so is replica 1's every gradient norm.
+    `tb-replica report` says so without a numpy RuntimeWarning, and `--json` as strict JSON."""
+    logdir = str(tmp_path)
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((3,)),
+                keras.layers.Dense(4),
+                keras.layers.BatchNormalization(),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = np.random.default_rng(0).normal(size=(24, 3)).astype("float32")
+    x[4 + 1, 2] = np.nan  # step 0 (global batch 8), replica 1's example 1
+    callback = ReplicaCallback(logdir, update_freq=1, outputs=False, examples=False, rng=False)
+    model.fit(
+        x,
+        np.zeros((24, 1), "float32"),
+        batch_size=8,
+        shuffle=False,
+        verbose=0,
+        callbacks=[callback],
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(["report", logdir]) == 0
+        text = capsys.readouterr().out
+        assert cli.main(["report", logdir, "--json"]) == 0
+        document = json.loads(capsys.readouterr().out)
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+    series, findings = only(logdir)
+    statistics = [i for i, name in enumerate(series.names) if "moving_" in name]
+    assert len(statistics) == 2 and np.isnan(series.rel_l2[:, statistics, 1]).all()
+    (finding,) = [f for f in findings if f.kind == "per_replica_statistics"]
+    assert (finding.replicas, finding.first_step, finding.count) == ([1], 0, 3)
+    assert np.isnan(finding.value)
+    assert "2 variables differ on replica 1 from step 0, relative L2 up to nan" in text
+    assert "replica 1: median norm nan, last nan" in text
+    # --json: strict JSON, the NaN value as the string "NaN" (docs/data-format.md).
+    (run,) = document["runs"]
+    (statistics,) = [f for f in run["findings"] if f["kind"] == "per_replica_statistics"]
+    assert statistics["value"] == "NaN"
+    assert [item["value"] for item in statistics["items"]] == ["NaN", "NaN"]
+    assert [(f["replicas"], f["first_step"]) for f in run["findings"][:2]] == [([1], 0), ([0], 1)]
 
 
 # ------------------------------------------------------------------------- HTTP route

@@ -6,6 +6,25 @@ import json
 import tensorflow as tf
 
 
+def replica_context_of(strategy):
+    """The current replica context when it is `strategy`'s (inside `strategy.run`), else None.
+
+    Outside `strategy.run` and any `strategy.scope()`, TensorFlow's current replica context is
+    the default strategy's: for another `strategy` that code is cross-replica code, where
+    what `strategy.run` returned is at hand (plain tensors when this worker has one replica).
+
+    Args:
+      strategy: the probe's `tf.distribute.Strategy`.
+
+    Returns:
+      A `tf.distribute.ReplicaContext`, or None in `strategy`'s cross-replica context.
+    """
+    context = tf.distribute.get_replica_context()
+    if context is None or (not tf.distribute.has_strategy() and context.strategy is not strategy):
+        return None
+    return context
+
+
 def local_devices(strategy):
     """Device names of this worker's replicas, in replica order."""
     try:

@@ -41,6 +41,13 @@ def nanmax(values, axis=None):
         return np.nanmax(values, axis=axis) if values.size else np.full((), np.nan)
 
 
+def nanmedian(values, axis=None):
+    """`np.nanmedian` that gives NaN (not a warning) for all-NaN slices."""
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(values, axis=axis) if values.size else np.full((), np.nan)
+
+
 def floats(values):
     """A nested list of floats with NaN as None (JSON null: 'not measured'); float32 values
     as `float32_list` writes them."""

@@ -166,18 +166,18 @@ class Watch:
         from tb_replica_plugin.families.gradients import record
 
         sync = state is not None and self.probe.recorder("gradients").sync_faults
-        found = [f for f in self.run_findings() if matches(f, self.halt_on)]
-        if state is None or not sync:
-            # One worker: the rules decide (a loss-scale overflow is info and does not stop).
-            stopping = found if at_check else [f for f in found if f.kind in EVERY_STEP_KINDS]
-        elif state[record.FAULT_JOB]:
-            # A job: every worker decides from the same all-reduced flag.
-            step = int(state[record.FAULT_LAST])
-            stopping = [f for f in found if f.kind in EVERY_STEP_KINDS] or [
-                _remote_fault(self.probe, step)
-            ]
-        else:
-            stopping = []
+        job_fault = sync and bool(state[record.FAULT_JOB])
+
+        def stops(finding):
+            if finding.kind not in EVERY_STEP_KINDS:
+                return at_check  # each worker's own rules decide, at checks
+            # One worker: the rules (a loss-scale overflow is info and does not stop). A job:
+            # the all-reduced flag every worker got (0 at an expected loss-scale overflow).
+            return job_fault or not sync
+
+        stopping = [f for f in self.run_findings() if matches(f, self.halt_on) and stops(f)]
+        if job_fault and not any(f.kind in EVERY_STEP_KINDS for f in stopping):
+            stopping.insert(0, _remote_fault(self.probe, int(state[record.FAULT_LAST])))
         fresh = []
         for finding in stopping:
             key = (finding.kind, finding.first_step, tuple(finding.replicas), finding.name)

@@ -5,7 +5,10 @@
 
 `ProbeCore` knows no family: `ReplicaProbe` (`tb_replica_plugin.probe`) is this class plus each
 registered family's `Recording` mixin (its `observe_*` methods), and the recorders come from the
-registry (each family's `Family.write_side`).
+registry (each family's `Family.write_side`). One module of the core does reach a family
+directly: `core.halt` (the `halt_on` decision) reads the gradients family's fault state, the
+`FAULT_*` slots of `families.gradients.record` and its recorder's `fault_state()` and
+`sync_faults` (`recorder("gradients")`).
 
 Everything runs in the graph of the training step; the host is not synchronised at any step.
 Reliability: nothing in the step's graph touches the event file. In-graph writes only queue events
@@ -61,6 +64,42 @@ def check_examples_every(examples_every):
         raise ValueError(f"`examples_every` must be an integer >= 1. Received: {examples_every!r}")
 
 
+def check_update_freq(update_freq, words=None):
+    """Raises ValueError unless `update_freq` is a period its caller takes.
+
+    Args:
+      update_freq: the value given.
+      words: None for a probe, which takes an integer >= 1 or None (the host writes the
+        window); for `ReplicaCallback` the words it takes besides a positive integer
+        ("epoch", "batch"), named by the message.
+
+    Raises:
+      ValueError: naming what is taken and what was received.
+    """
+    if isinstance(update_freq, int) and not isinstance(update_freq, bool) and update_freq >= 1:
+        return
+    if words is None:
+        if update_freq is not None:
+            raise ValueError(
+                f"`update_freq` must be an integer >= 1 or None. Received: {update_freq!r}"
+            )
+    elif not (isinstance(update_freq, str) and update_freq in words):
+        raise ValueError(
+            f"`update_freq` must be {', '.join(repr(w) for w in words)} or a positive integer. "
+            f"Received: update_freq={update_freq!r}"
+        )
+
+
+def check_flush_secs(flush_secs):
+    """Raises ValueError unless `flush_secs` is a number > 0 (seconds between flushes)."""
+    if (
+        isinstance(flush_secs, bool)
+        or not isinstance(flush_secs, (int, float))
+        or not flush_secs > 0
+    ):
+        raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
+
+
 class ProbeCore(Lifecycle):
     """Writer, recording gate, step decision, warn-once and family dispatch of `ReplicaProbe`.
 
@@ -77,21 +116,11 @@ class ProbeCore(Lifecycle):
         per_worker_run=True,
         examples_every=DEFAULT_EXAMPLES_EVERY,
     ):
-        if update_freq is not None and (
-            isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1
-        ):
-            raise ValueError(
-                f"`update_freq` must be an integer >= 1 or None. Received: {update_freq!r}"
-            )
+        check_update_freq(update_freq)
         if source not in SOURCES:
             raise ValueError(f"`source` must be one of {SOURCES}. Received: {source!r}")
         check_examples_every(examples_every)
-        if (
-            isinstance(flush_secs, bool)
-            or not isinstance(flush_secs, (int, float))
-            or not flush_secs > 0
-        ):
-            raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
+        check_flush_secs(flush_secs)
         self.log_dir = os.fspath(log_dir)
         self.update_freq = update_freq
         self.source = source

@@ -56,9 +56,10 @@ from tb_replica_plugin.probe import (
     DEFAULT_FLUSH_SECS,
     ReplicaProbe,
     check_examples_every,
+    check_flush_secs,
+    check_update_freq,
 )
 
-UPDATE_FREQ_WORDS = ("batch", "epoch")
 # Set on the model at the end of an instrumented fit: the step the next fit starts from.
 NEXT_STEP_ATTR = "_tb_replica_next_step"
 # Set on the model while a ReplicaCallback's hooks are installed: that callback.
@@ -198,24 +199,11 @@ class ReplicaCallback(*compat.callback_bases()):
         if self.halt_on is not None:
             # Only then a batch-end hook (Keras dispatches batch ends synchronously for it).
             self.on_train_batch_end = self._halt_at_batch_end
-        if update_freq == "batch":
-            update_freq = 1
-        if update_freq != "epoch" and (
-            isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1
-        ):
-            raise ValueError(
-                "`update_freq` must be 'epoch', 'batch' or a positive integer. "
-                f"Received: update_freq={update_freq!r}"
-            )
+        check_update_freq(update_freq, ("epoch", "batch"))
         self.log_dir = os.fspath(log_dir)
         self.run_name = run_name
-        self.update_freq = update_freq
-        if (
-            isinstance(flush_secs, bool)
-            or not isinstance(flush_secs, (int, float))
-            or not (flush_secs > 0)
-        ):
-            raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
+        self.update_freq = 1 if update_freq == "batch" else update_freq
+        check_flush_secs(flush_secs)
         self.flush_secs = flush_secs
         check_examples_every(examples_every)
         self.examples_every = examples_every

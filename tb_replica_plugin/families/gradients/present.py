@@ -9,8 +9,14 @@ import io
 import numpy as np
 
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import bucket_max, float32_list, json_floats, pool_replicas
-from tb_replica_plugin.families.gradients import rules
+from tb_replica_plugin.core.downsample import (
+    bucket_max,
+    float32_list,
+    json_floats,
+    nanmedian,
+    pool_replicas,
+)
+from tb_replica_plugin.families.gradients import read, rules
 
 ARGS = {
     "max_points": args.parse_max_points,
@@ -193,11 +199,7 @@ def gradients_text(series, max_events=20):
         if series.steps.size
         else "no logged steps"
     )
-    what = (
-        "gradient of each replica's own loss"
-        if series.scaling == "replica_loss"
-        else ("gradients as given")
-    )
+    what = read.scaling_text(series.scaling)
     lines.append(f"  gradients ({what}), {steps}, {len(series.variables)} variable(s):")
     if series.steps.size:
         ratio = rules.ratio_to_median(series.global_norm)
@@ -209,7 +211,7 @@ def gradients_text(series, max_events=20):
                 loss = series.loss[-1, index]
                 loss_text = f", last loss {_fmt(loss)}" if series.has_loss else ""
                 lines.append(
-                    f"    replica {replica}: median norm {_fmt(np.nanmedian(norms))}, last "
+                    f"    replica {replica}: median norm {_fmt(nanmedian(norms))}, last "
                     f"{_fmt(norms[-1])}, max ratio to median {_fmt(peak)}{loss_text}"
                 )
     if series.nonfinite_steps.size:

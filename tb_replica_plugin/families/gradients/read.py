@@ -11,6 +11,31 @@ import numpy as np
 from tb_replica_plugin.core import jobs
 from tb_replica_plugin.families.gradients import schema
 
+# What the norms of each `GradientsSeries.scaling` are of, in words.
+SCALING_WORDS = {
+    "replica_loss": "gradient of each replica's own loss",
+    "as_given": "gradients as given",
+}
+
+
+def scaling_text(scaling):
+    """What the recorded norms are of, in words (`GradientsSeries.scaling`).
+
+    Args:
+      scaling: "replica_loss", "as_given", or for a job whose workers recorded different
+        scalings, those joined with "," (`merge_gradients`).
+
+    Returns:
+      E.g. "gradients as given"; for different scalings, that they differ and are not
+      comparable across workers.
+    """
+    words = [SCALING_WORDS.get(kind, SCALING_WORDS["as_given"]) for kind in scaling.split(",")]
+    if len(words) == 1:
+        return words[0]
+    return (
+        f"scalings differ across workers: {', '.join(words)}; norms not comparable across workers"
+    )
+
 
 @dataclasses.dataclass
 class CapturedBatch:
@@ -117,7 +142,8 @@ class GradientsSeries:
       has_loss: whether the replicas' losses were recorded (else `loss` is NaN).
       scaling: what the norms are of: "replica_loss" (the gradient of each replica's own loss,
         Keras distribution scaling and loss scale undone) or "as_given" (as passed, divided by
-        the `scale` given to `observe_gradients`).
+        the `scale` given to `observe_gradients`); for a job whose workers differ, their
+        scalings sorted and joined with "," (e.g. "as_given,replica_loss"; `scaling_text`).
       steps: int64 [S]: the logged steps (dense series).
       global_norm: float64 [S, R]: each replica's local gradient global norm.
       loss: float64 [S, R]: each replica's local loss.
@@ -261,6 +287,17 @@ def from_samples(run, samples, notes, needed=None):
     )
 
 
+def _scalings_note(series, workers):
+    """The job's note when its workers recorded gradients of different scalings."""
+    each = "; ".join(
+        f"{w['name']}: {scaling_text(s.scaling)}" for w, s in zip(workers, series, strict=True)
+    )
+    return (
+        f"The workers recorded gradients of different scalings ({each}): the norms of replicas "
+        "on different workers are not comparable."
+    )
+
+
 def merge_gradients(job, member_runs, workers, notes):
     """Every worker's local gradient health on one global replica axis.
 
@@ -310,6 +347,8 @@ def merge_gradients(job, member_runs, workers, notes):
         events[where, :, column : column + s.num_replicas] = s.nonfinite
         column += s.num_replicas
     scalings = {s.scaling for s in series}
+    if len(scalings) > 1:
+        notes.append(_scalings_note(series, workers))
     return GradientsSeries(
         run=job,
         replicas=[r for s in series for r in s.replicas],

@@ -25,6 +25,7 @@ import json
 import numpy as np
 import tensorflow as tf
 
+from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.core.recorder import cond_value, run_if
@@ -152,6 +153,19 @@ def replica_stats(grads, loss=None, scale=1.0, loss_scale=None):
         loss_value = loss_value / loss_divisor
         healthy = tf.math.is_finite(tf.reduce_sum(sq) + loss_value)
     return sq, loss_value, healthy, values
+
+
+def stop_flag(stats, loss_only):
+    """float32 1.0 when a replica has a fault that stops the job (`Recorder.sync_faults`), else 0.
+
+    Args:
+      stats: the replica's `replica_stats`.
+      loss_only: under a loss-scale optimizer (with a loss) only a NaN/Inf loss stops: its
+        gradient overflows are expected. Otherwise any NaN/Inf in gradients or loss.
+    """
+    _, loss_value, healthy, _ = stats
+    stop = tf.logical_not(tf.math.is_finite(loss_value) if loss_only else healthy)
+    return tf.cast(stop, tf.float32)
 
 
 def nonfinite_counts(values, loss_value, has_loss):
@@ -314,7 +328,8 @@ class Recorder(RecorderBase):
     capture_limit = capture.DEFAULT_CAPTURE_LIMIT
     capture_bytes = capture.DEFAULT_CAPTURE_BYTES
     # True: every replica of every worker learns of a fault at the step it happens (one scalar
-    # all-reduce per step, in replica context), so all workers can stop at the same step.
+    # all-reduce per step, in replica context or across replicas), so all workers can stop at
+    # the same step.
     sync_faults = False
 
     def fault_state(self):
@@ -375,65 +390,93 @@ class Recorder(RecorderBase):
             distributed = isinstance(loss, tf.distribute.DistributedValues) or any(
                 isinstance(g, tf.distribute.DistributedValues) for g in grads
             )
-            replica_context = tf.distribute.get_replica_context()
+            replica_context = distribute.replica_context_of(probe.strategy)
             if replica_context is not None and not distributed:
                 # Stats on this replica's device; they (and the gradients, for the exact
                 # NaN/Inf counts at a step that has some) go through merge_call, no copy.
                 stats = replica_stats(grads, loss, grad_scale, loss_scale)
                 bad = None
                 if self.sync_faults:
-                    # Every worker sees the same count of replicas with a stopping fault at
-                    # this step: any NaN/Inf, or only a NaN/Inf loss under a loss-scale
-                    # optimizer (whose gradient overflows are expected).
-                    if loss_scaled and loss is not None:
-                        stop = tf.logical_not(tf.math.is_finite(stats[1]))
-                    else:
-                        stop = tf.logical_not(stats[2])
-                    flag = tf.cast(stop, tf.float32)
+                    flag = stop_flag(stats, loss_scaled and loss is not None)
                     bad = replica_context.all_reduce(tf.distribute.ReduceOp.SUM, flag)
                 replica_context.merge_call(
                     merge, args=stats, kwargs={"batch_leaves": batch_leaves, "job_bad": bad}
                 )
             else:
-                strategy = probe.strategy
-                per_grad = [strategy.experimental_local_results(g) for g in grads]
-                count = len(per_grad[0])
-                losses = (
-                    [None] * count
-                    if loss is None
-                    else list(strategy.experimental_local_results(loss))
-                )
-                devices = probe.static["devices"]
-                stats = []
-                for replica in range(count):
-                    with tf.device(devices[replica] if replica < len(devices) else None):
-                        stats.append(
-                            replica_stats(
-                                [g[replica] for g in per_grad],
-                                losses[replica],
-                                grad_scale,
-                                loss_scale,
-                            )
-                        )
-                per_leaf = [strategy.experimental_local_results(leaf) for leaf in batch_leaves]
-                if any(len(leaf) != count for leaf in per_leaf):
-                    probe.warn_once(
-                        "capture_batch",
-                        "tb_replica_plugin: observe_gradients got a `batch` that is not "
-                        "per-replica in cross-replica context; pass the PerReplica batch to "
-                        "capture it. Gradients are recorded without it.",
-                    )
-                    per_leaf = []
-                self._write(
-                    [s[0] for s in stats],
-                    [s[1] for s in stats],
-                    [s[2] for s in stats],
-                    [s[3] for s in stats],
-                    batch=[list(r) for r in zip(*per_leaf, strict=True)] if per_leaf else None,
-                    **merge.keywords,
-                )
+                self._observe_across(grads, loss, grad_scale, loss_scale, batch_leaves, merge)
         except Exception as error:  # noqa: BLE001 - must never break training
             self.warn(error)
+
+    def _observe_across(self, grads, loss, grad_scale, loss_scale, batch_leaves, merge):
+        """The cross-replica part of `observe`: each replica's stats on its device, then write.
+
+        Args:
+          grads: the gradients (no None) as `strategy.run` returned them: `PerReplica` values,
+            or plain tensors on a worker of one replica.
+          loss: a `PerReplica` loss, one tensor for every replica (e.g. a loss reduced with
+            `strategy.reduce`: recorded as every replica's loss), or None.
+          grad_scale, loss_scale: the divisors of `replica_stats`.
+          batch_leaves: the `PerReplica` leaves of the batch to capture (or plain tensors:
+            warned once and not captured).
+          merge: the `functools.partial` of `_merge` (its keywords are `_write`'s).
+
+        Raises:
+          ValueError: if the gradients or the loss are not of this probe's replica count.
+        """
+        probe = self.probe
+        strategy = probe.strategy
+        per_grad = [strategy.experimental_local_results(g) for g in grads]
+        count = len(per_grad[0])
+        probe.check_replicas(count, "gradients")
+        # A loss that is not per replica (one scalar) is every replica's, as `strategy.run`
+        # gives one tensor to every replica.
+        losses = [None] * count if loss is None else probe.local_values(strategy, loss)
+        devices = probe.static["devices"]
+        stats, flags = [], []
+        loss_only = merge.keywords["loss_scaled"] and loss is not None
+        for replica in range(count):
+            with tf.device(devices[replica]):
+                stats.append(
+                    replica_stats(
+                        [g[replica] for g in per_grad], losses[replica], grad_scale, loss_scale
+                    )
+                )
+                flags.append(stop_flag(stats[-1], loss_only) if self.sync_faults else None)
+        per_leaf = [strategy.experimental_local_results(leaf) for leaf in batch_leaves]
+        if any(len(leaf) != count for leaf in per_leaf):
+            probe.warn_once(
+                "capture_batch",
+                "tb_replica_plugin: observe_gradients got a `batch` that is not "
+                "per-replica in cross-replica context; pass the PerReplica batch to "
+                "capture it. Gradients are recorded without it.",
+            )
+            per_leaf = []
+        self._write(
+            [s[0] for s in stats],
+            [s[1] for s in stats],
+            [s[2] for s in stats],
+            [s[3] for s in stats],
+            batch=[list(r) for r in zip(*per_leaf, strict=True)] if per_leaf else None,
+            job_bad=self._job_count(strategy, flags) if self.sync_faults else None,
+            **merge.keywords,
+        )
+
+    def _job_count(self, strategy, flags):
+        """Cross-replica context: the job's count of replicas with a stopping fault at this
+        step, as replica context's all-reduce gives it (every worker gets the same count).
+
+        Args:
+          strategy: the probe's strategy.
+          flags: `stop_flag` of each local replica (float32 scalars, on its device).
+
+        Returns:
+          A float32 scalar: the sum of every replica's flag over every worker.
+        """
+        replicas = self.probe.static["replicas"]
+        per_replica = strategy.experimental_distribute_values_from_function(
+            lambda context: tf.identity(flags[replicas.index(context.replica_id_in_sync_group)])
+        )
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     def _merge(
         self, strategy, sq, loss, healthy, values, batch_leaves=(), job_bad=None, **keywords
@@ -638,7 +681,10 @@ class Recording:
 
         Call it in replica context (inside `strategy.run`) with the gradients this replica
         computed, before `optimizer.apply_gradients` all-reduces them; or in cross-replica context
-        with `PerReplica` gradients (and loss). Per replica, on its own device, it reduces the
+        (outside `strategy.run`) with what `strategy.run` returned: `PerReplica` gradients (and
+        loss), or plain tensors where this worker has one replica. With `halt_on` in a
+        multi-worker job it all-reduces one fault flag per replica, so every worker must call it
+        at every step (docs/halting.md). Per replica, on its own device, it reduces the
         gradients to one sum of squares per variable and NaN/Inf counts; only those scalars are
         gathered. Written: the norms and loss every `update_freq` steps (`gradients/norms`), and
         at EVERY step where a replica's gradients or loss hold a NaN or an Inf, an event naming
@@ -650,7 +696,11 @@ class Recording:
           grads: this replica's gradients, one per variable (tensors, `tf.IndexedSlices` or
             None; None gradients are skipped).
           variables: the variables, in the same order (their names label the per-variable norms).
-          loss: this replica's loss (scalar), or None.
+          loss: this replica's loss (scalar), or None. In cross-replica context, the
+            `PerReplica` losses, or one scalar tensor (e.g. `strategy.reduce("MEAN", loss,
+            axis=None)`): as `strategy.run` does with a tensor that is not per replica, that
+            value is recorded as every replica's loss (divided by `scale`), and a NaN/Inf in
+            it counts on every replica (the reduced value cannot say whose it was).
           step: the step to record at (int or int tensor). When omitted, this family counts its
             own calls from 0 (or from `set_step`), so `observe_inputs` and `observe_gradients`
             called once per step record the same step numbers.

@@ -23,6 +23,7 @@ from tb_replica_plugin.analysis import (
     names_text,
     sort_findings,
 )
+from tb_replica_plugin.core.downsample import nanmax
 
 FINDING_KINDS = {
     "variable_drift": {
@@ -156,7 +157,7 @@ def _span(series, mask, rel, base):
         last_step=int(series.steps[rows[-1]]),
         count=int(rows.size),
         replicas=[series.replicas[c] for c in columns],
-        value=round(float(np.nanmax(np.where(mask, rel, np.nan))), 12),
+        value=round(float(nanmax(np.where(mask, rel, np.nan))), 12),
         where=_replica_list(series.replicas, columns),
     )
 
@@ -203,8 +204,8 @@ def _drift_finding(series, index, variable, thresholds):
         rows = np.flatnonzero(above.any(axis=1))
         columns = [int(c) for c in np.flatnonzero(above.any(axis=0))]
         first, last = int(series.steps[rows[0]]), int(series.steps[rows[-1]])
-        worst = float(np.nanmax(np.where(above, rel, np.nan)))
-        max_abs = float(np.nanmax(np.where(above, series.max_abs[:, index, :], np.nan)))
+        worst = float(nanmax(np.where(above, rel, np.nan)))
+        max_abs = float(nanmax(np.where(above, series.max_abs[:, index, :], np.nan)))
         exact = bool(series.exact[rows].all())
         abs_text = (
             f"max |difference| {max_abs:.3g}"
