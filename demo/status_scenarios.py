@@ -35,8 +35,9 @@ def crash_run(strategy, run_dir, examples=96):
         """Passes its inputs on; fails the step when one is NaN or infinite."""
 
         def call(self, inputs):
-            tf.debugging.assert_all_finite(inputs, "an input is not finite")
-            return inputs
+            # The checked tensor goes on: nothing downstream runs once the check fails, so the
+            # step's NaN reaches no gradient and no output (the crash is the only finding).
+            return tf.debugging.assert_all_finite(inputs, "an input is not finite")
 
     replicas = strategy.num_replicas_in_sync
     rng = np.random.default_rng(3)

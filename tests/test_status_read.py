@@ -154,6 +154,21 @@ def test_keras_fit_crash_text_names_replica_1_its_node_and_the_user_frame():
     }
 
 
+def test_a_failure_names_the_replica_of_its_failing_node_not_those_the_error_passed():
+    """On 4 replicas TensorFlow's root errors name replica 1's failing node and, on the nodes
+    the error passed through on its way out of the step, replicas 2 and 3: replica 1 only."""
+    document = json.loads(_text("keras3_fit_4_replicas_failing_on_replica1.json"))
+    message = document["message"]
+    assert "StatefulPartitionedCall/replica_3/" in message  # what must not count
+    parsed = attribution.parse_error_text(message)
+    assert parsed["node"].startswith("replica_1/") and parsed["local_replicas"] == [1]
+    # Replica 0's failing node has no prefix: no replica named, though replica_3 is passed.
+    text = "  (0) INVALID_ARGUMENT: bad\n\t [[{{node dense/CheckNumerics}}]]\n\t [[X/replica_3/y]]"
+    assert attribution.parse_error_text(text)["local_replicas"] == []
+    # Without any failing node in the text, every replica_N/ prefix counts.
+    assert attribution.parse_error_text("in replica_2/dense/MatMul")["local_replicas"] == [2]
+
+
 def test_sigkill_text_names_the_unhealthy_worker_and_the_collective():
     parsed = attribution.parse_error_text(sigkill_message())
     assert parsed["node"] == "CollectiveReduceV2"

@@ -85,7 +85,10 @@ def parse_error_text(message):
       A dict:
       - `node`: the failing op's node name (after "Detected at node ", else in
         "[[{{node NAME}}]]"), or None;
-      - `local_replicas`: sorted local replica indices from `replica_N/` node-name prefixes;
+      - `local_replicas`: sorted local replica indices from the `replica_N/` prefixes of the
+        failing nodes ("Detected at node NAME", "[[{{node NAME}}]]"); only when those name none,
+        of every node name in the text (the nodes an error passed through on its way out of the
+        step, `[[StatefulPartitionedCall/replica_3/...]]`, name other replicas too);
       - `devices`: device names in order of first mention, as written with the device type
         upper-cased (`/job:worker/replica:0/task:1/device:GPU:0`, `/device:GPU:1`);
       - `tasks`: `[{"task_type", "task_index"}]` of every `/job:<type>/.../task:<k>`, sorted;
@@ -105,13 +108,22 @@ def parse_error_text(message):
     text = message if isinstance(message, str) else str(message)
     return {
         "node": failing_node(text),
-        "local_replicas": sorted({int(n) for n in _REPLICA_PREFIX.findall(text)}),
+        "local_replicas": failing_replicas(text),
         "devices": mentioned_devices(text),
         "tasks": _sorted_tasks(_TASK.findall(text)),
         "unhealthy_tasks": unhealthy_tasks(text),
         "defined_at": defined_at_frames(text),
         "first_line": first_line(text),
     }
+
+
+def failing_replicas(text):
+    """Sorted local replica indices of the failing nodes, else of every `replica_N/` prefix."""
+    nodes = [m.group(1) for p in (_NODE_DETECTED, _NODE_BRACKETS) for m in p.finditer(text)]
+    found = {int(n) for node in nodes for n in _REPLICA_PREFIX.findall(node)}
+    if not found and not nodes:
+        found = {int(n) for n in _REPLICA_PREFIX.findall(text)}
+    return sorted(found)
 
 
 def failing_node(text):
