@@ -65,7 +65,14 @@ function runEntry(r) {
     families: list(r.families),
     notes: list(r.notes),
     workers: workerList(r.workers),
+    status: statusEntry(r.status),
   };
+}
+
+/** A run's status column (`/runs` `status`): `{state, age_s, worst}`, state null for a run
+ * written before the status family. */
+function statusEntry(s) {
+  return { state: s?.state ?? null, age_s: s?.age_s == null ? null : toNumber(s.age_s), worst: s?.worst ?? null };
 }
 
 /** Per-worker grouping of a multi-worker job's replica axis ([] for a single-worker run). */

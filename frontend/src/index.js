@@ -296,7 +296,7 @@ function runSummary(run) {
   const n = run.replicas.length;
   const steps = run.first_step == null ? 'no steps' : `steps ${run.first_step}–${run.last_step}`;
   const workers = run.workers.length ? `${run.workers.length} workers (multi-worker job)` : null;
-  return [`${n} replica${n === 1 ? '' : 's'}`, workers, steps, run.source && `source: ${run.source}`].filter(Boolean).join(' · ');
+  return [`${n} replica${n === 1 ? '' : 's'}`, workers, steps, run.source && `source: ${run.source}`, run.status.state].filter(Boolean).join(' · ');
 }
 
 function showError(where, e) {
