@@ -27,6 +27,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 ARTIFACTS = os.path.join(REPO, "tests", "artifacts")
+# The demo's multi-worker jobs: its scenarios, and the stall job demo/train.py runs on its own.
+DEMO_JOBS = (*multiworker.SCENARIOS, "mw_stall")
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +41,7 @@ def demo_server(demo_logs):
             lambda status, body: (
                 status == 200
                 and len(json.loads(body)["runs"]) >= 17
-                and sum(len(r["workers"]) == 2 for r in json.loads(body)["runs"])
-                == len(multiworker.SCENARIOS)
+                and sum(len(r["workers"]) == 2 for r in json.loads(body)["runs"]) == len(DEMO_JOBS)
             ),
         )
         yield server
@@ -561,7 +562,7 @@ def test_overview_lists_every_demo_run_and_job_with_its_severity_counts(demo_ser
     }
     assert {row["run"]: row["findings"] for row in rows} == expected
     assert len(rows) >= 22
-    assert sum(len(row["workers"]) == 2 for row in rows) == len(multiworker.SCENARIOS)
+    assert sum(len(row["workers"]) == 2 for row in rows) == len(DEMO_JOBS)
     counts = {row["run"]: row["findings"] for row in rows}
     assert counts["batch_not_divisible/replicas"] == {"error": 1, "warning": 1, "info": 0}
     assert counts["balanced/replicas"] == {"error": 0, "warning": 0, "info": 0}
@@ -595,7 +596,7 @@ def test_overview_filter_click_and_link_open_the_run(demo_server, browser):
     page.fill("#overview-filter", "^MW_")  # case-insensitive, like TensorBoard's run filter
     shown = page.eval_on_selector_all(rows, "els => els.map(e => e.dataset.run)")
     assert sorted(shown) == sorted(r for r in listed if r.startswith("mw_"))
-    assert len(shown) == len(multiworker.SCENARIOS)
+    assert len(shown) == len(DEMO_JOBS)
     assert f"{len(shown)} of {len(listed)} runs" in page.inner_text(".overview-count")
     page.fill("#overview-filter", "(")
     assert "Not a regular expression" in page.inner_text(".overview-count")
@@ -623,6 +624,105 @@ def test_overview_filter_click_and_link_open_the_run(demo_server, browser):
     page.close()
 
 
+def status_rows(page):
+    """The status panel's worker rows: `(name, state, last step entered, completed)` each."""
+    return page.eval_on_selector_all(
+        '[data-view="status"] table.status-workers tbody tr',
+        """els => els.map(e => [e.dataset.worker, e.dataset.state,
+            e.querySelector('[data-part=step]').textContent,
+            e.querySelector('[data-part=completed]').textContent])""",
+    )
+
+
+def test_overview_status_column_and_the_status_panel_of_a_crash_and_a_stall(demo_server, browser):
+    """The overview says how each run ended (a zero count is never red); a run opens on its
+    status panel: the crash's exception, step and replica, the stalled job's workers and the
+    stack of the one that stopped."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(demo_server.url + "/data/plugin_entry.html?name=replicas", wait_until="load")
+    wait_ready(page.main_frame)
+
+    def status_of(run):
+        cell = f'table.overview tr[data-run="{run}"] td.status-cell'
+        worst = page.query_selector(f"{cell} .status-worst")
+        return (
+            page.inner_text(f"{cell} .state-badge"),
+            worst and worst.inner_text(),
+            worst and worst.get_attribute("title"),
+        )
+
+    assert status_of("balanced/replicas") == ("finished", None, None)
+    state, worst, full = status_of("crash/replicas")
+    assert state == "crashed"
+    assert worst == (
+        "Training crashed at step 3 with InvalidArgumentError: an input is not finite : "
+        "Tensor had NaN values."
+    )
+    assert full.startswith(worst) and "names replica 1" in full
+    state, worst, full = status_of("mw_stall/replicas")  # worker_0 crashed, worker_1 was lost
+    assert state == "crashed"
+    assert worst.startswith(
+        "Root cause: Worker worker_1 (replica 1) stopped sending heartbeats at step 4"
+    )
+    assert worst.endswith("…") and full.startswith("Root cause (first observed failure): ")
+    # Colour follows the count: zeros grey, non-zero errors red, non-zero warnings amber.
+    colours = page.eval_on_selector_all(
+        "table.overview td.count[data-severity]",
+        "els => els.map(e => [e.dataset.severity, e.textContent, getComputedStyle(e).color])",
+    )
+    red, amber, grey = "rgb(198, 40, 40)", "rgb(230, 81, 0)", "rgb(158, 158, 158)"
+    assert {colour for _, text, colour in colours if text == "0"} == {grey}
+    assert {c for severity, text, c in colours if severity == "error" and text != "0"} == {red}
+    assert {c for severity, text, c in colours if severity == "warning" and text != "0"} == {amber}
+
+    page.click('table.overview tr[data-run="crash/replicas"]')
+    wait_ready(page.main_frame)
+    sections = page.eval_on_selector_all("#run-view section", "els => els.map(e => e.dataset.view)")
+    assert sections[:2] == ["status", "findings"]
+    panel = '[data-view="status"]'
+    assert page.inner_text(f"{panel} .status-headline .state-badge") == "crashed"
+    assert status_rows(page) == [["crash/replicas", "crashed", "3", "2"]]
+    assert page.inner_text(f"{panel} .exception-class") == "InvalidArgumentError"
+    assert page.inner_text(f"{panel} .exception-head") == (
+        "InvalidArgumentError: an input is not finite : Tensor had NaN values"
+    )
+    assert page.inner_text(f"{panel} .exception-facts") == (
+        "step 3 · replica 1 · in your code at status_scenarios.py:38 in call"
+    )
+    assert "Training crashed at step 3" in page.inner_text(f"{panel} .root-cause")
+    # The crash is in the findings list too; clicking it brings the status panel into view.
+    page.click('[data-view="findings"] .finding[data-kind="training_crashed"]')
+    page.wait_for_selector('section[data-view="status"].flash')
+
+    page.select_option("#run-select", "mw_stall/replicas")
+    wait_ready(page.main_frame)
+    assert status_rows(page) == [
+        ["worker_0", "crashed", "5", "—"],
+        ["worker_1", "silent", "4", "—"],
+    ]
+    assert page.get_attribute(f"{panel} .root-cause", "data-worker") == "worker_1"
+    worker_0 = f'{panel} .worker-detail[data-worker="worker_0"]'
+    assert page.inner_text(f"{worker_0} .exception-class") == "UnavailableError"
+    assert "worker_1 stopped sending heartbeats" in page.inner_text(f"{worker_0} .exception-facts")
+    # worker_1's main thread, your frames shown, the library's collapsed: it waits in the demo's
+    # wait_for_a_lock (multiworker.py), inside threading's wait.
+    stack = f'{panel} .worker-detail[data-worker="worker_1"] .main-stack ol.stack'
+    user = page.eval_on_selector_all(
+        f"{stack} > li.frame.user", "els => els.map(e => e.textContent)"
+    )
+    assert user[-1].startswith("multiworker.py:") and user[-1].endswith(" in wait_for_a_lock")
+    collapsed = page.eval_on_selector_all(
+        f"{stack} > li.library-frames > details", "els => els.map(e => e.open)"
+    )
+    assert collapsed and not any(collapsed)
+    assert "in wait" in page.text_content(f"{stack} > li.library-frames:last-child")
+    assert not page.eval_on_selector(f"{panel} details.status-events", "e => e.open")
+    assert errors == []
+    page.close()
+
+
 def test_tensorboard_reload_refreshes_the_overview(demo_server, browser):
     """Live: TensorBoard's reload (button or auto-reload) asks the tab to fetch fresh counts."""
     page, frame, errors = open_tab(demo_server, browser)
@@ -633,6 +733,21 @@ def test_tensorboard_reload_refreshes_the_overview(demo_server, browser):
     page.wait_for_timeout(2000)
     assert len(fetched) >= 1
     assert frame.eval_on_selector_all("table.overview tbody tr", "els => els.length") >= 22
+    # An open run whose data did not change: only its status panel is asked again and redrawn
+    # (a state changes with time: a running run's heartbeat ages, it may stall).
+    frame.click('table.overview tr[data-run="mw_stall/replicas"]')
+    wait_ready(frame)
+    table = '[data-view="status"] table.status-workers'
+    frame.eval_on_selector(table, "e => (e.dataset.marker = 'old')")
+    fetched.clear()
+    page.on(
+        "request", lambda r: fetched.append(r.url) if "/data/plugin/replicas/" in r.url else None
+    )
+    page.click("button.reload-button, [aria-label*='eload']")
+    frame.wait_for_selector(f"{table}:not([data-marker])", timeout=20_000)
+    asked = sorted({url.split("/replicas/")[1].split("?")[0] for url in fetched})
+    assert asked == ["overview", "status"]
+    assert len(status_rows(frame)) == 2
     assert errors == []
     page.close()
 

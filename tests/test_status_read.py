@@ -409,7 +409,14 @@ def test_crash_in_fit_on_replica_1_at_step_3():
     ]
     body = _body_is_strict_json(data, now)
     assert body["state"] == "crashed"
-    assert body["workers"][0]["exception"]["node"].startswith("replica_1/")
+    exception = body["workers"][0]["exception"]
+    assert exception["node"].startswith("replica_1/")
+    # What the tab's status panel shows of it: the report's first line and user frame.
+    assert exception["first_line"] == "input not finite : Tensor had NaN values"
+    assert (exception["user_frame"]["file"], exception["user_frame"]["line"]) == (
+        "/tmp/exp/crash2.py",
+        9,
+    )
     assert body["root_cause"]["kind"] == "training_crashed"
     assert body["root_cause"]["replicas"] == [1]
     assert body["events"][-1]["summary"].startswith("crashed at step 3: InvalidArgumentError")

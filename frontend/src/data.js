@@ -65,7 +65,14 @@ function runEntry(r) {
     families: list(r.families),
     notes: list(r.notes),
     workers: workerList(r.workers),
+    status: statusEntry(r.status),
   };
+}
+
+/** A run's status column (`/runs` `status`): `{state, age_s, worst}`, state null for a run
+ * written before the status family. */
+function statusEntry(s) {
+  return { state: s?.state ?? null, age_s: s?.age_s == null ? null : toNumber(s.age_s), worst: s?.worst ?? null };
 }
 
 /** Per-worker grouping of a multi-worker job's replica axis ([] for a single-worker run). */
@@ -79,6 +86,64 @@ function workerList(workers) {
     replicas: list(w.replicas),
     devices: list(w.devices),
   }));
+}
+
+const orNull = (v) => (v == null ? null : toNumber(v));
+const frameList = (a) =>
+  list(a).map((f) => ({ file: String(f.file ?? ''), line: orNull(f.line), function: String(f.function ?? ''), user: Boolean(f.user) }));
+
+/** An exception of a status end record (class, message, frames, what TensorFlow's text names). */
+function exceptionOf(e) {
+  if (!e || typeof e !== 'object') return null;
+  return {
+    class: String(e.class ?? ''),
+    module: e.module ?? null,
+    message: String(e.message ?? ''),
+    first_line: String(e.first_line ?? ''),
+    user_frame: e.user_frame ? frameList([e.user_frame])[0] : null,
+    frames: frameList(e.frames),
+    defined_at: frameList(e.defined_at),
+    node: e.node ?? null,
+    replicas: list(e.replicas),
+    devices: list(e.devices),
+    tasks: list(e.tasks),
+    unhealthy_tasks: list(e.unhealthy_tasks),
+    step: orNull(e.step),
+  };
+}
+
+/** How a run (or each worker of a job) is going and how it ended (`/status`); state null for a
+ * run without status data. */
+export async function fetchStatus(run, opts) {
+  const body = await fetchJson(`./status?${q({ run })}`, opts);
+  const cause = body.root_cause;
+  return {
+    run: String(body.run ?? run),
+    state: body.state ?? null,
+    age_s: orNull(body.age_s),
+    root_cause: cause ? { ...cause, replicas: list(cause.replicas), step: orNull(cause.step), message: String(cause.message ?? '') } : null,
+    workers: list(body.workers).map((w) => ({
+      name: String(w.name ?? ''),
+      replicas: list(w.replicas),
+      state: w.state ?? null,
+      step: orNull(w.step),
+      completed: orNull(w.completed),
+      in_step: w.in_step ?? null,
+      last_heartbeat: orNull(w.last_heartbeat),
+      age_s: orNull(w.age_s),
+      stalled_for_s: orNull(w.stalled_for_s),
+      stack: w.stack == null ? null : frameList(w.stack),
+      exception: exceptionOf(w.exception),
+    })),
+    events: list(body.events).map((e) => ({
+      wall_time: orNull(e.wall_time),
+      worker: e.worker ?? null,
+      type: String(e.type ?? ''),
+      earlier_process: Boolean(e.earlier_process),
+      summary: String(e.summary ?? ''),
+    })),
+    earlier_crashes: list(body.earlier_crashes).map((c) => ({ worker: c.worker ?? null, wall_time: orNull(c.wall_time), summary: String(c.summary ?? '') })),
+  };
 }
 
 /** Per-worker step timing of a multi-worker job, non-finite values as JS numbers. */

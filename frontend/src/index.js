@@ -101,8 +101,9 @@ export async function render() {
     setState('ready');
   }
 
-  // Live: fresh counts (and new runs) at each reload of TensorBoard (every REFRESH_MS when the
-  // tab is opened on its own); the open run's summary too, and its charts when its data changed.
+  // Live: fresh counts and statuses (and new runs) at each reload of TensorBoard (every
+  // REFRESH_MS when the tab is opened on its own); the open run's summary too, its charts when its
+  // data changed, else its live sections (the status panel: a state changes with time).
   async function refresh() {
     if (document.hidden) return;
     let fresh;
@@ -119,6 +120,24 @@ export async function render() {
     if (open) {
       summary.textContent = runSummary(open);
       if (changed(before.get(open.run), open)) void show(open.run, { quiet: true });
+      else void refreshLive(open);
+    }
+  }
+
+  /** Asks the open run's live sections' routes again and redraws them; a failure keeps them. */
+  async function refreshLive(run) {
+    const open = current;
+    if (!open?.live?.length) return;
+    const loaders = routeLoaders();
+    const { signal } = open.abort;
+    try {
+      for (const { route, view } of open.live) {
+        const body = await loaders.get(route)(run, { signal });
+        if (signal.aborted || current !== open) return;
+        if (body != null) view.update(body);
+      }
+    } catch {
+      // the next reload tries again
     }
   }
   clearInterval(refreshTimer); // render() may be called again
@@ -177,7 +196,7 @@ export async function render() {
         current.views = views;
         runNotes.replaceChildren(...run.notes.map((n) => h('p', { class: 'note' }, n)));
       }
-      current.rebuildGradients = buildRun(main, run, data, views, reloadGradients);
+      Object.assign(current, buildRun(main, run, data, views, reloadGradients));
       if (quiet) window.scrollTo(0, scroll);
       main.dataset.lastStep = String(run.last_step ?? '');
       await new Promise((r) => setTimeout(r, 0)); // let uPlot finish its first draw
@@ -217,7 +236,8 @@ function workerNamer(workers) {
   return (id) => of.get(id) ?? null;
 }
 
-/** Draws one run: every section of SECTIONS this run has, in order; returns the gradients rebuild. */
+/** Draws one run: every section of SECTIONS this run has, in order; returns the gradients rebuild
+ * and the live sections' views (`[{route, view}]`, redrawn at each reload). */
 function buildRun(main, run, data, views, reloadGradients) {
   const { inputs, findings, variables } = data;
   const steps = inputs.steps;
@@ -275,13 +295,15 @@ function buildRun(main, run, data, views, reloadGradients) {
     target.classList.add('flash');
   };
 
+  const live = [];
   for (const { s, body, el } of shown) {
     const view = s.view(body, ctx, el);
     if (view) views.push(view);
+    if (s.live && view?.update) live.push({ route: s.route, view });
   }
   const newNotes = [...new Set([...inputs.notes, ...(variables?.notes ?? [])])].filter((n) => !run.notes.includes(n));
   if (newNotes.length) main.prepend(h('div', { class: 'run-notes' }, newNotes.map((n) => h('p', { class: 'note' }, n))));
-  return ctx.rebuildGradients;
+  return { rebuildGradients: ctx.rebuildGradients, live };
 }
 
 /** Whether an overview entry of a run says its data changed since `before` (more steps or
@@ -296,7 +318,7 @@ function runSummary(run) {
   const n = run.replicas.length;
   const steps = run.first_step == null ? 'no steps' : `steps ${run.first_step}–${run.last_step}`;
   const workers = run.workers.length ? `${run.workers.length} workers (multi-worker job)` : null;
-  return [`${n} replica${n === 1 ? '' : 's'}`, workers, steps, run.source && `source: ${run.source}`].filter(Boolean).join(' · ');
+  return [`${n} replica${n === 1 ? '' : 's'}`, workers, steps, run.source && `source: ${run.source}`, run.status.state].filter(Boolean).join(' · ');
 }
 
 function showError(where, e) {

@@ -3,12 +3,15 @@
 // Each section: `name` (its <section data-view>), `route` (the plugin route whose body it draws;
 // index.js loads each route once, with the `load` of the first section naming it), `title`,
 // `description(ctx)`, `show(ctx)` (whether this run has it; default: its route answered) and
-// `frame(body, ctx, el)` (optional: static content, added before any view is drawn) and
-// `view(body, ctx, el)` (draws it and returns its view object: `{resize?, destroy?}`).
+// `frame(body, ctx, el)` (optional: static content, added before any view is drawn),
+// `view(body, ctx, el)` (draws it and returns its view object: `{resize?, destroy?, update?}`)
+// and `live` (its route is asked again at each reload and given to its view's `update(body)`,
+// even when the run has no new data: what it shows changes with time).
 // `ctx` holds the run, every loaded route body (`ctx.data[route]`), the shared zoom and namers.
 import { h } from './dom.js';
-import { fetchInputs, fetchFindings, fetchRng, fetchData, fetchStepTime, fetchVariables, fetchGradients, fetchWatch } from './data.js';
+import { fetchInputs, fetchFindings, fetchStatus, fetchRng, fetchData, fetchStepTime, fetchVariables, fetchGradients, fetchWatch } from './data.js';
 import { createFindings } from './views/findings.js';
+import { createStatusPanel } from './views/status_panel.js';
 import { createBatchChart } from './views/batch_chart.js';
 import { createImbalanceChart } from './views/imbalance_chart.js';
 import { createHeatmap } from './views/heatmap.js';
@@ -83,6 +86,19 @@ const drift = (ctx) => ({
 const inputsCtx = (ctx) => ({ inputs: ctx.data.inputs, zoom: ctx.zoom, width: ctx.width, lastStep: ctx.lastStep, deviceName: ctx.deviceName, workerOf: ctx.workerOf });
 
 export const SECTIONS = [
+  {
+    name: 'status',
+    route: 'status',
+    load: (run, opts) => (run.status.state != null || run.families.includes('status') ? fetchStatus(run.run, opts) : null),
+    title: 'Status',
+    description: (ctx) =>
+      ctx.run.workers.length
+        ? "How the job is going or how it ended, worker by worker, from their heartbeats. A stalled or crashed worker shows its main thread's stack and its exception; the root cause is the job's first observed failure."
+        : "How the run is going or how it ended, from its heartbeats. A stalled or crashed run shows its main thread's stack and its exception.",
+    show: (ctx) => ctx.data.status?.state != null,
+    live: true,
+    view: (body, ctx) => createStatusPanel(body, { status: ctx.data.status, multiWorker: ctx.run.workers.length > 0 }),
+  },
   {
     name: 'findings',
     route: 'findings',

@@ -1,8 +1,9 @@
 // The runs overview, the tab's landing view: every run and job, worst first, with a regex filter.
 // A click on a run opens its view (onOpen); update(runs) redraws it with fresh /overview entries.
 import { h } from '../dom.js';
+import { heartbeatAge, shortened, stateBadge } from './status_badge.js';
 
-const COLUMNS = ['Run', 'Errors', 'Warnings', 'Info', 'Replicas', 'Workers', 'Steps', 'Families'];
+const COLUMNS = ['Run', 'Status', 'Errors', 'Warnings', 'Info', 'Replicas', 'Workers', 'Steps', 'Families'];
 
 /** The filter as a case-insensitive regex (like TensorBoard's run selector), or an error text. */
 export function runFilter(text) {
@@ -14,6 +15,22 @@ export function runFilter(text) {
   }
 }
 
+/** The status cell: the state as a word, the last heartbeat's age while the run has not ended,
+ * and the worst status finding in words (shortened; the whole text on hover). */
+function statusCell({ state, age_s: age, worst: text }) {
+  return h('td', { class: 'status-cell', dataset: { state: state ?? 'none' } }, [
+    stateBadge(state),
+    heartbeatAge(state, age),
+    text ? h('div', { class: 'status-worst', title: text }, shortened(text)) : null,
+  ]);
+}
+
+/** A severity count: coloured only when it is not zero (a zero is neutral). */
+const countCell = (counts, severity) => {
+  const n = counts[severity] ?? 0;
+  return h('td', { class: 'count', dataset: { severity, count: String(n) } }, String(n));
+};
+
 const worst = (counts) => (counts.error ? 'error' : counts.warning ? 'warning' : counts.info ? 'info' : 'clean');
 
 function row(run, onOpen) {
@@ -22,9 +39,10 @@ function row(run, onOpen) {
   const link = h('a', { href: `#run=${encodeURIComponent(run.run)}`, class: 'overview-run' }, run.run);
   const tr = h('tr', { dataset: { run: run.run, severity: worst(counts) } }, [
     h('td', {}, link),
-    h('td', { class: 'count', dataset: { severity: 'error' } }, String(counts.error ?? 0)),
-    h('td', { class: 'count', dataset: { severity: 'warning' } }, String(counts.warning ?? 0)),
-    h('td', { class: 'count', dataset: { severity: 'info' } }, String(counts.info ?? 0)),
+    statusCell(run.status),
+    countCell(counts, 'error'),
+    countCell(counts, 'warning'),
+    countCell(counts, 'info'),
     h('td', { class: 'count' }, String(run.replicas.length)),
     h('td', { class: 'count' }, run.workers.length ? String(run.workers.length) : '1'),
     h('td', {}, steps),

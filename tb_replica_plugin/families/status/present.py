@@ -59,8 +59,17 @@ def _worker_row(member, run):
         "age_s": _number(member.age_s),
         "stalled_for_s": _number(states.stalled_for(heartbeat)) if heartbeat and ongoing else None,
         "stack": states.main_thread_frames(series.stacks) if series is not None else None,
-        "exception": (end or {}).get("exception"),
+        "exception": _exception_json((end or {}).get("exception")),
     }
+
+
+def _exception_json(exception):
+    """An end record's EXCEPTION for `/status`, with what the report says of it: its
+    `first_line` and its `user_frame` (`states.crash_frame`), so the tab says the same."""
+    if not exception:
+        return None
+    first = attribution.first_line(exception.get("message") or "")
+    return {**exception, "first_line": first, "user_frame": states.crash_frame(exception)}
 
 
 def event_summary(event):
