@@ -634,6 +634,15 @@ def status_rows(page):
     )
 
 
+def _crash_line():
+    """The line of the demo crash's assertion (demo/status_scenarios.py), the frame it names."""
+    from demo import status_scenarios
+
+    with open(status_scenarios.__file__, encoding="utf-8") as source:
+        lines = source.read().splitlines()
+    return 1 + next(i for i, line in enumerate(lines) if "assert_all_finite(inputs" in line)
+
+
 def test_overview_status_column_and_the_status_panel_of_a_crash_and_a_stall(demo_server, browser):
     """The overview says how each run ended (a zero count is never red); a run opens on its
     status panel: the crash's exception, step and replica, the stalled job's workers and the
@@ -689,7 +698,7 @@ def test_overview_status_column_and_the_status_panel_of_a_crash_and_a_stall(demo
         "InvalidArgumentError: an input is not finite : Tensor had NaN values"
     )
     assert page.inner_text(f"{panel} .exception-facts") == (
-        "step 3 · replica 1 · in your code at status_scenarios.py:38 in call"
+        f"step 3 · replica 1 · in your code at status_scenarios.py:{_crash_line()} in call"
     )
     assert "Training crashed at step 3" in page.inner_text(f"{panel} .root-cause")
     # The crash is in the findings list too; clicking it brings the status panel into view.
