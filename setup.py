@@ -12,12 +12,20 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     packages=setuptools.find_packages(include=["tb_replica_plugin", "tb_replica_plugin.*"]),
     package_data={"tb_replica_plugin": ["static/*", "http_api.md"]},
-    python_requires=">=3.11",
-    install_requires=["tensorflow>=2.21,<2.22", "tensorboard>=2.21,<2.22", "werkzeug", "numpy"],
-    # tf-keras: the compatibility tests run the callback under Keras 2 too; users need it only
-    # if they train with tf_keras.
+    python_requires=">=3.10",
+    # No TensorFlow distribution: the user's (tensorflow, tensorflow-cpu, tensorflow[and-cuda],
+    # tf-nightly, a vendor build) is used as it is, and the read side runs without one. The
+    # write side checks its version at import (tb_replica_plugin/requirements.py). Lower bounds:
+    # the oldest TensorBoard checked (2.16, both loaders), numpy as TensorFlow 2.16 requires it,
+    # werkzeug as TensorBoard does; no upper bounds, so pip never replaces what the user's
+    # TensorFlow brought (docs/compatibility.md).
+    install_requires=["tensorboard>=2.16", "numpy>=1.23.5", "werkzeug>=1.0.1"],
     extras_require={
-        "test": ["pytest", "playwright", "ruff", "hypothesis", "tf-keras>=2.21,<2.22"],
+        # A fresh environment: the newest TensorFlow of the supported window.
+        "tf": ["tensorflow>=2.16,<2.22"],
+        # tf-keras: the compatibility tests run the callback under Keras 2 too; users need it
+        # only if they train with tf_keras (of their TensorFlow's minor version).
+        "test": ["pytest", "playwright", "ruff", "hypothesis", "tf-keras>=2.16,<2.22"],
     },
     entry_points={
         "tensorboard_plugins": ["replicas = tb_replica_plugin.plugin:ReplicasPlugin"],

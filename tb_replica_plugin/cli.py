@@ -183,13 +183,18 @@ def _inspect(args):
     if args.replicas < 1 or args.steps < 1:
         print("tb-replica: error: --replicas and --steps must be >= 1", file=sys.stderr)
         return 2
+    from tb_replica_plugin import requirements
+
+    try:
+        tf = requirements.require_tensorflow()
+    except requirements.TensorFlowRequirementError as error:
+        print(f"tb-replica: error: {error}", file=sys.stderr)
+        return 2
     try:
         make_dataset = _load_function(args.dataset_fn)
     except (ValueError, ImportError, OSError) as error:
         print(f"tb-replica: error: cannot load {args.dataset_fn!r}: {error}", file=sys.stderr)
         return 2
-    import tensorflow as tf
-
     from tb_replica_plugin.preflight import inspect_dataset
 
     cpu = tf.config.list_physical_devices("CPU")[0]

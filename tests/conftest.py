@@ -19,7 +19,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+if os.environ.get("TB_REPLICA_INSTALLED_COPY") == "1":
+    # `.ci/window.py`: the package installed into this venv is the one under test; the checkout
+    # only lends `demo` (appended, so the installed `tb_replica_plugin` comes first).
+    sys.path.append(REPO)
+else:
+    sys.path.insert(0, REPO)
 
 from demo import scenarios  # noqa: E402
 
@@ -166,6 +171,17 @@ def demo_logs(tmp_path_factory):
     return logdir
 
 
+def run_cli(*args):
+    """Runs this venv's `tb-replica` with `args` (in the checkout); the CompletedProcess."""
+    return subprocess.run(
+        [os.path.join(VENV_BIN, "tb-replica"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -209,7 +225,10 @@ class TensorBoardServer:
         last = None
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"tensorboard exited with {self.process.returncode}")
+                self.log.flush()
+                with open(self.log.name, errors="replace") as log:
+                    tail = log.read()[-3000:]
+                raise RuntimeError(f"tensorboard exited with {self.process.returncode}:\n{tail}")
             try:
                 status, body, _ = http_get(self.url + path, timeout=5)
                 last = (status, body)

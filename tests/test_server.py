@@ -1,12 +1,11 @@
 """The plugin on a real `tensorboard` process (Python loader and RustBoard), and the CLI."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, VENV_BIN, TensorBoardServer, http_get
+from conftest import REPO, TensorBoardServer, http_get, run_cli
 
 PLUGIN = "/data/plugin/replicas"
 
@@ -144,16 +143,6 @@ def test_bad_requests_answer_json_errors(server, path, status, message):
     got_status, body = get_json(server, PLUGIN + path)
     assert got_status == status
     assert message in body["error"]
-
-
-def run_cli(*args):
-    return subprocess.run(
-        [os.path.join(VENV_BIN, "tb-replica"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
 
 
 def test_event_bytes_decide_the_reader(tmp_path):
