@@ -76,7 +76,9 @@ SCENARIOS = (
     "mw_drift",
     "mw_fit_tf_keras",
 )
-EXTRA_SCENARIOS = ("mw_halt", "mw_halt_loop", "mw_halt_overflow", "mw_stall", "mw_fit_stall")
+HALT_SCENARIOS = ("mw_halt", "mw_halt_loop", "mw_halt_overflow")
+STALL_SCENARIOS = ("mw_stall", "mw_fit_stall")  # each ends its job with an error, on purpose
+EXTRA_SCENARIOS = HALT_SCENARIOS + STALL_SCENARIOS
 # `mw_stall`, `mw_fit_stall`: worker 1 stops before this step, for this long (seconds), then dies.
 STALL_STEP = 5
 STALL_SECONDS_ENV = "TB_REPLICA_DEMO_STALL_SECONDS"

@@ -437,7 +437,7 @@ def test_cross_replica_fault_of_a_worker_with_two_replicas_is_a_job_fault(tmp_pa
         lambda ctx: tf.constant([np.inf, 0.0]) if ctx.replica_id_in_sync_group else tf.ones(2)
     )
     probe.observe_gradients([bad], [variable], step=3)
-    state = probe.recorder("gradients").fault_state()
+    state = probe.recorder("gradients").fault_slots()
     assert state[[record.FAULT_LAST, record.FAULT_LOCAL, record.FAULT_JOB]].tolist() == [3, 1, 1]
     (finding,) = probe.faults()
     assert (finding.kind, finding.replicas, finding.first_step) == ("nonfinite_gradients", [1], 3)

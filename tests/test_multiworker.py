@@ -678,9 +678,9 @@ def test_single_worker_probe_keeps_its_log_dir(tmp_path):
 
 @pytest.fixture(scope="module")
 def halt_logs(tmp_path_factory):
-    """The `halt_on` scenarios (`multiworker.EXTRA_SCENARIOS`), one 2-worker job for all."""
+    """The `halt_on` scenarios (`multiworker.HALT_SCENARIOS`), one 2-worker job for all."""
     logdir = str(tmp_path_factory.mktemp("mw_halt"))
-    seconds = multiworker.launch(logdir, scenarios=multiworker.EXTRA_SCENARIOS, timeout=300)
+    seconds = multiworker.launch(logdir, scenarios=multiworker.HALT_SCENARIOS, timeout=300)
     assert seconds < 300  # launch raises on a hang (timeout) or a failed worker
     return logdir
 

@@ -4,8 +4,9 @@ Two kinds of faults:
 
 - every-step faults (`nonfinite_gradients`): the gradients family's in-graph NaN/Inf check already
   runs at every step and, only at a step with a fault, updates a small fault state on the host
-  CPU (`gradients.record.FAULT_*`). The host reads that int64 vector after each step: no extra
-  op in the step, no extra device-to-host copy of any tensor the step computes.
+  CPU, which its recorder gives as a `FaultState` (`Recorder.fault_state`, read through
+  `ProbeCore.fault_state`). The host reads it after each step: no extra op in the step, no extra
+  device-to-host copy of any tensor the step computes.
 - check-time faults (`variable_drift`, `identical_rng_streams`, `duplicate_examples`, ...): the
   families write them at their checks (logged steps, epoch ends); at such a check the event file
   is flushed and read back, and the same rules as `tb-replica report` decide.
@@ -16,13 +17,33 @@ printed is the one the report and the tab show.
 In a multi-worker job every worker must stop at the same step, or the others wait forever in the
 next step's all-reduce. With `sync_faults` the gradients family all-reduces one float per replica
 per step (the count of replicas with a stopping fault), so every worker's fault state records the
-same job-level fault at the same step, and every worker decides from that flag alone.
+same job-level fault at the same step (`FaultState.synced`, `FaultState.job`), and every worker
+decides from that flag alone. This module names no family: it reads the fault state through the
+probe.
 """
 
 import os
+from typing import NamedTuple
 
 EVERY_STEP_KINDS = frozenset({"nonfinite_gradients"})
 HALT_ON_WORDS = ("error",)
+
+
+class FaultState(NamedTuple):
+    """The every-step fault state a family keeps on the host (`Recorder.fault_state`).
+
+    Attributes:
+      steps: how many steps had a fault so far (the host notices a new one by its growth).
+      last: the step of the latest fault.
+      job: whether the latest fault is one every worker stops at (the all-reduced flag; False at
+        an expected loss-scale overflow).
+      synced: whether `job` is all-reduced across the workers at every step (`sync_faults`).
+    """
+
+    steps: int
+    last: int
+    job: bool
+    synced: bool
 
 
 class ReplicaFaultError(RuntimeError):
@@ -118,18 +139,10 @@ class Watch:
 
     def new_fault(self):
         """The fault state if a fault happened since the last call (host read), else None."""
-        try:
-            state = self.probe.recorder("gradients").fault_state()
-        except KeyError:
+        state = self.probe.fault_state()
+        if state is None or state.steps <= self._seen_steps:
             return None
-        if state is None:
-            return None
-        from tb_replica_plugin.families.gradients import record
-
-        steps = int(state[record.FAULT_STEPS])
-        if steps <= self._seen_steps:
-            return None
-        self._seen_steps = steps
+        self._seen_steps = state.steps
         return state
 
     def run_findings(self):
@@ -163,10 +176,8 @@ class Watch:
         state = self.new_fault() if self.watches_every_step else None
         if state is None and not (at_check and self.watches_checks):
             return []
-        from tb_replica_plugin.families.gradients import record
-
-        sync = state is not None and self.probe.recorder("gradients").sync_faults
-        job_fault = sync and bool(state[record.FAULT_JOB])
+        sync = state is not None and state.synced
+        job_fault = sync and state.job
 
         def stops(finding):
             if finding.kind not in EVERY_STEP_KINDS:
@@ -177,7 +188,7 @@ class Watch:
 
         stopping = [f for f in self.run_findings() if matches(f, self.halt_on) and stops(f)]
         if job_fault and not any(f.kind in EVERY_STEP_KINDS for f in stopping):
-            stopping.insert(0, _remote_fault(self.probe, int(state[record.FAULT_LAST])))
+            stopping.insert(0, _remote_fault(self.probe, state.last))
         fresh = []
         for finding in stopping:
             key = (finding.kind, finding.first_step, tuple(finding.replicas), finding.name)

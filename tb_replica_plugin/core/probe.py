@@ -5,10 +5,10 @@
 
 `ProbeCore` knows no family: `ReplicaProbe` (`tb_replica_plugin.probe`) is this class plus each
 registered family's `Recording` mixin (its `observe_*` methods), and the recorders come from the
-registry (each family's `Family.write_side`). One module of the core does reach a family
-directly: `core.halt` (the `halt_on` decision) reads the gradients family's fault state, the
-`FAULT_*` slots of `families.gradients.record` and its recorder's `fault_state()` and
-`sync_faults` (`recorder("gradients")`).
+registry (each family's `Family.write_side`). The core reaches the families only through the
+recorders' public hooks (`core.recorder.Recorder`): `core.halt` (the `halt_on` decision) reads
+the fault state a recorder keeps (`Recorder.fault_state`, the gradients family's NaN/Inf check)
+through `ProbeCore.fault_state`, and the status family hears `core.lifecycle`.
 
 Everything runs in the graph of the training step; the host is not synchronised at any step.
 Reliability: nothing in the step's graph touches the event file. In-graph writes only queue events
@@ -352,6 +352,15 @@ class ProbeCore(Lifecycle):
             values = values * count
         self.check_replicas(len(values))
         return values
+
+    def fault_state(self):
+        """The every-step fault state of the first family that keeps one (`core.halt.FaultState`,
+        host side), or None."""
+        for recorder in self._recorders.values():
+            state = recorder.fault_state()
+            if state is not None:
+                return state
+        return None
 
     def check_replicas(self, count, what="values"):
         """Raises ValueError unless `count` is the number of replicas the probe was built for."""

@@ -164,6 +164,11 @@ class Recorder:
             values = counters.numpy()
         return int(values[0]) if values.ndim == 1 else int(values[:, 0].max())
 
+    def fault_state(self):
+        """Host side: the every-step fault state (`core.halt.FaultState`) of a family that
+        checks every step for faults (gradients: NaN/Inf), else None (the default)."""
+        return None
+
     def begun(self, how):
         """Host side: a stretch of training begins (`ProbeCore.begin_run`: the probe's first
         record, each Keras `fit`). Default: nothing."""

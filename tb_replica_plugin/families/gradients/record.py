@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_replica_plugin.core import distribute
+from tb_replica_plugin.core.halt import FaultState
 from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.core.recorder import cond_value, run_if
@@ -333,6 +334,20 @@ class Recorder(RecorderBase):
     sync_faults = False
 
     def fault_state(self):
+        """Host side: its fault slots (`FAULT_*`) as a `core.halt.FaultState`, or None before
+        build."""
+        fault = self.state.get("fault")
+        if fault is None:
+            return None
+        slots = fault.numpy()
+        return FaultState(
+            steps=int(slots[FAULT_STEPS]),
+            last=int(slots[FAULT_LAST]),
+            job=bool(slots[FAULT_JOB]),
+            synced=bool(self.sync_faults),
+        )
+
+    def fault_slots(self):
         """Host side: the int64 fault slots (`FAULT_*`) as a numpy array, or None before build."""
         fault = self.state.get("fault")
         return None if fault is None else fault.numpy()
