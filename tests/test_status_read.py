@@ -772,6 +772,8 @@ def test_sigkilled_worker_is_the_root_cause(now):
     ]
     body = _body_is_strict_json(data, now)
     assert [r["state"] for r in body["workers"]] == ["crashed", "silent"]
+    # Time without progress is a heartbeating process's: none for the ended and the lost one.
+    assert [r["stalled_for_s"] for r in body["workers"]] == [None, None]
     assert body["root_cause"]["worker"] == "worker_1"
     worst = present.live_fields(data, now)["status"]["worst"]
     assert worst.startswith("Root cause (first observed failure): Worker worker_1")

@@ -16,7 +16,8 @@ ARGS = {}
 
 # How many of the latest events `/status` and the JSON report list.
 EVENTS_SHOWN = 20
-_ENDED = frozenset(schema.END_STATES)
+# The states of a process still heartbeating: only they have a time without progress.
+_HEARTBEATING = frozenset((states.RUNNING, states.STALLED))
 
 
 def _number(value, digits=3):
@@ -47,7 +48,7 @@ def _worker_row(member, run):
     """One row of `/status` "workers": a worker of a job, or the run itself (named after it)."""
     heartbeat, series = member.heartbeat, member.series
     end = series.end if series is not None else None
-    ongoing = member.state not in _ENDED
+    ongoing = member.state in _HEARTBEATING
     return {
         "name": member.name or run,
         "replicas": list(member.replicas),
