@@ -1,4 +1,4 @@
-"""Tag and tensor layout of the step_time family (multi-worker jobs; written by inputs).
+"""Tags and tensor layouts of the step_time family (written by the probe's core and by inputs).
 
 Imported by the writer and the reader; no imports.
 """
@@ -8,6 +8,26 @@ Imported by the writer and the reader; no imports.
 # seconds since the previous observed step, mean seconds per step over the window).
 TAG_STEP_TIME = "workers/step_time"
 
-KIND_STEP_TIME = "step_time"
+# Every run, dense like `inputs/batch_size` (same steps): float64 tensor [4, R] (R: this worker's
+# replicas, in the order of its probe's `replicas`, global ids), over the steps of the window
+# since the previous write. A replica's *ready time* at a step is the host time from the step's
+# start to the arrival on the host of the vector that replica sends once per step (its values of
+# every family, computed up to its local gradients: a data dependency, so on an accelerator it
+# marks when its work was done, not when its kernels were launched). Rows:
+#   0: the median over the window of each replica's ready seconds;
+#   1: their maximum over the window;
+#   2: the median over the window of the seconds each replica waited for the slowest replica of
+#      its worker (the largest ready time at that step minus its own): what the fast ones wait
+#      at the all-reduce;
+#   3: the number of steps the window holds (the same for every replica).
+# Not written at steps whose ready times were not measured (a probe without a per-step vector).
+TAG_REPLICA_TIME = "step_time/replicas"
 
-TAGS = {TAG_STEP_TIME: KIND_STEP_TIME}
+KIND_STEP_TIME = "step_time"
+KIND_REPLICA_TIME = "replica_time"
+
+# Rows of TAG_REPLICA_TIME.
+READY_MEDIAN, READY_MAX, WAIT_MEDIAN, WINDOW_STEPS = range(4)
+REPLICA_TIME_ROWS = 4
+
+TAGS = {TAG_STEP_TIME: KIND_STEP_TIME, TAG_REPLICA_TIME: KIND_REPLICA_TIME}
