@@ -20,7 +20,6 @@ Prints one JSON document with medians over `--repeats` and the ratio replicas / 
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 
@@ -101,15 +100,6 @@ def write_synthetic_logdir(logdir, replicas, steps, run="synthetic", scalars=Tru
     return run_dir
 
 
-def _median_seconds(function, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, default=8)
@@ -170,9 +160,9 @@ def main(argv=None):
             scalars_get("/scalars", f"run=synthetic&tag={tag}")
 
     replicas_requests(), scalars_requests()  # warm-up (imports, caches)
-    replicas_seconds = _median_seconds(replicas_requests, args.repeats)
-    cached_seconds = _median_seconds(lambda: replicas_requests(cold=False), args.repeats)
-    scalars_seconds = _median_seconds(scalars_requests, args.repeats)
+    replicas_seconds = common.median_seconds(replicas_requests, args.repeats)
+    cached_seconds = common.median_seconds(lambda: replicas_requests(cold=False), args.repeats)
+    scalars_seconds = common.median_seconds(scalars_requests, args.repeats)
     inputs_bytes = len(replicas_get("/inputs", "run=synthetic"))
     result = {
         "benchmark": "backend",

@@ -40,6 +40,16 @@ def ratio_range(variant, baseline):
     }
 
 
+def median_seconds(function, repeats):
+    """The median wall seconds of `repeats` calls of `function()`."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def mlp_dataset(steps_per_epoch, seed=0):
     """`tf.data.Dataset` of `steps_per_epoch` batches of GLOBAL_BATCH (x [64], y [1]), cached."""
     import numpy as np

@@ -164,15 +164,6 @@ def write_serving_logdir(logdir, workers, steps):
     return runs, start
 
 
-def _median(function, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return round(statistics.median(times), 4)
-
-
 def measure_serving(workers, steps, repeats):
     """Times of the tab's requests on a log dir whose runs heartbeat for an hour (module doc)."""
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
@@ -217,14 +208,16 @@ def measure_serving(workers, steps, repeats):
 
     get("/overview")  # warm-up: imports
     figures = {
-        "overview_cold": _median(cold, repeats),
-        "overview_again": _median(lambda: get("/overview"), repeats),
-        "status_of_the_job": _median(lambda: get("/status", "run=job"), repeats),
+        "overview_cold": round(common.median_seconds(cold, repeats), 4),
+        "overview_again": round(common.median_seconds(lambda: get("/overview"), repeats), 4),
+        "status_of_the_job": round(
+            common.median_seconds(lambda: get("/status", "run=job"), repeats), 4
+        ),
     }
     figures["overview_after_heartbeat"] = round(
         statistics.median(after_heartbeat() for _ in range(repeats)), 4
     )
-    figures["full_read_after_heartbeat"] = _median(cold, repeats)
+    figures["full_read_after_heartbeat"] = round(common.median_seconds(cold, repeats), 4)
     body = json.loads(get("/overview").get_data())
     states = {entry["run"]: entry["status"]["state"] for entry in body["runs"]}
     return {
