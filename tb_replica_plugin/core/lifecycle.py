@@ -95,15 +95,23 @@ class Lifecycle:
                     self.warn_failed(recorder.name, error)
             self._flush_writer()  # what begun wrote is on disk even if the process dies now
 
-    def end_run(self, how, error=None, step=None, findings=(), context=()):
+    def end_run(self, how, error=None, step=None, findings=(), context=(), wait=None):
         """Host side: the stretch of training ended; every family hears how, then the file is
         flushed (`run_end` for the arguments). A failure warns once.
+
+        Args:
+          how, error, step, findings, context: see `run_end`.
+          wait: at most this many seconds to wait for the probe's host lock (None: as long as
+            it takes); the process hooks (`sys.excepthook`, `atexit`) pass a bound, so a
+            flush stuck on a dead file system never holds up the interpreter's exit.
 
         Example:
           >>> probe.end_run("close")  # a clean end; `close()` does this itself
         """
         ended = run_end(how, error, step, findings, context)
-        with self._lock:
+        if not self._lock.acquire(timeout=-1 if wait is None else wait):
+            return
+        try:
             if self._core is None or self._disabled_reason:
                 return
             for recorder in self._recorders.values():
@@ -111,6 +119,8 @@ class Lifecycle:
                     recorder.ended(ended)
                 except Exception as failure:  # noqa: BLE001 - never break the training
                     self.warn_failed(recorder.name, failure)
+        finally:
+            self._lock.release()
         self.flush()
 
     def mark_step(self, begun=None, completed=None):

@@ -40,6 +40,8 @@ from tb_replica_plugin.families.status import attribution, schema
 # Seconds without progress before the heartbeat thread writes every thread's stack (once per
 # stall); the read side's `Thresholds.stall_seconds` (default 300) decides what is a stall.
 DEFAULT_STALL_SECS = 60.0
+# The most the process hooks (`sys.excepthook`, `atexit`) wait for a probe's host lock.
+HOOK_WAIT_SECS = 10.0
 # The signal that asks for the stacks (`SIGUSR1`) once a probe installed it, else None.
 STACKS_SIGNAL = None
 # The innermost Python frame of a thread running a TensorFlow function (a step, or a wait at its
@@ -321,7 +323,7 @@ def _install_hooks():
 
     def excepthook(exc_type, error, tb):
         for recorder in LIVE.recorders():
-            _quietly(recorder.probe.end_run, "exception", error)
+            _quietly(recorder.probe.end_run, "exception", error, wait=HOOK_WAIT_SECS)
         previous_hook(exc_type, error, tb)
 
     def thread_excepthook(args):
@@ -339,13 +341,13 @@ def _install_hooks():
 def _at_exit():
     """The interpreter exits normally with probes still open: a clean end for each."""
     for recorder in LIVE.recorders():
-        _quietly(recorder.probe.end_run, "exit")
+        _quietly(recorder.probe.end_run, "exit", wait=HOOK_WAIT_SECS)
 
 
-def _quietly(function, *args):
-    """`function(*args)`; a hook must never fail the user's program."""
+def _quietly(function, *args, **kwargs):
+    """`function(*args, **kwargs)`; a hook must never fail the user's program."""
     with contextlib.suppress(Exception):
-        function(*args)
+        function(*args, **kwargs)
 
 
 def _listen_for_stacks_signal():
