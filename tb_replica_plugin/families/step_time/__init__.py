@@ -1,6 +1,6 @@
-"""The step_time family: per-worker step timing of a multi-worker job.
+"""The step_time family: each replica's ready time, and per-worker step timing of a job.
 
-Recorded by the inputs family's write side.
+The per-worker timing is recorded by the inputs family's write side.
 
 Submodules: `schema` (tags, tensor layouts), `read`, `rules`, `present`; `record` is the write side
 (TensorFlow), loaded lazily by the probe only. Importing this package imports no TensorFlow.

@@ -1,7 +1,9 @@
-"""The step_time family read side: per-worker step timing, built when a job is merged.
+"""The step_time family read side: each replica's ready time, and per-worker step timing.
 
-A single run has no step_time series (`from_samples` gives None): the timing compares workers.
-Imports no TensorFlow.
+A run's series (`from_samples`) holds its replicas' ready times (`step_time/replicas`), or is
+None when it recorded none; the per-worker timing (`workers/step_time`) compares workers, so it
+is built when a job is merged (`merge_step_time`), with the workers' ready times on the global
+replica axis. Imports no TensorFlow.
 """
 
 import dataclasses
@@ -9,6 +11,40 @@ import dataclasses
 import numpy as np
 
 from tb_replica_plugin.families.step_time import schema
+
+
+@dataclasses.dataclass
+class ReplicaTimeSeries:
+    """Each replica's ready time per logged window (`step_time/replicas`).
+
+    A replica's *ready time* at a step is the host time from the step's start until the vector
+    that replica sends once per step (its work up to its local gradients) has reached the host;
+    its *wait* is how much later the slowest replica of its worker was ready (what it waits at
+    the all-reduce). Each logged step closes a window of steps; values are window statistics.
+
+    Attributes:
+      run: the run (or job) name.
+      replicas: global replica ids, the order of every per-replica axis.
+      devices: the device of each replica.
+      workers: in a job, the name of the worker holding each replica (same order); [] for a
+        single run.
+      steps: int64 [S], the logged steps (in a job: those every worker logged).
+      ready_median: float64 [S, R], the median over the window of each replica's ready seconds.
+      ready_max: float64 [S, R], their maximum over the window.
+      wait_median: float64 [S, R], the median over the window of the seconds each replica
+        waited for the slowest replica of its worker.
+      window_steps: int64 [S, R], the steps the window held (one value per worker).
+    """
+
+    run: str
+    replicas: list
+    devices: list
+    workers: list
+    steps: np.ndarray
+    ready_median: np.ndarray
+    ready_max: np.ndarray
+    wait_median: np.ndarray
+    window_steps: np.ndarray
 
 
 @dataclasses.dataclass
@@ -41,15 +77,126 @@ class StepTimeSeries:
     window_mean: np.ndarray
     lateness: np.ndarray
     busy: np.ndarray
+    ready: ReplicaTimeSeries | None = None
+
+    @classmethod
+    def of_replicas(cls, run, ready):
+        """A series with replica ready times only (a single run; a job whose workers logged no
+        `workers/step_time`): no workers, per-worker arrays of 0 steps.
+
+        Example:
+          >>> StepTimeSeries.of_replicas("run", ready).busy.shape
+          (0, 0)
+        """
+        empty = np.zeros((0, 0))
+        return cls(
+            run=run,
+            workers=[],
+            steps=np.zeros((0,), np.int64),
+            arrival=empty,
+            period=empty,
+            window_mean=empty,
+            lateness=empty,
+            busy=empty,
+            ready=ready,
+        )
 
 
 def from_samples(run, samples, notes, needed=None):
-    """None: a run on its own has no step_time series (see `merge`)."""
-    return None
+    """The step_time series of one run: its replicas' ready times (`step_time/replicas`).
+
+    The per-worker timing (`workers/step_time`) is built only when a job is merged.
+
+    Args:
+      run: the run name.
+      samples: `{tag: [(step, numpy value)]}` sorted by step.
+      notes: the run's notes list (malformed samples are noted there).
+      needed: `{"inputs": InputsSeries}`: the run's replica ids and devices.
+
+    Returns:
+      A `StepTimeSeries` whose `ready` holds the ready times (`StepTimeSeries.of_replicas`), or
+      None when the run has no readable ready time.
+
+    Example:
+      >>> from_samples("run", {"step_time/replicas": [(0, value)]}, [], {"inputs": inputs}).ready
+      ReplicaTimeSeries(run='run', replicas=[0, 1], ...)
+    """
+    points = samples.get(schema.TAG_REPLICA_TIME, [])
+    if not points:
+        return None
+    ready = read_replica_times(run, points, (needed or {}).get("inputs"), notes)
+    return None if ready is None else StepTimeSeries.of_replicas(run, ready)
+
+
+def read_replica_times(run, points, inputs, notes):
+    """A `ReplicaTimeSeries` from `step_time/replicas` samples; malformed ones skipped, noted.
+
+    A sample is kept when it is a float array [4, R] (R: the run's replicas, `inputs.replicas`)
+    of finite values, times not negative and a window of at least one step. A later sample at
+    the same step replaces an earlier one.
+
+    Args:
+      run: the run name.
+      points: `[(step, numpy value)]` sorted by step.
+      inputs: the run's `InputsSeries` (replica ids and devices), or None.
+      notes: the run's notes list (appended to).
+
+    Returns:
+      A `ReplicaTimeSeries`, or None when no sample is readable.
+    """
+    replicas = list(inputs.replicas) if inputs is not None else []
+    devices = list(inputs.devices) if inputs is not None else []
+    if not replicas:
+        width = np.asarray(points[0][1]).shape[-1] if np.ndim(points[0][1]) == 2 else 0
+        replicas, devices = list(range(width)), [""] * width
+        if width:
+            notes.append(
+                "Replica ready times name no replicas (the run has no inputs/shapes event): "
+                f"they are shown as replicas 0–{width - 1} in the order written."
+            )
+    by_step = {}
+    bad = 0
+    for step, value in points:
+        value = np.asarray(value)
+        if _readable(value, len(replicas)):
+            by_step[int(step)] = value.astype(np.float64)
+        else:
+            bad += 1
+    if bad:
+        notes.append(
+            f"{bad} replica ready-time sample(s) skipped: each should be "
+            f"{schema.REPLICA_TIME_ROWS} rows of finite, non-negative values for the run's "
+            f"{len(replicas)} replicas "
+            f"({schema.TAG_REPLICA_TIME}, docs/data-format.md)."
+        )
+    if not by_step:
+        return None
+    steps = sorted(by_step)
+    table = np.stack([by_step[s] for s in steps])  # [S, 4, R]
+    return ReplicaTimeSeries(
+        run=run,
+        replicas=[int(r) for r in replicas],
+        devices=[str(d) for d in devices] + [""] * (len(replicas) - len(devices)),
+        workers=[],
+        steps=np.array(steps, dtype=np.int64),
+        ready_median=table[:, schema.READY_MEDIAN],
+        ready_max=table[:, schema.READY_MAX],
+        wait_median=table[:, schema.WAIT_MEDIAN],
+        window_steps=table[:, schema.WINDOW_STEPS].astype(np.int64),
+    )
+
+
+def _readable(value, replicas):
+    """Whether a `step_time/replicas` sample has the layout of `schema` for `replicas`."""
+    if value.shape != (schema.REPLICA_TIME_ROWS, replicas) or not replicas:
+        return False
+    if value.dtype.kind not in "fiu" or not np.all(np.isfinite(value)):
+        return False
+    return bool(np.all(value >= 0) and np.all(value[schema.WINDOW_STEPS] >= 1))
 
 
 def merge_step_time(job, member_runs, workers, notes):
-    """The `StepTimeSeries` of a job from each worker's `workers/step_time` samples.
+    """The `StepTimeSeries` of a job: its workers' step timing and their replicas' ready times.
 
     Args:
       job: the job name.
@@ -58,7 +205,84 @@ def merge_step_time(job, member_runs, workers, notes):
       notes: the job's notes list (appended to).
 
     Returns:
-      A `StepTimeSeries` over the steps every worker logged, or None if no worker logged any.
+      A `StepTimeSeries` over the steps every worker logged (`merge_worker_times`) with `ready`
+      the merged ready times (`merge_replica_times`), or None if the job has neither.
+    """
+    ready = merge_replica_times(job, member_runs, workers, notes)
+    timing = merge_worker_times(job, member_runs, workers, notes)
+    if timing is None:
+        return None if ready is None else StepTimeSeries.of_replicas(job, ready)
+    timing.ready = ready
+    return timing
+
+
+def merge_replica_times(job, member_runs, workers, notes):
+    """The ready times of a job's replicas, on the global replica axis.
+
+    At the logged steps every worker has (a note counts the others); each replica keeps its
+    worker's name (`ReplicaTimeSeries.workers`). A job some of whose workers recorded ready
+    times and others did not gets none, with a note (each worker's own run keeps its own).
+
+    Args:
+      job: the job name.
+      member_runs: the workers' `RunData`, in worker order (replicas in global order).
+      workers: the per-worker grouping (`RunData.workers`), in the same order.
+      notes: the job's notes list (appended to).
+
+    Returns:
+      A `ReplicaTimeSeries`, or None.
+
+    Example:
+      >>> merge_replica_times("job", members, workers, []).workers
+      ['worker_0', 'worker_0', 'worker_1', 'worker_1']
+    """
+    parts = [getattr(m.step_time, "ready", None) for m in member_runs]
+    if all(part is None for part in parts):
+        return None
+    missing = [w["name"] for w, part in zip(workers, parts, strict=True) if part is None]
+    if missing:
+        notes.append(
+            f"Replica ready times are left out of the job: {', '.join(missing)} recorded none "
+            "(the other workers did); each worker's own run shows its own."
+        )
+        return None
+    common = np.array(sorted(set.intersection(*(set(p.steps.tolist()) for p in parts))), np.int64)
+    dropped = {int(s) for p in parts for s in p.steps} - set(common.tolist())
+    if dropped:
+        notes.append(
+            f"Replica ready times are compared at the {common.size} logged step(s) every worker "
+            f"has; {len(dropped)} logged step(s) some workers lack are left out."
+        )
+    rows = [np.searchsorted(p.steps, common) for p in parts]
+
+    def joined(field):
+        return np.concatenate([getattr(p, field)[at] for p, at in zip(parts, rows, strict=True)], 1)
+
+    return ReplicaTimeSeries(
+        run=job,
+        replicas=[r for p in parts for r in p.replicas],
+        devices=[d for p in parts for d in p.devices],
+        workers=[w["name"] for w, p in zip(workers, parts, strict=True) for _ in p.replicas],
+        steps=common,
+        ready_median=joined("ready_median"),
+        ready_max=joined("ready_max"),
+        wait_median=joined("wait_median"),
+        window_steps=joined("window_steps"),
+    )
+
+
+def merge_worker_times(job, member_runs, workers, notes):
+    """The per-worker `StepTimeSeries` of a job from each worker's `workers/step_time` samples.
+
+    Args:
+      job: the job name.
+      member_runs: the workers' `RunData`, in worker order.
+      workers: the per-worker grouping.
+      notes: the job's notes list (appended to).
+
+    Returns:
+      A `StepTimeSeries` over the steps every worker logged (`ready` None), or None if no
+      worker logged any.
     """
     per_worker = [
         {
