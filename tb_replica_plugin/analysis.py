@@ -38,6 +38,13 @@ class Thresholds:
         seconds per step exceed the median over workers times this...
       straggler_min_seconds: ...and exceed it by at least this many seconds (timer noise on
         millisecond steps is not a straggler).
+      slow_replica_factor: a replica is a `slow_replica` when its median ready time per step
+        (from the step's start until its local gradients reach the host) is at least this many
+        times the median of the other replicas of its worker...
+      slow_replica_min_seconds: ...and at least this many seconds above it (0.005: host
+        scheduling jitter of a few tenths of a millisecond on millisecond steps, or logical CPU
+        replicas taking turns on the host's cores, is not a slow replica; one clock, so less
+        than across hosts).
       variable_drift_rel_l2: a `variable_drift` finding is raised when ||copy_r - copy_0|| /
         ||copy_0|| exceeds this for any replica r at any logged step (exact where the exact
         check ran, else the sketch estimate). Smaller non-zero differences (copies that are not
@@ -65,6 +72,8 @@ class Thresholds:
     max_duplicate_share: float = 0.01
     straggler_factor: float = 1.25
     straggler_min_seconds: float = 0.01
+    slow_replica_factor: float = 1.25
+    slow_replica_min_seconds: float = 0.005
     variable_drift_rel_l2: float = 1e-6
 
     max_grad_norm_ratio: float = 10.0

@@ -275,7 +275,7 @@ def _name_workers(findings, series, workers):
     where = {r: worker["name"] for worker in workers for r in worker["replicas"]}
     for finding in findings:
         names = sorted({where[r] for r in finding.replicas if r in where})
-        if not names or finding.kind == "straggler" or finding.view == "status":
+        if not names or finding.kind in ("straggler", "slow_replica") or finding.view == "status":
             continue  # these name their workers themselves
         finding.message += f" On {', '.join(names)}."
         if finding.kind == "duplicate_examples" and len(names) > 1:

@@ -1,4 +1,4 @@
-"""Presentation of the step_time family: `/step_time` and the report's step-time block.
+"""Presentation of the step_time family: `/step_time` and the report's step-time blocks.
 
 The route body (JSON documented in `http_api.md`), the family's blocks of `tb-replica report`
 (JSON and text). Pure Python and numpy, no TensorFlow.
@@ -7,23 +7,41 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 import numpy as np
 
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import bucket_means
+from tb_replica_plugin.core.downsample import bucket_max, bucket_means, pool_replicas
 from tb_replica_plugin.families.step_time import rules
 
-ARGS = {"max_points": args.parse_max_points}
+ARGS = {"max_points": args.parse_max_points, "replica_blocks": args.parse_replica_blocks}
+
+# The text report lists every replica's ready time up to this many replicas, else the slowest.
+TEXT_REPLICAS = 16
 
 
-def step_time_body(run_data, max_points):
-    """The `/step_time` response body of a multi-worker job (see `http_api.md`).
+def step_time_body(run_data, max_points, replica_blocks=None):
+    """The `/step_time` response body of a run or job (see `http_api.md`).
 
     Args:
-      run_data: a `reader.RunData` (a job; a single-worker run gives empty series).
+      run_data: a `reader.RunData` (a single-worker run gives empty per-worker series).
       max_points: most buckets on the step axis (bucket means beyond).
+      replica_blocks: with more replicas than this, the ready times are sent as this many
+        blocks of replicas (`ready_body`).
 
     Returns:
-      The JSON-ready dict: per-worker busy seconds, lateness, period and summary medians.
+      The JSON-ready dict: per-worker busy seconds, lateness, period and summary medians, and
+      `ready`, the replicas' ready times (`ready_body`; None when the run has none).
+
+    Example:
+      >>> step_time_body(run_data, 2000)["ready"]["median_ready"]
+      [0.02, 0.03]
     """
     series = run_data.step_time
+    ready = getattr(series, "ready", None)
+    body = _worker_body(run_data, series, max_points)
+    body["ready"] = None if ready is None else ready_body(ready, max_points, replica_blocks)
+    return body
+
+
+def _worker_body(run_data, series, max_points):
+    """The per-worker keys of `/step_time` (empty lists without per-worker timing)."""
     workers = run_data.workers
     if series is None or not series.steps.size:
         return {
@@ -59,24 +77,137 @@ def step_time_body(run_data, max_points):
     }
 
 
+def ready_body(ready, max_points, replica_blocks=None):
+    """The `ready` part of `/step_time`: each replica's ready times over the logged steps.
+
+    Args:
+      ready: a `read.ReplicaTimeSeries`.
+      max_points: most buckets on the step axis: beyond, `median` and `wait` hold each bucket's
+        mean and `max` its maximum.
+      replica_blocks: with more replicas than this, `median`, `max` and `wait` are sent as this
+        many blocks of replicas, each the largest value of its replicas (the slowest stays
+        visible), with `pooled`; the per-replica figures stay per replica.
+
+    Returns:
+      The JSON-ready dict documented in `http_api.md`.
+
+    Example:
+      >>> ready_body(ready, 2000)["median"]  # 2 replicas, 2 logged steps
+      [[0.02, 0.03], [0.021, 0.031]]
+    """
+    steps = ready.steps
+    median, highest, wait = ready.ready_median, ready.ready_max, ready.wait_median
+    count = int(steps.size)
+    downsampled = count > max_points
+    if downsampled:
+        starts = np.arange(0, count, -(-count // max_points))
+        steps = steps[starts]
+        median, wait = bucket_means(median, starts), bucket_means(wait, starts)
+        highest = bucket_max(highest, starts)
+    median_ready, median_wait, max_ready = rules.ready_medians(ready)
+    (median, highest, wait), pooled = pool_replicas([median, highest, wait], replica_blocks)
+    return {
+        "replicas": ready.replicas,
+        "devices": ready.devices,
+        "workers": ready.workers,
+        "steps": steps.tolist(),
+        "median": median.tolist(),
+        "max": highest.tolist(),
+        "wait": wait.tolist(),
+        "median_ready": median_ready.tolist(),
+        "median_wait": median_wait.tolist(),
+        "max_ready": max_ready.tolist(),
+        "downsampled": downsampled,
+        **pooled,
+    }
+
+
 def body(run, run_data, parsed):
-    """The `/step_time` body of a run (`step_time_body`; empty series for a single worker)."""
-    return step_time_body(run_data, parsed["max_points"])
+    """The `/step_time` body of a run (`step_time_body`; empty per-worker series for a single
+    worker)."""
+    return step_time_body(run_data, parsed["max_points"], parsed.get("replica_blocks"))
 
 
 def listed(run_data):
-    """Never: `/runs` does not name step_time (the tab shows it for jobs, from `workers`)."""
-    return False
+    """Whether `/runs` names step_time: when the run has replica ready times (a job's tab shows
+    its per-worker step time from `workers` whatever this says)."""
+    return getattr(run_data.step_time, "ready", None) is not None
 
 
 def report_json(run_data, thresholds):
-    """`{"step_time": ...}`: the step-time block of a run in the JSON report (None if no job)."""
-    return {"step_time": _step_time_json(run_data)}
+    """`{"step_time": ..., "replica_time": ...}`: a run's step-time blocks in the JSON report:
+    the per-worker timing of a job (None for a single run) and the replicas' ready times
+    (`replica_time_json`; None when the run has none)."""
+    ready = getattr(run_data.step_time, "ready", None)
+    return {
+        "step_time": _step_time_json(run_data),
+        "replica_time": None if ready is None else replica_time_json(ready, thresholds),
+    }
 
 
 def report_text(run_data, thresholds):
-    """The step-time lines of a job in the text report (none for a single-worker run)."""
-    return _step_time_lines(run_data)
+    """The step-time lines of a run in the text report: each worker's of a job, then the
+    replicas' ready times (`replica_time_lines`)."""
+    ready = getattr(run_data.step_time, "ready", None)
+    lines = _step_time_lines(run_data)
+    return lines + ([] if ready is None else replica_time_lines(ready, thresholds))
+
+
+def replica_time_json(ready, thresholds):
+    """The `replica_time` block of a run in `tb-replica report --json`.
+
+    Returns:
+      `{"replicas", "workers", "windows", "median_ready", "median_wait", "max_ready",
+      "slow_replicas"}`: per replica, seconds over the logged windows the rule uses (`windows`
+      of them; rounded to the microsecond), and the ids `slow_replica` names.
+    """
+    median_ready, median_wait, max_ready = rules.ready_medians(ready)
+    return {
+        "replicas": ready.replicas,
+        "workers": ready.workers,
+        "windows": int(np.count_nonzero(rules.timed_windows(ready))),
+        "median_ready": [_finite(v) for v in median_ready.tolist()],
+        "median_wait": [_finite(v) for v in median_wait.tolist()],
+        "max_ready": [_finite(v) for v in max_ready.tolist()],
+        "slow_replicas": rules.slow_replicas(ready, thresholds),
+    }
+
+
+def replica_time_lines(ready, thresholds):
+    """The text report's lines of a run's replica ready times: one per replica (the
+    `TEXT_REPLICAS` slowest beyond that many), the slow ones marked.
+
+    Example:
+      >>> replica_time_lines(ready, Thresholds())[2]
+      '    replica 1 (CPU:1): ready 0.030 s, waits 0.000 s, max 0.040 s  <- slow_replica'
+    """
+    median_ready, median_wait, max_ready = rules.ready_medians(ready)
+    slow = set(rules.slow_replicas(ready, thresholds))
+    windows = int(np.count_nonzero(rules.timed_windows(ready)))
+    lines = [
+        f"  replica ready time per step (medians over {windows} logged window(s); waits: for "
+        "the slowest replica of its worker):"
+    ]
+    count = len(ready.replicas)
+    shown = range(count)
+    if count > TEXT_REPLICAS:
+        order = np.argsort(-np.nan_to_num(median_ready, nan=-np.inf), kind="stable")
+        shown = sorted(order[:TEXT_REPLICAS].tolist())
+    for p in shown:
+        where = rules.place_text(ready, p)
+        mark = "  <- slow_replica" if ready.replicas[p] in slow else ""
+        lines.append(
+            f"    replica {ready.replicas[p]}{f' ({where})' if where else ''}: ready "
+            f"{_seconds(median_ready[p])}, waits {_seconds(median_wait[p])}, max "
+            f"{_seconds(max_ready[p])}{mark}"
+        )
+    if count > TEXT_REPLICAS:
+        lines.append(f"    … {count - TEXT_REPLICAS} faster replicas (see --json)")
+    return lines
+
+
+def _seconds(value):
+    return "—" if not np.isfinite(value) else f"{value:.3f} s"
 
 
 def _rounded(values):
@@ -86,7 +217,7 @@ def _rounded(values):
 def _step_time_json(run_data):
     """The `step_time` block of a job in the JSON report (None for a single-worker run)."""
     series = run_data.step_time
-    if series is None:
+    if series is None or not series.workers:
         return None
     return {
         "workers": series.workers,

@@ -1,12 +1,18 @@
-"""Findings of multi-worker jobs (the step_time family):
+"""Findings of the step_time family:
 
-- `straggler` (warning): a worker's median busy time per step (its step period minus the time
-  it waited for the last worker) exceeds the median over workers by `Thresholds.straggler_factor`
-  and by at least `Thresholds.straggler_min_seconds` (the first timed step, a warm-up, is left
-  out).
+- `straggler` (warning, multi-worker jobs): a worker's median busy time per step (its step
+  period minus the time it waited for the last worker) exceeds the median over workers by
+  `Thresholds.straggler_factor` and by at least `Thresholds.straggler_min_seconds` (the first
+  timed step, a warm-up, is left out).
+- `slow_replica` (warning): a replica's median ready time per step is at least
+  `Thresholds.slow_replica_factor` times the median of the other replicas of its worker and at
+  least `Thresholds.slow_replica_min_seconds` above it (replicas of different workers are
+  compared through `straggler`).
 
 Pure Python and numpy.
 """
+
+import re
 
 import numpy as np
 
@@ -22,6 +28,14 @@ FINDING_KINDS = {
         "summary": (
             "A worker's median busy time per step exceeds the median over workers; every worker "
             "waits for it at each all-reduce."
+        ),
+    },
+    "slow_replica": {
+        "severity": "warning",
+        "thresholds": ("slow_replica_factor", "slow_replica_min_seconds"),
+        "summary": (
+            "A replica's median ready time per step (until its local gradients reach the host) is "
+            "above the other replicas' of its worker; they wait for it at each all-reduce."
         ),
     },
 }
@@ -125,9 +139,181 @@ def find_stragglers(step_time, workers, thresholds=Thresholds()):
     return findings
 
 
-def find(run_data, thresholds=Thresholds()):
-    """Stragglers of a multi-worker job (`find_stragglers`); none for a single-worker run."""
-    workers = getattr(run_data, "workers", None) or []
-    if not workers:
+def timed_windows(ready):
+    """Which logged windows of a `read.ReplicaTimeSeries` the ready-time figures use (bool [S]).
+
+    Every window, except the first when it holds a single step and later windows exist: that
+    step is the first one the replicas ran (a warm-up), and its window's median is that step.
+    """
+    used = np.ones(ready.steps.size, dtype=bool)
+    if ready.steps.size > 1 and np.all(ready.window_steps[0] == 1):
+        used[0] = False
+    return used
+
+
+def ready_medians(ready):
+    """Per replica, over `timed_windows`: the median of its window medians of ready seconds, of
+    wait seconds, and the largest ready time.
+
+    Returns:
+      `(median_ready, median_wait, max_ready)`: float64 arrays [R] (NaN without windows).
+
+    Example:
+      >>> [a.tolist() for a in ready_medians(ready)]  # replica 1 slow in every window
+      [[0.02, 0.03], [0.01, 0.0], [0.025, 0.04]]
+    """
+    used = timed_windows(ready)
+    if not np.any(used):
+        empty = np.full(len(ready.replicas), np.nan)
+        return empty, empty.copy(), empty.copy()
+    return (
+        np.median(ready.ready_median[used], axis=0),
+        np.median(ready.wait_median[used], axis=0),
+        np.max(ready.ready_max[used], axis=0),
+    )
+
+
+def replica_groups(ready):
+    """Positions of the replicas compared with each other: those of one worker (all of a run).
+
+    Returns:
+      A list of `(worker name or None, [positions])`, in replica order.
+    """
+    if not ready.workers:
+        return [(None, list(range(len(ready.replicas))))]
+    groups = {}
+    for position, name in enumerate(ready.workers):
+        groups.setdefault(name, []).append(position)
+    return list(groups.items())
+
+
+def find_slow_replicas(ready, thresholds=Thresholds()):
+    """Slow replicas: ready times above the other replicas' of their worker.
+
+    A replica is slow when its median ready time (`ready_medians`) is at least
+    `slow_replica_factor` times the median of the other replicas' of its worker and at least
+    `slow_replica_min_seconds` above it. Replicas of different workers are not compared here
+    (their clocks and hosts differ: the straggler rule compares workers).
+
+    Args:
+      ready: a `read.ReplicaTimeSeries` (or None).
+      thresholds: the `Thresholds` to apply.
+
+    Returns:
+      A list of `Finding` of kind "slow_replica", one per slow replica.
+
+    Example:
+      >>> [(f.replicas, f.value) for f in find_slow_replicas(ready)]  # 0.030 s against 0.020 s
+      [([1], 1.5)]
+    """
+    if ready is None or not ready.steps.size:
         return []
-    return find_stragglers(getattr(run_data, "step_time", None), workers, thresholds)
+    median_ready, median_wait, _ = ready_medians(ready)
+    findings = []
+    for worker, positions in replica_groups(ready):
+        for position in positions:
+            others = [p for p in positions if p != position]
+            if not others or not np.isfinite(median_ready[position]):
+                continue
+            own, base = float(median_ready[position]), float(np.median(median_ready[others]))
+            if own < thresholds.slow_replica_factor * base:
+                continue
+            if own - base < thresholds.slow_replica_min_seconds:
+                continue
+            wait = float(np.median(median_wait[others]))
+            findings.append(
+                _slow_finding(ready, position, others, own, base, wait, worker, thresholds)
+            )
+    return findings
+
+
+def slow_replicas(ready, thresholds=Thresholds()):
+    """The global ids of the replicas `find_slow_replicas` names, in replica order."""
+    return [r for f in find_slow_replicas(ready, thresholds) for r in f.replicas]
+
+
+def _slow_finding(ready, position, others, own, base, wait, worker, thresholds):
+    """The `slow_replica` finding of the replica at `position` (see `find_slow_replicas`)."""
+    used = timed_windows(ready)
+    steps, windows = ready.steps[used], ready.ready_median[used]
+    with np.errstate(invalid="ignore"):
+        at_step = np.median(windows[:, others], axis=1)
+        slow = (windows[:, position] >= thresholds.slow_replica_factor * at_step) & (
+            windows[:, position] - at_step >= thresholds.slow_replica_min_seconds
+        )
+    slow_steps = steps[slow] if np.any(slow) else steps
+    ratio = own / base if base > 0 else float("inf")
+    return Finding(
+        kind="slow_replica",
+        severity="warning",
+        run=ready.run,
+        first_step=int(slow_steps[0]),
+        last_step=int(slow_steps[-1]),
+        count=int(slow_steps.size),
+        replicas=[ready.replicas[position]],
+        name=ready.devices[position] or None,
+        value=round(ratio, 3),
+        threshold=thresholds.slow_replica_factor,
+        message=slow_message(ready, position, own, base, wait, worker, int(steps.size)),
+        view="step_time",
+    )
+
+
+def device_text(device):
+    """ "GPU:1" from "/job:localhost/replica:0/task:0/device:GPU:1" (the device as given when
+    it has no `device:` part; "" for none)."""
+    found = re.search(r"device:([^/]+)$", device or "")
+    return found.group(1) if found else (device or "")
+
+
+def place_text(ready, position):
+    """Where the replica at `position` runs: "GPU:1", "CPU:0 on worker_1", "on worker_1" or ""."""
+    device = device_text(ready.devices[position])
+    worker = ready.workers[position] if ready.workers else ""
+    return " on ".join(p for p in (device, worker) if p) if device else (worker and f"on {worker}")
+
+
+def slow_message(ready, position, own, base, wait, worker, windows):
+    """The message of a `slow_replica` finding: the replica, its device, its ready time against
+    the others', what the others wait for it, and what to look at."""
+    device = device_text(ready.devices[position])
+    where = place_text(ready, position)
+    others = f"the other replicas of {worker}" if worker else "the other replicas"
+    ratio = f"{own / base:.2f}×" if base > 0 else "while the others take no time"
+    text = (
+        f"Replica {ready.replicas[position]}{f' ({where})' if where else ''} is slow: it is "
+        f"ready {own:.3f} s after the step starts against {base:.3f} s for {others} (median "
+        f"per step over {windows} logged window{'s' if windows != 1 else ''}; {ratio}), so they "
+        f"wait {wait:.3f} s per step for it at the all-reduce. Its ready time lasts until its "
+        "local gradients reach the host. Look at its device (a throttled or busier GPU: "
+        "nvidia-smi -q -d PERFORMANCE shows clocks and throttle reasons, and other processes on "
+        "it) and at whether it gets more work than the others: uneven shapes (sequence lengths, "
+        "padding per batch), a branch on the data or on the replica id."
+    )
+    if device.upper().startswith("CPU"):
+        text += (
+            " On CPU replicas (logical devices sharing the host's cores) it can also be "
+            "contention for those cores rather than work of its own."
+        )
+    return text
+
+
+def find(run_data, thresholds=Thresholds()):
+    """Stragglers of a multi-worker job (`find_stragglers`) and slow replicas of any run or job
+    (`find_slow_replicas`).
+
+    Args:
+      run_data: a `reader.RunData`.
+      thresholds: the `Thresholds` to apply.
+
+    Returns:
+      A list of `Finding`.
+
+    Example:
+      >>> [f.kind for f in find(run_data)]
+      ['slow_replica']
+    """
+    series = getattr(run_data, "step_time", None)
+    workers = getattr(run_data, "workers", None) or []
+    found = find_stragglers(series, workers, thresholds) if workers else []
+    return found + find_slow_replicas(getattr(series, "ready", None), thresholds)
