@@ -933,3 +933,109 @@ def test_the_match_matrix_of_many_replicas_is_a_canvas(demo_server, browser):
     assert share == round(100 * blocks["dropout"][i][j]), (tooltip, blocks["dropout"][i][j])
     assert errors == []
     page.close()
+
+
+def test_replica_ready_times_of_a_run_and_a_job(browser, tmp_path):
+    """The step-time section of a single run and of a job (synthetic event files, no training):
+    each replica's ready time listed, the slow replica highlighted and named, and the chart's
+    lines at the last logged step (read from its legend under the cursor)."""
+    from replica_time_logs import write_logdir
+
+    logdir = write_logdir(str(tmp_path))
+    server = TensorBoardServer(logdir)
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors = []
+
+    def console(message):  # the tab's page opened alone asks the server for a favicon (404)
+        if message.type == "error" and not message.location["url"].endswith("/favicon.ico"):
+            errors.append(message.text)
+
+    page.on("console", console)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    section = '[data-view="step_time"]'
+
+    def open_run(run):
+        entry = "/data/plugin_entry.html?name=replicas#run="
+        page.goto(server.url + entry + run.replace("/", "%2F"), wait_until="load")
+        wait_ready(page.main_frame)
+        return page.eval_on_selector_all(
+            f"{section} table.ready-times tbody tr",
+            "els => els.map(e => [e.dataset.replica, e.className,"
+            " [...e.children].map(c => c.textContent)])",
+        )
+
+    def legend_at_last_step():  # the chart's values under the cursor at step 30
+        over = page.query_selector(f"{section} [data-part='ready-chart'] .u-over")
+        over.scroll_into_view_if_needed()
+        box = over.bounding_box()
+        page.mouse.move(box["x"] + box["width"] * 30.2 / 31, box["y"] + box["height"] / 2)
+        return page.eval_on_selector_all(
+            f"{section} [data-part='ready-chart'] .u-legend .u-series",
+            "els => els.map(e => [e.querySelector('.u-label').textContent,"
+            " e.querySelector('.u-value').textContent])",
+        )
+
+    try:
+        server.wait_for(
+            "/data/plugin/replicas/runs",
+            lambda status, body: status == 200 and len(json.loads(body)["runs"]) == 3,
+        )
+        rows = open_run("slow_gpu")
+        assert rows == [
+            ["0", "", ["replica 0", "GPU:0", "20 ms", "25 ms", "10 ms", ""]],
+            ["1", "slow", ["replica 1", "GPU:1", "30 ms", "35 ms", "0 ms", "slow replica"]],
+            ["2", "", ["replica 2", "GPU:2", "20 ms", "25 ms", "10 ms", ""]],
+            ["3", "", ["replica 3", "GPU:3", "20 ms", "25 ms", "10 ms", ""]],
+        ]
+        assert page.inner_text(f"{section} [data-part='ready-summary']") == (
+            "Replica 1 (GPU:1) is slow: ready 30 ms after the step starts against 20 ms for "
+            "the other replicas, which wait 10 ms per step for it."
+        )
+        assert not page.query_selector(f"{section} table.step-time")  # not a job
+        assert page.get_attribute(f"{section} [data-part='ready-chart']", "data-lines") == "4"
+        assert page.inner_text(f"{section} [data-part='warm-up']") == (
+            "The first logged window, step 0, holds one step only: a warm-up (500 ms: above the "
+            "chart), left out of the table's figures."
+        )
+        assert legend_at_last_step() == [
+            ["step", "step 30"],
+            ["replica 0", "20 ms"],
+            ["replica 1 (slow)", "30 ms"],
+            ["replica 2", "20 ms"],
+            ["replica 3", "20 ms"],
+        ]
+        # The finding scrolls to the section.
+        finding = page.inner_text('[data-view="findings"] .finding[data-kind="slow_replica"]')
+        assert "Replica 1 (GPU:1) is slow" in finding
+        page.click('[data-view="findings"] .finding[data-kind="slow_replica"]')
+        page.wait_for_function(
+            "document.querySelector('section[data-view=\"step_time\"]').classList.contains('flash')"
+        )
+
+        rows = open_run("even_gpus")
+        assert [(r[0], r[1], r[2][2]) for r in rows] == [(str(i), "", "20 ms") for i in range(4)]
+        assert page.inner_text(f"{section} [data-part='ready-summary']") == (
+            "No replica is slower than the others of its worker."
+        )
+
+        rows = open_run("job")
+        assert [(r[0], r[1], r[2][1], r[2][2]) for r in rows] == [
+            ("0", "", "GPU:0 · worker_0", "20 ms"),
+            ("1", "", "GPU:1 · worker_0", "21 ms"),
+            ("2", "", "GPU:0 · worker_1", "20 ms"),
+            ("3", "slow", "GPU:1 · worker_1", "30 ms"),
+        ]
+        assert page.inner_text(f"{section} [data-part='ready-summary']") == (
+            "Replica 3 (GPU:1 on worker_1) is slow: ready 30 ms after the step starts against "
+            "20 ms for the other replicas of worker_1, which wait 10 ms per step for it."
+        )
+        assert [label for label, _ in legend_at_last_step()][1:] == [
+            "replica 0 · worker_0",
+            "replica 1 · worker_0",
+            "replica 2 · worker_1",
+            "replica 3 · worker_1 (slow)",
+        ]
+        assert errors == []
+    finally:
+        page.close()
+        server.stop()

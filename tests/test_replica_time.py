@@ -249,6 +249,7 @@ def test_route_body_of_a_single_run():
     ready = body["ready"]
     assert ready["replicas"] == [0, 1] and ready["workers"] == []
     assert ready["steps"] == list(STEPS) and ready["downsampled"] is False
+    assert ready["warm_up"] is True  # the first window (one step) is left out of the figures
     assert ready["median"] == [[WARM_UP, WARM_UP]] + [SLOW] * 3
     assert ready["max"] == [[WARM_UP + 0.005] * 2] + [[0.025, 0.035]] * 3
     assert np.allclose(ready["wait"], [[0, 0]] + [[0.01, 0]] * 3)

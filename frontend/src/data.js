@@ -146,9 +146,11 @@ export async function fetchStatus(run, opts) {
   };
 }
 
-/** Per-worker step timing of a multi-worker job, non-finite values as JS numbers. */
-export async function fetchStepTime(run, maxPoints, opts) {
-  const body = await fetchJson(`./step_time?${q({ run, max_points: maxPoints })}`, opts);
+/** Step timing of a run: per worker of a multi-worker job, and each replica's ready times
+ * (`ready`, null without them; more than `replicaBlocks` replicas come as blocks), non-finite
+ * values as JS numbers. */
+export async function fetchStepTime(run, maxPoints, opts, replicaBlocks) {
+  const body = await fetchJson(`./step_time?${q({ run, max_points: maxPoints, replica_blocks: replicaBlocks })}`, opts);
   return {
     run: String(body.run ?? run),
     workers: workerList(body.workers),
@@ -159,6 +161,27 @@ export async function fetchStepTime(run, maxPoints, opts) {
     median_busy: numbers(body.median_busy),
     median_lateness: numbers(body.median_lateness),
     downsampled: Boolean(body.downsampled),
+    ready: readyTimes(body.ready),
+  };
+}
+
+/** `/step_time`'s `ready`: each replica's ready seconds per logged step, or null. */
+function readyTimes(r) {
+  if (!r || typeof r !== 'object') return null;
+  return {
+    replicas: list(r.replicas),
+    devices: list(r.devices).map(String),
+    workers: list(r.workers).map(String),
+    steps: numbers(r.steps),
+    warm_up: Boolean(r.warm_up),
+    median: matrix(r.median),
+    max: matrix(r.max),
+    wait: matrix(r.wait),
+    median_ready: numbers(r.median_ready),
+    median_wait: numbers(r.median_wait),
+    max_ready: numbers(r.max_ready),
+    downsampled: Boolean(r.downsampled),
+    pooled: blocksOf(r.pooled),
   };
 }
 

@@ -21,6 +21,7 @@ import { createRngView } from './views/rng_view.js';
 import { createDataView } from './views/data_view.js';
 import { createGradients } from './views/gradients.js';
 import { createStepTime } from './views/step_time.js';
+import { createReadyTimes } from './views/ready_times.js';
 import { createDriftChart, createDeviationChart } from './views/drift_charts.js';
 import { createPlacementTable } from './views/placement_table.js';
 import { createWatchView } from './views/watch_view.js';
@@ -85,6 +86,30 @@ const drift = (ctx) => ({
 });
 const inputsCtx = (ctx) => ({ inputs: ctx.data.inputs, zoom: ctx.zoom, width: ctx.width, lastStep: ctx.lastStep, deviceName: ctx.deviceName, workerOf: ctx.workerOf });
 
+/** The step-time section: per-worker busy time (a job), then per-replica ready times. */
+function createStepTimeSection(body, ctx) {
+  const data = ctx.data.step_time;
+  const named = (kind) => ctx.findings.filter((f) => f.kind === kind);
+  const views = [];
+  // A job's per-worker table, unless the job has ready times and no per-worker timing at all.
+  if (ctx.run.workers.length && (data.steps.length || !data.ready)) {
+    const box = h('div', { dataset: { part: 'workers' } });
+    body.append(h('h3', {}, 'Busy time per worker'), box);
+    const stragglers = new Set(named('straggler').map((f) => f.name));
+    views.push(createStepTime(box, { data, zoom: ctx.zoom, width: ctx.width, stragglers }));
+  }
+  if (data.ready) {
+    const box = h('div', { dataset: { part: 'replicas' } });
+    body.append(h('h3', {}, 'Ready time per replica'), box);
+    const slow = new Set(named('slow_replica').flatMap((f) => f.replicas));
+    views.push(createReadyTimes(box, { ready: data.ready, zoom: ctx.zoom, width: ctx.width, slow, workerOf: ctx.workerOf }));
+  }
+  return {
+    resize: (w) => views.forEach((v) => v.resize?.(w)),
+    destroy: () => views.forEach((v) => v.destroy?.()),
+  };
+}
+
 export const SECTIONS = [
   {
     name: 'status',
@@ -110,15 +135,22 @@ export const SECTIONS = [
   {
     name: 'step_time',
     route: 'step_time',
-    // Multi-worker jobs only: per-worker step time.
-    load: (run, opts) => (run.workers.length ? fetchStepTime(run.run, maxPoints(run), opts) : null),
-    title: 'Step time per worker',
-    description: () =>
-      'Busy time per step of each worker of this multi-worker job: its step period minus the time it waited for the last worker to arrive (taken when its step inputs were ready). The workers wait for a straggler at every all-reduce.',
-    view: (body, ctx) => {
-      const stragglers = new Set(ctx.findings.filter((f) => f.kind === 'straggler').map((f) => f.name));
-      return timed('step_time', () => createStepTime(body, { data: ctx.data.step_time, zoom: ctx.zoom, width: ctx.width, stragglers }));
-    },
+    // Per-worker step time of a multi-worker job, and each replica's ready time when recorded.
+    load: (run, opts) =>
+      run.workers.length || run.families.includes('step_time') ? fetchStepTime(run.run, maxPoints(run), opts, REPLICA_BLOCKS) : null,
+    title: 'Step time',
+    description: (ctx) =>
+      [
+        ctx.run.workers.length
+          ? 'Per worker: busy time per step of each worker of this multi-worker job, its step period minus the time it waited for the last worker to arrive (taken when its step inputs were ready). The workers wait for a straggler at every all-reduce.'
+          : null,
+        ctx.data.step_time?.ready
+          ? "Per replica: its ready time, from the step's start until its local gradients reached the host. The other replicas of its worker wait for the slowest at every all-reduce; a replica slower than the others (a throttled or busier GPU, more work) is a slow replica."
+          : null,
+      ]
+        .filter(Boolean)
+        .join(' '),
+    view: (body, ctx) => timed('step_time', () => createStepTimeSection(body, ctx)),
   },
   {
     name: 'batch',

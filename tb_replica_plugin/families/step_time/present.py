@@ -106,11 +106,13 @@ def ready_body(ready, max_points, replica_blocks=None):
         highest = bucket_max(highest, starts)
     median_ready, median_wait, max_ready = rules.ready_medians(ready)
     (median, highest, wait), pooled = pool_replicas([median, highest, wait], replica_blocks)
+    used = rules.timed_windows(ready)
     return {
         "replicas": ready.replicas,
         "devices": ready.devices,
         "workers": ready.workers,
         "steps": steps.tolist(),
+        "warm_up": bool(used.size and not used[0]),
         "median": median.tolist(),
         "max": highest.tolist(),
         "wait": wait.tolist(),
