@@ -49,7 +49,7 @@ PLUGIN = "/data/plugin/replicas"
 RUN_VIEW = (
     "/findings?run={run}",
     "/inputs?run={run}&max_points={max_points}&replica_blocks={replica_blocks}",
-    "/step_time?run={run}&max_points={max_points}",
+    "/step_time?run={run}&max_points={max_points}&replica_blocks={replica_blocks}",
     "/gradients?run={run}&max_points={max_points}&replica_blocks={replica_blocks}",
     "/rng?run={run}&max_points={max_points}&matrix_side={matrix_side}",
     "/data?run={run}&max_points={max_points}&matrix_side={matrix_side}",
