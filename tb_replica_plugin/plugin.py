@@ -5,9 +5,10 @@ one route per registered family (`Family.route`), whose body comes from the fami
 module (`present.ARGS` parses the arguments, `present.body(run, run_data, args)` builds the JSON).
 Reads go through `store.RunStore`: a family route reads only its family's tags and keeps its
 encoded answer; findings and `/runs` entries are computed once per run and data version.
-Errors are exceptions handled in one place (`_handling_errors`): `BadRequestError` → 400,
-`reader.RunNotFoundError` and `NotFoundError` → 404. No TensorFlow import: TensorBoard may run
-without it.
+Errors are TensorBoard's own exceptions (`tensorboard.errors`): a route raises
+`InvalidArgumentError` for a bad argument and `NotFoundError` for an unknown run or missing
+data, and TensorBoard's application answers 400 or 404 with the message as plain text. No
+TensorFlow import: TensorBoard may run without it.
 """
 
 import functools
@@ -19,27 +20,20 @@ import re
 import threading
 import time
 
+from tensorboard import errors
 from tensorboard.backend import http_util, json_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from tb_replica_plugin import analysis, metadata, reader, registry, store
 from tb_replica_plugin.core import overview
-from tb_replica_plugin.core.args import (
-    BadRequestError,
-    Download,
-    NotFoundError,
-    parse_max_points,
-    parse_step,
-)
+from tb_replica_plugin.core.args import Download, parse_max_points, parse_step
 from tb_replica_plugin.core.downsample import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE
 
 __all__ = [
     "DEFAULT_MAX_POINTS",
     "MAX_POINTS_RANGE",
     "STATIC_DIR",
-    "BadRequestError",
-    "NotFoundError",
     "ReplicasPlugin",
     "parse_max_points",
     "parse_step",
@@ -97,10 +91,6 @@ def run_view_query(replicas, family=None):
     return query
 
 
-def _error(request, status, message):
-    return http_util.Respond(request, {"error": message}, "application/json", code=status)
-
-
 def _json(request, body):
     return http_util.Respond(request, body, "application/json")
 
@@ -128,31 +118,6 @@ def encode_json(body):
 
 def _encoded_json(request, encoded):
     return http_util.Respond(request, encoded, "application/json", content_encoding="gzip")
-
-
-def _handling_errors(handler):
-    """Wraps a route: its errors become JSON answers (400 bad argument, 404 unknown run/data).
-
-    Args:
-      handler: `fn(plugin, request) -> response`, which may raise `BadRequestError`,
-        `reader.RunNotFoundError` or `NotFoundError`.
-
-    Returns:
-      The werkzeug application of the route.
-    """
-
-    @functools.wraps(handler)
-    def wrapped(self, request):
-        try:
-            return handler(self, request)
-        except BadRequestError as error:
-            return _error(request, 400, str(error))
-        except reader.RunNotFoundError as error:
-            return _error(request, 404, f"no replica data for run {error.args[0]!r}")
-        except NotFoundError as error:
-            return _error(request, 404, str(error))
-
-    return wrappers.Request.application(wrapped)
 
 
 class ReplicasPlugin(base_plugin.TBPlugin):
@@ -233,12 +198,15 @@ class ReplicasPlugin(base_plugin.TBPlugin):
     # ------------------------------------------------------------------ static
 
     def _static_response(self, request, name):
+        """The file `name` of static/.
+
+        Raises:
+          errors.NotFoundError: if static/ holds no such plain file (404).
+        """
         # Only plain file names that exist in static/ are served: no path can leave the folder.
-        if name not in os.listdir(STATIC_DIR):
-            return _error(request, 404, f"no static file {name!r}")
         path = os.path.join(STATIC_DIR, name)
-        if not os.path.isfile(path):
-            return _error(request, 404, f"no static file {name!r}")
+        if name not in os.listdir(STATIC_DIR) or not os.path.isfile(path):
+            raise errors.NotFoundError(f"no static file {name!r}")
         with open(path, "rb") as handle:
             body = handle.read()
         content_type = _CONTENT_TYPES.get(os.path.splitext(name)[1], "application/octet-stream")
@@ -267,24 +235,24 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         """`{name: {"entry", "findings"}}` of every run and job (or of `run`), from the cache.
 
         Raises:
-          reader.RunNotFoundError: if `run` is given and has no data of this plugin.
+          errors.NotFoundError: if `run` is given and has no data of this plugin.
         """
         ctx, experiment_id = self._request_context(request)
         # The workers of a multi-worker job are read and merged as one job named after it.
         return self.store.summaries(ctx, experiment_id, runs_entry, run=run, make_live=live_entry)
 
-    @_handling_errors
+    @wrappers.Request.application
     def _serve_runs(self, request):
         summaries = self._summaries(request).values()
         return _json(request, {"runs": [summary["entry"] for summary in summaries]})
 
-    @_handling_errors
+    @wrappers.Request.application
     def _serve_findings(self, request):
         summaries = self._summaries(request, request.args.get("run")).values()
         findings = [f for summary in summaries for f in summary["findings"]]
         return _json(request, {"findings": [f.to_json() for f in analysis.sort_findings(findings)]})
 
-    @_handling_errors
+    @wrappers.Request.application
     def _serve_overview(self, request):
         entries = [summary["entry"] for summary in self._summaries(request).values()]
         return _json(request, {"runs": overview.worst_first(entries)})
@@ -323,12 +291,12 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         """A live family's route body, computed now from its cached read (`RunStore.live_data`).
 
         Raises:
-          reader.RunNotFoundError: unknown run (404).
+          errors.NotFoundError: unknown run (404).
         """
         runs = self.store.list_runs(ctx, experiment_id)
         group = run if run in runs or run in reader.job_groups(runs) else None
         if group is None:
-            raise reader.RunNotFoundError(run)
+            raise reader.run_not_found(run)
         run_data = self.store.live_data(ctx, experiment_id, group, runs).get(run)
         if run_data is None:  # a run without the family's data: its empty body
             run_data = reader.RunData(run)
@@ -337,15 +305,15 @@ class ReplicasPlugin(base_plugin.TBPlugin):
     def _family_app(self, family):
         """The route of one family: the run named by `run`, the family's arguments, its body.
 
-        Raises (answered by `_handling_errors`):
-          BadRequestError: missing `run` or a malformed argument (400).
-          reader.RunNotFoundError: unknown run (404); NotFoundError: no such data (404).
+        Raises (answered by TensorBoard's application):
+          errors.InvalidArgumentError: missing `run` or a malformed argument (400).
+          errors.NotFoundError: unknown run, or no such data (404).
         """
 
         def serve(self, request):
             run = request.args.get("run")
             if not run:
-                raise BadRequestError("missing argument 'run'")
+                raise errors.InvalidArgumentError("missing argument 'run'")
             present = family.present
             parsed = {name: parse(request.args.get(name)) for name, parse in present.args.items()}
             ctx, experiment_id = self._request_context(request)
@@ -366,7 +334,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             return _encoded_json(request, answer)
 
         serve.__name__ = f"_serve_{family.name}"
-        return functools.partial(_handling_errors(serve), self)
+        return functools.partial(wrappers.Request.application(serve), self)
 
 
 def live_entry(run_data, now=None):
@@ -424,4 +392,4 @@ def runs_entry(run_data, findings=None):
 def _listed(family, run_data):
     if family.present.listed is not None:
         return bool(family.present.listed(run_data))
-    return getattr(run_data, family.attribute) is not None
+    return run_data.series.get(family.attribute) is not None

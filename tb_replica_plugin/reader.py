@@ -27,7 +27,7 @@ __all__ = [
     "ROOT_JOB",
     "WORKER_RUN",
     "RunData",
-    "RunNotFoundError",
+    "run_not_found",
     "candidate_jobs",
     "family_tags",
     "group_runs",
@@ -52,35 +52,49 @@ __all__ = [
 ALL_SAMPLES = 10_000_000
 
 
-class RunNotFoundError(KeyError):
-    """Raised when a run has no data of this plugin."""
+def run_not_found(run):
+    """The error a read of an unknown run raises: TensorBoard's `errors.NotFoundError` (404).
+
+    Example:
+      >>> str(run_not_found("nope"))
+      "Not found: no replica data for run 'nope'"
+    """
+    from tensorboard import errors
+
+    return errors.NotFoundError(f"no replica data for run {run!r}")
 
 
 class RunData:
-    """Every family of one run, as read from the data provider.
+    """Every family of one run, as read from its event files or the data provider.
 
-    Each registered family has one attribute (its `Family.attribute`: `inputs`, `step_time`,
-    `gradients`, `rng`, `data` for examples, `variables`, ...) holding its series dataclass, or
-    None when the run has none of its tags (`inputs` is always an `InputsSeries`, with empty
-    arrays when the run has no inputs tags). The series are kept in `families`,
-    `{attribute: series}`; attribute access reads and writes that dict, so no family is named
-    here. `samples` keeps the raw decoded samples per tag, `{tag: [(step, numpy value), ...]}`
-    sorted by step, for family builders.
+    A plain object: `series` holds each registered family's series by its `Family.attribute`
+    (`inputs`, `step_time`, `gradients`, `rng`, `data` for examples, `variables`, ...), None
+    when the run has none of its tags (`inputs` is always an `InputsSeries`, with empty arrays
+    when the run has no inputs tags). Each attribute is also a property of the class, generated
+    from the registry (`run_data.inputs` is `run_data.series["inputs"]`), so no family is named
+    here.
 
     A multi-worker job (the runs `<job>/worker_<i>` written by the workers of one
     `MultiWorkerMirroredStrategy` job) is one `RunData` named `<job>`: its families are merged
-    over workers on global replica ids (every family's `Family.merge`), `workers` groups the
-    replica axis by worker and `worker_runs` keeps each worker's own `RunData`.
+    over workers on global replica ids (every family's merge), and `workers` groups the replica
+    axis by worker. A worker's own run is read by its own name.
 
     Attributes:
       run: the run (or job) name.
-      samples: raw samples per readable tag (empty for a job: see `worker_runs`).
+      series: `{attribute: series or None}` of every registered family.
       notes: plain-language problems met while reading (shared by every family).
       workers: for a job, one dict per worker in replica order (see `InputsSeries.workers`);
         empty for a single-worker run.
       worker_runs: for a job, `{run: RunData}` of its workers' runs (their series; of their raw
         samples only those a merge reads, `Family.merge_tags`, are kept).
-      families: `{attribute: series or None}` of every registered family.
+      samples: raw samples per tag, `{tag: [(step, numpy value), ...]}` sorted by step, of a
+        worker's run while its job is merged (the tags a merge reads, `Family.merge_tags`);
+        empty otherwise.
+
+    Example:
+      >>> data = RunData("run", inputs=series)
+      >>> data.inputs is data.series["inputs"], data.gradients
+      (True, None)
     """
 
     def __init__(self, run, samples=None, notes=None, workers=None, worker_runs=None, **series):
@@ -92,32 +106,19 @@ class RunData:
         Raises:
           TypeError: if a keyword is not the attribute of a registered family.
         """
-        attributes = _attributes()
+        attributes = _series_properties()
         unknown = sorted(set(series) - set(attributes))
         if unknown:
             raise TypeError(f"RunData got unknown families {unknown}; registered: {attributes}")
-        object.__setattr__(self, "families", {a: series.get(a) for a in attributes})
         self.run = run
+        self.series = {a: series.get(a) for a in attributes}
         self.samples = {} if samples is None else samples
         self.notes = [] if notes is None else notes
         self.workers = [] if workers is None else workers
         self.worker_runs = {} if worker_runs is None else worker_runs
 
-    def __getattr__(self, name):
-        # Only reached when normal lookup fails: family attributes live in `families`.
-        families = self.__dict__.get("families")
-        if families is not None and name in families:
-            return families[name]
-        raise AttributeError(f"RunData has no attribute {name!r}")
-
-    def __setattr__(self, name, value):
-        if name in self.__dict__.get("families", {}):
-            self.families[name] = value
-        else:
-            object.__setattr__(self, name, value)
-
     def __repr__(self):
-        present = [a for a, s in self.families.items() if s is not None]
+        present = [a for a, s in self.series.items() if s is not None]
         return f"RunData(run={self.run!r}, families={present}, workers={len(self.workers)})"
 
     @property
@@ -127,20 +128,45 @@ class RunData:
     def without_worker_runs(self):
         """This run, sharing its series, without `worker_runs` (what the tab's views read).
 
-        A job's workers' own series hold as much again as the job's merged ones and no route,
-        finding or report block of the job reads them: the tab's cache keeps a job without
-        them (a worker's run is read by its own name when asked for).
-
         Returns:
           `self` when it has no `worker_runs`, else a new `RunData`.
         """
         if not self.worker_runs:
             return self
-        return RunData(self.run, self.samples, self.notes, self.workers, None, **self.families)
+        return RunData(self.run, self.samples, self.notes, self.workers, None, **self.series)
 
 
-def _attributes():
-    return [f.attribute for f in registry.families()]
+# RunData's own attributes: a family attribute must not take one of these names.
+_OWN = frozenset({"run", "series", "samples", "notes", "workers", "worker_runs", "is_job"})
+_installed = set()  # family attributes with a property on RunData
+
+
+def _series_property(attribute):
+    def get(run_data):
+        if attribute not in run_data.series:  # a family no longer registered
+            raise AttributeError(f"RunData has no family {attribute!r}")
+        return run_data.series[attribute]
+
+    def put(run_data, value):
+        run_data.series[attribute] = value
+
+    return property(get, put, doc=f"`series[{attribute!r}]`: that family's series, or None.")
+
+
+def _series_properties():
+    """The registered families' attributes, each given its property on `RunData` (once).
+
+    Raises:
+      ValueError: if a family's attribute is one of RunData's own names.
+    """
+    attributes = [f.attribute for f in registry.families()]
+    for attribute in attributes:
+        if attribute not in _installed:
+            if attribute in _OWN:
+                raise ValueError(f"family attribute {attribute!r} is a RunData name")
+            setattr(RunData, attribute, _series_property(attribute))
+            _installed.add(attribute)
+    return attributes
 
 
 def list_runs(provider, ctx, experiment_id):
@@ -200,14 +226,14 @@ def read_run(
       None
 
     Raises:
-      RunNotFoundError: if the run has no data of this plugin.
+      errors.NotFoundError: if the run has no data of this plugin.
     """
     from tensorboard.data import provider as provider_lib
 
     if tags_of_run is None:
         tags_of_run = list_runs(provider, ctx, experiment_id).get(run)
     if not tags_of_run:
-        raise RunNotFoundError(run)
+        raise run_not_found(run)
     notes = []
     wanted = None if families is None else family_tags(families)
     if wanted is not None:
@@ -287,7 +313,7 @@ def build_run(run, samples, notes=None, families=None):
         needed = {name: by_name[name] for name in family.needs}
         series = family.read(run, samples, notes, needed)
         by_name[family.name] = series
-        setattr(run_data, family.attribute, series)
+        run_data.series[family.attribute] = series
     return run_data
 
 
@@ -295,7 +321,7 @@ def read_inputs(provider, ctx, experiment_id, run, tags_of_run=None):
     """Reads the inputs family of one run (`read_run(...).inputs`).
 
     Raises:
-      RunNotFoundError: if the run has no data of this plugin.
+      errors.NotFoundError: if the run has no data of this plugin.
     """
     return read_run(provider, ctx, experiment_id, run, tags_of_run).inputs
 
@@ -305,7 +331,7 @@ def worker_identity(member):
     family (registry order) whose series tells it (`Family.worker_of`), else None."""
     for family in registry.families():
         if family.worker_of is not None:
-            identity = family.worker_of(getattr(member, family.attribute, None))
+            identity = family.worker_of(member.series.get(family.attribute))
             if identity is not None:
                 return identity
     return None
@@ -363,7 +389,7 @@ def merge_job(job, member_runs, families=None):
     for family in registry.families():
         if wanted is None or family.name in wanted:
             merged = family.merge(job, members, workers, notes) if family.merge else None
-            setattr(data, family.attribute, merged)
+            data.series[family.attribute] = merged
     return data
 
 
@@ -399,7 +425,7 @@ def read_runs(
       `{name: RunData}` sorted by name.
 
     Raises:
-      RunNotFoundError: if `run` is neither a run nor a job with data of this plugin.
+      errors.NotFoundError: if `run` is neither a run nor a job with data of this plugin.
     """
     if runs is None:
         runs = list_runs(provider, ctx, experiment_id)
@@ -421,7 +447,7 @@ def read_runs(
             result = read(run)
             if run in result:
                 return result
-        raise RunNotFoundError(run)
+        raise run_not_found(run)
     names = [
         name
         for name in groups(runs)
@@ -479,7 +505,7 @@ def read_group(
       `{name: RunData}`: the run, the merged job, or (workers of no job) each worker run.
 
     Raises:
-      RunNotFoundError: if `name` is neither.
+      errors.NotFoundError: if `name` is neither.
     """
     if name in runs:
         return {
@@ -487,7 +513,7 @@ def read_group(
         }
     members_of = job_groups(runs).get(name)
     if not members_of:
-        raise RunNotFoundError(name)
+        raise run_not_found(name)
     # Whether they are the workers of one job comes from a family that can tell (`worker_of`):
     # the inputs family (shapes events) unless one of those asked for can.
     read_families = None if families is None else with_needs(families)

@@ -178,12 +178,12 @@ class RunStore:
           A `reader.RunData` (shared with other requests: do not modify it).
 
         Raises:
-          reader.RunNotFoundError: if `run` is neither a run nor a job of this plugin.
+          errors.NotFoundError: if `run` is neither a run nor a job of this plugin.
         """
         if runs is None:
             runs = self.list_runs(ctx, experiment_id)
         if run not in runs and run not in reader.job_groups(runs):
-            raise reader.RunNotFoundError(run)
+            raise reader.run_not_found(run)
         version = self.version(runs, run)
         full = self.cache.get(("data", experiment_id, run, None, version))
         if full is not None:
@@ -215,12 +215,12 @@ class RunStore:
         a group without any gives `{}`.
 
         Raises:
-          reader.RunNotFoundError: if `group` is neither a run nor a job of this plugin.
+          errors.NotFoundError: if `group` is neither a run nor a job of this plugin.
         """
         if runs is None:
             runs = self.list_runs(ctx, experiment_id)
         if group not in runs and group not in reader.job_groups(runs):
-            raise reader.RunNotFoundError(group)
+            raise reader.run_not_found(group)
         version = self.version(runs, group, live=True)
         if not any(tags for _, tags in version):
             return {}
@@ -252,11 +252,11 @@ class RunStore:
           What `make_body` returned (shared with other requests: do not modify it).
 
         Raises:
-          reader.RunNotFoundError: if `run` is neither a run nor a job of this plugin.
+          errors.NotFoundError: if `run` is neither a run nor a job of this plugin.
         """
         runs = self.list_runs(ctx, experiment_id)
         if run not in runs and run not in reader.job_groups(runs):
-            raise reader.RunNotFoundError(run)
+            raise reader.run_not_found(run)
         version = self.version(runs, run)
         key = ("body", experiment_id, run, family, tuple(sorted(args.items())))
 
@@ -367,12 +367,12 @@ class RunStore:
           modify).
 
         Raises:
-          reader.RunNotFoundError: if `run` is given and is neither a run nor a job.
+          errors.NotFoundError: if `run` is given and is neither a run nor a job.
         """
         runs = self.list_runs(ctx, experiment_id)
         if run is not None:
             if run not in runs and run not in reader.job_groups(runs):
-                raise reader.RunNotFoundError(run)
+                raise reader.run_not_found(run)
             groups = [run]
         else:
             groups = reader.groups(runs)
@@ -385,7 +385,7 @@ class RunStore:
             result.update(found)
         if run is not None:
             if run not in result:
-                raise reader.RunNotFoundError(run)
+                raise reader.run_not_found(run)
             return {run: result[run]}
         return {name: result[name] for name in sorted(result)}
 

@@ -268,8 +268,9 @@ def server(demo_logs):
 
 
 def get_json(server, path):
+    """`(status, body)`: the JSON answer, or the text of an error (TensorBoard's own)."""
     status, body, _ = http_get(server.url + path)
-    return status, json.loads(body)
+    return status, json.loads(body) if status < 400 else body.decode()
 
 
 def test_routes_show_the_job(server):

@@ -88,14 +88,16 @@ def client(bad_logs):
     return Client(app)
 
 
-def check_json_error(response):
-    """No 5xx; every 4xx is JSON `{"error": "<message>"}`. Returns the decoded body."""
+def check_error(response):
+    """No 5xx; every 4xx is TensorBoard's plain-text error ("Invalid argument: <message>" for
+    400, "Not found: <message>" for 404). Returns the message (the body of a 2xx as is)."""
     assert response.status_code < 500, (response.status_code, response.data[:300])
     if response.status_code >= 400:
-        assert response.mimetype == "application/json", response.mimetype
-        body = json.loads(response.data)
-        assert isinstance(body, dict) and isinstance(body.get("error"), str) and body["error"]
-        return body
+        assert response.mimetype == "text/plain", response.mimetype
+        text = response.data.decode("utf-8")
+        prefix = {400: "Invalid argument: ", 404: "Not found: "}[response.status_code]
+        assert text.startswith(prefix) and text[len(prefix) :], text
+        return text[len(prefix) :]
     return response.data
 
 
@@ -130,15 +132,15 @@ def test_fuzz_inputs_route(client):
         cases.append(1)
         query = {k: v for k, v in (("run", run), ("max_points", max_points)) if v is not None}
         response = client.open(PREFIX + "/inputs", method=method, query_string=query)
-        check_json_error(response)
+        check_error(response)
         if not run:
             assert response.status_code == 400
         elif not valid_max_points(max_points):
             assert response.status_code == 400
-            assert "max_points" in json.loads(response.data)["error"]
+            assert "max_points" in check_error(response)
         elif run not in RUNS:
             assert response.status_code == 404
-            assert json.loads(response.data)["error"] == f"no replica data for run {run!r}"
+            assert check_error(response) == f"no replica data for run {run!r}"
         else:
             assert response.status_code == 200
             body = json.loads(response.data)
@@ -163,7 +165,7 @@ def test_fuzz_findings_and_runs_routes(client):
             query["run"] = run
         path = PREFIX + ("/findings" if route == "f" else "/runs")
         response = client.get(path, query_string=query)
-        check_json_error(response)
+        check_error(response)
         if route == "r":
             assert response.status_code == 200
             assert sorted(r["run"] for r in json.loads(response.data)["runs"]) == sorted(RUNS)
@@ -207,7 +209,7 @@ def test_fuzz_raw_query_strings(client):
     )
     def case(route, query):
         cases.append(1)
-        check_json_error(client.get(PREFIX + route + "?" + query))
+        check_error(client.get(PREFIX + route + "?" + query))
 
     case()
     assert len(cases) >= 200
@@ -232,7 +234,7 @@ def test_fuzz_family_routes(client):
             if v is not None
         }
         response = client.get(PREFIX + route, query_string=query)
-        check_json_error(response)
+        check_error(response)
         if not run:
             assert response.status_code == 400
         elif run not in RUNS:
@@ -257,7 +259,7 @@ def test_fuzz_static_route(client):
         if not reaches_plugin(path):
             assert response.status_code == 404 and response.data == b"Not found"
             return
-        check_json_error(response)
+        check_error(response)
         if name in STATIC_FILES:
             assert response.status_code == 200
             with open(os.path.join(plugin_module.STATIC_DIR, name), "rb") as handle:
@@ -309,7 +311,7 @@ def test_static_traversal_is_refused(client, path):
     assert response.status_code == 404
     assert b"root:" not in response.data and b"import " not in response.data
     if reaches_plugin(PREFIX + path):  # else TensorBoard's router answers itself
-        assert check_json_error(response)["error"].startswith("no static file")
+        assert check_error(response).startswith("no static file")
 
 
 def test_static_file_is_served(client):

@@ -139,10 +139,11 @@ def test_gradients_route_fit_17_8(server):
         ("/static/nothing.js", 404, "no static file"),
     ],
 )
-def test_bad_requests_answer_json_errors(server, path, status, message):
-    got_status, body = get_json(server, PLUGIN + path)
-    assert got_status == status
-    assert message in body["error"]
+def test_bad_requests_answer_tensorboards_errors(server, path, status, message):
+    got_status, body, content_type = http_get(server.url + PLUGIN + path)
+    assert (got_status, content_type.split(";")[0]) == (status, "text/plain")
+    prefix = {400: "Invalid argument: ", 404: "Not found: "}[status]
+    assert body.decode().startswith(prefix) and message in body.decode()
 
 
 def test_event_bytes_decide_the_reader(tmp_path):

@@ -286,7 +286,8 @@ def test_watch_route_runs_listing_and_report(gather_child):
 
     def get(path):
         response = client.get("/data/plugin/replicas" + path)
-        return response.status_code, json.loads(response.get_data(as_text=True))
+        text = response.get_data(as_text=True)
+        return response.status_code, json.loads(text) if response.status_code < 400 else text
 
     status, body = get("/watch?run=mismatch")
     assert status == 200
@@ -298,7 +299,7 @@ def test_watch_route_runs_listing_and_report(gather_child):
     kept = get("/watch?run=mismatch&max_points=2")[1]["values"][0]["stats"]  # the latest two
     assert kept["steps"] == [1, 2] and kept["dropped"] == 1
     status, body = get("/watch?run=nope")
-    assert status == 404
+    assert (status, body) == (404, "Not found: no replica data for run 'nope'")
     status, body = get("/runs")
     families = {entry["run"]: entry["families"] for entry in body["runs"]}
     assert families["mismatch"] == ["watch", "status"]  # watched, observed no inputs

@@ -16,7 +16,8 @@ const numbers = (a) => (Array.isArray(a) ? a.map(toNumber) : []);
 const matrix = (a) => (Array.isArray(a) ? a.map(numbers) : []);
 const list = (a) => (Array.isArray(a) ? a : []);
 
-/** GET a JSON route; throws an Error with the server's message on failure. */
+/** GET a JSON route; throws an Error with the server's message on failure (TensorBoard answers a
+ * route's errors as plain text: "Invalid argument: ..." or "Not found: ..."). */
 export async function fetchJson(url, { signal } = {}) {
   let res;
   try {
@@ -33,7 +34,7 @@ export async function fetchJson(url, { signal } = {}) {
     if (res.ok) throw new Error(`${url} did not answer JSON.`);
   }
   if (!res.ok) {
-    const why = body && typeof body.error === 'string' ? body.error : res.statusText;
+    const why = body && typeof body.error === 'string' ? body.error : text.trim() || res.statusText;
     throw new Error(`${url} answered ${res.status}: ${why}`);
   }
   return body ?? {};

@@ -1,18 +1,14 @@
-"""Request arguments of the plugin routes, and the errors the routes answer with.
+"""Request arguments of the plugin routes.
 
-Each family's `present.ARGS` maps argument names to these parsers; the plugin turns
-`BadRequestError` into 400 and `NotFoundError` into 404 in one place. No TensorFlow.
+Each family's `present.ARGS` maps argument names to these parsers. A malformed argument raises
+TensorBoard's own `tensorboard.errors.InvalidArgumentError`, and what a route cannot find its
+`NotFoundError`: TensorBoard's application answers them with 400 and 404 and their message as
+plain text. No TensorFlow.
 """
 
+from tensorboard import errors
+
 from tb_replica_plugin.core.downsample import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE
-
-
-class BadRequestError(ValueError):
-    """A request argument is missing or malformed (answered with 400)."""
-
-
-class NotFoundError(LookupError):
-    """What a route was asked for does not exist (answered with 404 and this message)."""
 
 
 class Download:
@@ -32,16 +28,19 @@ def parse_int(name, raw, default, bounds=None):
     """An integer query argument: `default` when absent.
 
     Raises:
-      BadRequestError: if it is not an integer, or outside `bounds` (inclusive) when given.
+      errors.InvalidArgumentError: if it is not an integer, or outside `bounds` (inclusive)
+        when given.
     """
     if raw is None:
         return default
     try:
         value = int(raw)
     except ValueError:
-        raise BadRequestError(f"{name} must be an integer, got {raw!r}") from None
+        raise errors.InvalidArgumentError(f"{name} must be an integer, got {raw!r}") from None
     if bounds is not None and not bounds[0] <= value <= bounds[1]:
-        raise BadRequestError(f"{name} must be between {bounds[0]} and {bounds[1]}, got {value}")
+        raise errors.InvalidArgumentError(
+            f"{name} must be between {bounds[0]} and {bounds[1]}, got {value}"
+        )
     return value
 
 
@@ -49,7 +48,7 @@ def parse_optional_int(name):
     """A parser of an optional integer argument `name` (absent or empty: None).
 
     Raises (the parser):
-      BadRequestError: if the argument is not an integer.
+      errors.InvalidArgumentError: if the argument is not an integer.
     """
     return lambda raw: None if raw in (None, "") else parse_int(name, raw, None)
 
@@ -58,7 +57,7 @@ def parse_step(raw):
     """Parses the optional `step` argument (an integer; empty means absent).
 
     Raises:
-      BadRequestError: if it is not an integer.
+      errors.InvalidArgumentError: if it is not an integer.
     """
     return None if raw == "" else parse_int("step", raw, None)
 
@@ -67,7 +66,7 @@ def parse_max_points(raw):
     """Parses the `max_points` argument.
 
     Raises:
-      BadRequestError: if it is not an integer in `MAX_POINTS_RANGE`.
+      errors.InvalidArgumentError: if it is not an integer in `MAX_POINTS_RANGE`.
     """
     return parse_int("max_points", raw, DEFAULT_MAX_POINTS, MAX_POINTS_RANGE)
 
@@ -81,7 +80,7 @@ def parse_matrix_side(raw):
     """Parses the optional `matrix_side` argument of `/rng` and `/data` (absent: None).
 
     Raises:
-      BadRequestError: if it is not an integer in `BLOCKS_RANGE`.
+      errors.InvalidArgumentError: if it is not an integer in `BLOCKS_RANGE`.
     """
     return parse_int("matrix_side", raw, None, BLOCKS_RANGE)
 
@@ -90,6 +89,6 @@ def parse_replica_blocks(raw):
     """Parses the optional `replica_blocks` argument (absent: None).
 
     Raises:
-      BadRequestError: if it is not an integer in `BLOCKS_RANGE`.
+      errors.InvalidArgumentError: if it is not an integer in `BLOCKS_RANGE`.
     """
     return parse_int("replica_blocks", raw, None, BLOCKS_RANGE)

@@ -7,6 +7,7 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 import io
 
 import numpy as np
+from tensorboard import errors
 
 from tb_replica_plugin.core import args
 from tb_replica_plugin.core.downsample import (
@@ -103,10 +104,10 @@ def body(run, run_data, parsed):
     """The `/gradients` body of a run, with the run's notes.
 
     Raises:
-      args.NotFoundError: if the run recorded no gradients (404).
+      errors.NotFoundError: if the run recorded no gradients (404).
     """
     if run_data.gradients is None:
-        raise args.NotFoundError(f"no gradient data for run {run!r}")
+        raise errors.NotFoundError(f"no gradient data for run {run!r}")
     if parsed.get("batch_step") is not None or parsed.get("batch_replica") is not None:
         return batch_download(
             run, run_data.gradients, parsed["batch_step"], parsed["batch_replica"]
@@ -122,15 +123,15 @@ def batch_download(run, series, step, replica):
     """A captured culprit batch as a `.npz` download (`/gradients?batch_step=S&batch_replica=R`).
 
     Raises:
-      args.BadRequestError: if only one of the two arguments is given (400).
-      args.NotFoundError: if no batch was captured there (404, naming the captured ones).
+      errors.InvalidArgumentError: if only one of the two arguments is given (400).
+      errors.NotFoundError: if no batch was captured there (404, naming the captured ones).
     """
     if step is None or replica is None:
-        raise args.BadRequestError("batch_step and batch_replica go together")
+        raise errors.InvalidArgumentError("batch_step and batch_replica go together")
     try:
         captured = series.batch(step, replica)
     except KeyError as error:
-        raise args.NotFoundError(error.args[0]) from None
+        raise errors.NotFoundError(error.args[0]) from None
     buffer = io.BytesIO()
     np.savez(buffer, **captured.arrays)
     name = "".join(c if c.isalnum() else "_" for c in run).strip("_") or "run"

@@ -132,7 +132,7 @@ def parse_top(raw):
     """Parses the `top` argument.
 
     Raises:
-      args.BadRequestError: if it is not an integer in `TOP_RANGE`.
+      errors.InvalidArgumentError: if it is not an integer in `TOP_RANGE`.
     """
     return args.parse_int("top", raw, DEFAULT_TOP, TOP_RANGE)
 
