@@ -83,7 +83,7 @@ def main():
     parser.add_argument("--steps", type=int, default=1000)
     args = parser.parse_args()
 
-    from tb_replica_plugin import analysis, reader
+    from tb_replica_plugin import analysis, reader, store
     from tb_replica_plugin.report import load
 
     with tempfile.TemporaryDirectory() as logdir:
@@ -99,8 +99,11 @@ def main():
         assert job.inputs.num_replicas == args.workers * args.replicas
         provider, ctx, experiment_id = reader.local_provider(logdir)
         start = time.perf_counter()
-        runs = reader.read_runs(provider, ctx, experiment_id)
-        findings = [analysis.find_run(data) for data in runs.values()]
+        runs_store = store.RunStore(provider)  # through the provider, as with --logdir_spec
+        names = reader.groups(runs_store.list_runs(ctx, experiment_id))
+        findings = [
+            analysis.find_run(runs_store.run_data(ctx, experiment_id, name)) for name in names
+        ]
         read_s = time.perf_counter() - start
     print(
         json.dumps(

@@ -3,8 +3,10 @@
 Routes are documented in `http_api.md`: the static files, `/runs`, `/findings`, `/overview` and
 one route per registered family (`Family.route`), whose body comes from the family's present
 module (`present.ARGS` parses the arguments, `present.body(run, run_data, args)` builds the JSON).
-Reads go through `store.RunStore`: a family route reads only its family's tags and keeps its
-encoded answer; findings and `/runs` entries are computed once per run and data version.
+Reads go one way down: route → `store.RunStore` (a state per run or job, read on incrementally,
+answers cached per data version) → `group.GroupState` (the run's new samples, a job's families
+merged) → each family's reader and merger. The store reads the log dir's event files itself
+when TensorBoard serves one (`store.source_for`), else through TensorBoard's data provider.
 Errors are TensorBoard's own exceptions (`tensorboard.errors`): a route raises
 `InvalidArgumentError` for a bad argument and `NotFoundError` for an unknown run or missing
 data, and TensorBoard's application answers 400 or 404 with the message as plain text. No
@@ -135,11 +137,14 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         """
         self._provider = context.data_provider
         hint = (getattr(context, "sampling_hints", None) or {}).get(metadata.PLUGIN_NAME)
-        # Reads scoped to each route's families, cached per run and data version.
+        downsample = store.downsample_from_hint(hint)
+        flags = getattr(context, "flags", None)
+        source = store.source_for(
+            context.data_provider, getattr(context, "logdir", None), downsample, flags
+        )
+        # One state per run and job, read on as its runs grow; answers cached per version.
         self.store = store.RunStore(
-            context.data_provider,
-            downsample=store.downsample_from_hint(hint),
-            run_view=self._run_view,
+            context.data_provider, downsample=downsample, run_view=self._run_view, source=source
         )
         if warm is None:
             warm = getattr(context, "flags", None) is not None
@@ -293,11 +298,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
         Raises:
           errors.NotFoundError: unknown run (404).
         """
-        runs = self.store.list_runs(ctx, experiment_id)
-        group = run if run in runs or run in reader.job_groups(runs) else None
-        if group is None:
-            raise reader.run_not_found(run)
-        run_data = self.store.live_data(ctx, experiment_id, group, runs).get(run)
+        run_data = self.store.live_data(ctx, experiment_id, run).get(run)
         if run_data is None:  # a run without the family's data: its empty body
             run_data = reader.RunData(run)
         return family.present.body(run, run_data, parsed)
@@ -320,8 +321,7 @@ class ReplicasPlugin(base_plugin.TBPlugin):
             if family.live:
                 return _json(request, self._live_body(ctx, experiment_id, run, family, parsed))
             make_body = self._make_body(run, family, parsed)
-            # Only this family's tags (and those of the families it needs) are read; the answer
-            # is kept, encoded, until the run has new data.
+            # The answer is kept, encoded, until the run has new data.
             answer = self.store.body(ctx, experiment_id, run, family.name, parsed, make_body)
             if isinstance(answer, Download):
                 disposition = f'attachment; filename="{answer.filename}"'

@@ -115,8 +115,13 @@ class Family:
         families in `needs`, already read).
       rules: its `Rules`.
       present: its `Presenter`.
-      merge: `merge(job, member_runs, workers, notes)` -> the series of a multi-worker job from
-        its workers' `RunData`, or None; None when a job never has this family's series.
+      merger: the class of its streaming merge of a multi-worker job (`core.jobs.Merger`):
+        `merger(expected_workers)` takes one worker's series at a time into the job's arrays
+        (`add`) and gives the job's series (`result`); None for a family merged by `merge`.
+      merge: for a family without `merger`, `merge(job, member_runs, workers, notes)` -> the
+        series of a job from all its workers' `RunData` at once (their series and the samples
+        of its tags and `merge_tags`; small families: step time, status), or None; None when a
+        job never has this family's series.
       write_side: a function of no arguments that imports the write side (TensorFlow) and returns
         `(Recorder class, Recording mixin or None)` (`core.recorder`): the probe creates one
         recorder per family and `ReplicaProbe` gets the mixin's `observe_*` methods. None for a
@@ -127,8 +132,9 @@ class Family:
         a route of this family reads their tags too).
       uses: names of the families whose code it imports (they come before it too), e.g. watch
         describes its leaves with the inputs family's shape statistics.
-      merge_tags: tags whose raw samples its `merge` reads from the workers' `RunData` (the other
-        samples of a job's workers are dropped as soon as each is read).
+      merge_tags: tags whose raw samples its `merge` reads from the workers' `RunData` (a job
+        keeps each worker's samples of these and of the family's tags; those of the families
+        with a `merger` are dropped as soon as each worker is merged).
       route: the URL path of its route under the plugin (e.g. "/data"), or None.
       worker_of: `worker_of(series)` -> `{"worker", "replicas", "devices"}` when its series of a
         run says the run is a worker of a multi-worker job (`worker`: the probe's worker dict,
@@ -151,6 +157,7 @@ class Family:
     read: Callable
     rules: Rules
     present: Presenter
+    merger: type | None = None
     merge: Callable | None = None
     write_side: Callable | None = None
     versions: Mapping = dataclasses.field(default_factory=dict)

@@ -1,44 +1,54 @@
-"""The tab's reads, cached per run (or job) and data version.
+"""The tab's reads: one incremental state per run or job, and answers cached per data version.
 
-A route asks `RunStore` for what it shows: a family route's body (`body`, from one family's
-series of one run: `run_data`), or the findings and `/runs` entries (`summaries`). Each asks
-the data provider only for the tags it needs (`RunTagFilter`) with the plugin's sampling hint,
-and keeps the result in one `core.cache.ByteLRU` keyed by the run's data version: per tag, the
-largest step and wall time the provider lists (`list_tensors` metadata). A run is read again,
-its findings computed again and its bodies built again only when that version changes (new
-data) or the entry was evicted. Job merges are cached the same way (their version is their
-workers'), without their workers' own series (`RunData.without_worker_runs`).
+One way down: a route asks `RunStore` (this module) for what it shows; the store keeps one
+`group.GroupState` per run or job (`reader.groups`), which reads what the group's runs appended
+since its last look (`core.sources`: the run's event files when TensorBoard serves a log dir the
+plugin can read, else TensorBoard's data provider) and merges a job's workers in its families'
+mergers; the store then computes the route's answer from the state's series and keeps it in one
+`core.cache.ByteLRU` keyed by the state's data version: findings and `/runs` entries
+(`summaries`), family route bodies (`body`). A group is read from its start once (or again when
+its data cannot be taken in place, `core.jobs.Irregular`); after that, new steps cost what they
+add.
 
 A *live* family (`Family.live`: status, whose heartbeats change a running job every few seconds
 and whose findings depend on the time of the request) does not count in that version: its own
-tags are read apart (`live_data`, cached per their own version) and its findings, `/runs`
-fields and route body are computed from that read at each request (`summaries`' `make_live`),
-so a heartbeat never makes the tab read or recompute the rest of a run. No TensorFlow.
+samples are kept apart by the state (`live_data`, per their own version) and its findings,
+`/runs` fields and route body are computed from them at each request (`summaries`' `make_live`),
+so a heartbeat never makes the tab recompute the rest of a run. No TensorFlow.
 """
 
 import collections
+import itertools
+import os
 import threading
 import time
 
-from tb_replica_plugin import analysis, reader, registry
+from tb_replica_plugin import analysis, group, reader, registry
 from tb_replica_plugin.core.cache import ByteLRU, SingleFlight
+from tb_replica_plugin.core.sources import FileSource, ProviderSource
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "LISTING_REUSE_SECONDS",
+    "READ_ENV",
     "WARM_BACKOFF",
     "RunStore",
     "downsample_from_hint",
+    "source_for",
 ]
 
-# The cache's budget: runs, merged jobs, findings and `/runs` entries of the tab.
+# The cache's budget: findings, `/runs` entries and route bodies of the tab.
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
-# A run computed ahead (`RunStore.warm`) waits this many times what that took before the next.
+# A run's answers computed ahead (`RunStore.warm`) wait this many times what that took before
+# they are computed ahead again (its state is still read on at every look).
 WARM_BACKOFF = 10
 # A listing started less than this many seconds ago answers later requests too: the tab asks
 # 8 routes within about a second when it opens a run (listing a 256-worker job costs about
 # 0.1 s of CPU each time), and TensorBoard reloads its data every few seconds anyway.
 LISTING_REUSE_SECONDS = 1.0
+# Set to "provider" to read through TensorBoard's data provider even when the log dir is
+# readable (each read then answers every sample again: per-step filtering, see core.sources).
+READ_ENV = "TB_REPLICA_READ"
 
 
 def downsample_from_hint(hint):
@@ -57,17 +67,37 @@ def downsample_from_hint(hint):
     return int(hint) if hint else reader.ALL_SAMPLES
 
 
+def source_for(provider, logdir=None, downsample=reader.ALL_SAMPLES, flags=None):
+    """Where the store reads samples: the log dir's event files when it can, else the provider.
+
+    Args:
+      provider: a TensorBoard `DataProvider` (the runs it lists are the runs read).
+      logdir: TensorBoard's `--logdir` (`TBContext.logdir`), or None.
+      downsample: samples per tag asked of the provider (`downsample_from_hint`).
+      flags: TensorBoard's flags: with `--grpc_data_provider` the data is not under `logdir`.
+
+    Returns:
+      A `core.sources.FileSource` (falling back to the provider for a run it cannot find)
+      when `logdir` is given, TensorBoard reads no remote data server, and `TB_REPLICA_READ`
+      is not "provider"; else a `core.sources.ProviderSource`.
+    """
+    through = ProviderSource(provider, downsample)
+    remote = bool(getattr(flags, "grpc_data_provider", ""))
+    if not logdir or remote or os.environ.get(READ_ENV, "") == "provider":
+        return through
+    return FileSource(logdir, fallback=through)
+
+
 class RunStore:
-    """Cached, scoped reads of one data provider for the plugin's routes.
+    """The states of a data provider's runs and jobs, and the routes' answers cached.
 
     Attributes:
-      cache: the `ByteLRU` holding `RunData`, findings and `/runs` entries.
+      cache: the `ByteLRU` holding findings, `/runs` entries and route bodies.
       listing_reuse_s: how long (seconds) a listing of the provider's runs answers later
         requests (`list_runs`; 0: each request lists).
-      computed: `collections.Counter` of computations by kind (`"read"`: a run or job read
-        for a route, `"summary"`: a run or job read in full and its findings computed,
-        `"view"`: a run view's bodies built from a full read too large to keep, `"warm"`: a
-        settled run or job computed ahead by `warm`).
+      computed: `collections.Counter` of computations by kind (`"read"`: a run or job read from
+        its start, `"refresh"`: a look that found new data, `"summary"`: findings and `/runs`
+        entries computed, `"body"`: a route body built, `"warm"`: a run or job computed ahead).
 
     Example:
       >>> store = RunStore(provider)
@@ -75,7 +105,7 @@ class RunStore:
       >>> summary = store.summaries(ctx, "", entry, run="balanced/replicas")
       >>> summary["balanced/replicas"]["findings"]  # `analysis.Finding`s of a clean run
       []
-      >>> store.run_data(ctx, "", "balanced/replicas", families=["inputs"]).inputs.steps
+      >>> store.run_data(ctx, "", "balanced/replicas").inputs.steps
       array([0, 1])
     """
 
@@ -87,27 +117,29 @@ class RunStore:
         run_view=None,
         listing_reuse_s=LISTING_REUSE_SECONDS,
         clock=time.monotonic,
+        source=None,
     ):
         """Args:
-        provider: a TensorBoard `DataProvider`.
+        provider: a TensorBoard `DataProvider` (its listing names the runs).
         max_bytes: the cache budget.
         downsample: samples per tag asked of the provider (see `downsample_from_hint`).
         run_view: optional `fn(run, run_data) -> [(family, args, make_body)]`, the bodies a
-          run's view asks for (see `body`). When a run's full read is too large to keep (a
-          large job), `summaries` builds them from it, so opening the run does not read it
-          again.
+          run's view asks for (see `body`): `warm` builds them for a settled version.
         listing_reuse_s: a listing started less than this many seconds ago answers
           `list_runs` (0: every request lists).
         clock: monotonic seconds (`time.monotonic`), for `listing_reuse_s`.
+        source: where samples are read (`source_for`); default: the provider.
         """
         self._provider = provider
-        self._downsample = downsample
+        self._source = source or ProviderSource(provider, downsample)
         self._run_view = run_view
         self.listing_reuse_s = listing_reuse_s
         self._clock = clock
         self.cache = ByteLRU(max_bytes)
         self._listing = SingleFlight()
         self._recent_listing = {}  # experiment id -> (monotonic start, listing)
+        self._states = {}  # (experiment id, group) -> GroupState
+        self._versions = itertools.count(1)
         self.computed = collections.Counter()
         self._lock = threading.Lock()
 
@@ -136,117 +168,74 @@ class RunStore:
 
         return self._listing.run(experiment_id, listing)
 
-    @staticmethod
-    def version(runs, name, live=False):
-        """The data version of run or job `name`: per run and tag, its max step and wall time.
-
-        Args:
-          runs: `reader.list_runs(...)`.
-          name: a run or a candidate job of `runs`.
-          live: the version of the live families' tags (`Family.live`) instead of the others'.
-
-        Returns:
-          A hashable tuple; it changes when the provider lists new data for the run (of the
-          live families, or of the others).
-        """
-        return tuple(
-            (
-                run,
-                tuple(
-                    (tag, int(ts.max_step), float(ts.max_wall_time))
-                    for tag, ts in sorted(runs[run].items())
-                    if _is_live(tag) == live
-                ),
-            )
-            for run in reader.group_runs(runs, name)
-        )
-
-    def _count(self, kind):
+    def _count(self, kind, count=1):
         with self._lock:
-            self.computed[kind] += 1
+            self.computed[kind] += count
 
-    def run_data(self, ctx, experiment_id, run, families=None, runs=None):
-        """The `RunData` of one run or job holding (at least) the families `families`.
+    def state(self, ctx, experiment_id, name, runs=None):
+        """The `GroupState` of run or job `name`, having read what its runs appended.
 
-        Args:
-          ctx, experiment_id: as for `reader.read_run`.
-          run: a run or job name.
-          families: names of the families needed (None: every family).
-          runs: `list_runs(...)` if already listed.
+        A run of a job (`<job>/worker_1`) asked by its own name has a state of its own.
+
+        Raises:
+          errors.NotFoundError: if `name` is neither a run nor a job of this plugin.
+        """
+        if runs is None:
+            runs = self.list_runs(ctx, experiment_id)
+        members = reader.group_runs(runs, name)
+        if not members:
+            raise reader.run_not_found(name)
+        key = (experiment_id, name)
+        with self._lock:
+            state = self._states.get(key)
+            if state is None or state.runs != group.worker_order(members):
+                state = group.GroupState(name, members, self._source, experiment_id)
+                self._states[key] = state
+        reads, data = state.full_reads, state.data_version
+        state.refresh(ctx, runs)
+        self._count("read", state.full_reads - reads)
+        self._count("refresh", state.full_reads == reads and state.data_version != data)
+        return state
+
+    @staticmethod
+    def version(state, live=False):
+        """The data version of a state (of its live families' samples with `live`): a
+        hashable value that changes with its new data."""
+        return (state.uid, state.live_version if live else state.data_version)
+
+    def run_data(self, ctx, experiment_id, run, runs=None):
+        """The `RunData` of one run or job, of the families that are not live.
 
         Returns:
-          A `reader.RunData` (shared with other requests: do not modify it).
+          A `reader.RunData` (shared with other requests and with the state: do not modify).
 
         Raises:
           errors.NotFoundError: if `run` is neither a run nor a job of this plugin.
         """
-        if runs is None:
-            runs = self.list_runs(ctx, experiment_id)
-        if run not in runs and run not in reader.job_groups(runs):
+        found = self.state(ctx, experiment_id, run, runs).data().get(run)
+        if found is None:
             raise reader.run_not_found(run)
-        version = self.version(runs, run)
-        full = self.cache.get(("data", experiment_id, run, None, version))
-        if full is not None:
-            return full
-        scope = None if families is None else reader.with_needs(families)
+        return found
 
-        def read():
-            self._count("read")
-            return reader.read_runs(
-                self._provider,
-                ctx,
-                experiment_id,
-                run=run,
-                runs=runs,
-                families=scope,
-                downsample=self._downsample,
-            )[run].without_worker_runs()
-
-        return self.cache.get_or_compute(
-            ("data", experiment_id, run, scope, version),
-            read,
-            slot=("data", experiment_id, run, scope),
-        )
-
-    def live_data(self, ctx, experiment_id, group, runs=None):
-        """`{name: RunData}` of one group (`reader.groups`) holding the live families only.
-
-        Read again only when the live families' tags have new data (`version(..., live=True)`);
-        a group without any gives `{}`.
+    def live_data(self, ctx, experiment_id, name, runs=None):
+        """`{name: RunData}` of one group holding the live families only (`{}` without any).
 
         Raises:
-          errors.NotFoundError: if `group` is neither a run nor a job of this plugin.
+          errors.NotFoundError: if `name` is neither a run nor a job of this plugin.
         """
-        if runs is None:
-            runs = self.list_runs(ctx, experiment_id)
-        if group not in runs and group not in reader.job_groups(runs):
-            raise reader.run_not_found(group)
-        version = self.version(runs, group, live=True)
-        if not any(tags for _, tags in version):
-            return {}
-        names = sorted(registry.live_names())
+        return self.state(ctx, experiment_id, name, runs).live()
 
-        def read():
-            self._count("live")
-            found = reader.read_group(
-                self._provider, ctx, experiment_id, group, runs, names, self._downsample
-            )
-            return {name: data.without_worker_runs() for name, data in found.items()}
-
-        key = ("live", experiment_id, group)
-        return self.cache.get_or_compute((*key, version), read, slot=key)
-
-    def body(self, ctx, experiment_id, run, family, args, make_body, run_data=None):
+    def body(self, ctx, experiment_id, run, family, args, make_body, state=None):
         """A family route's JSON body for `run` and its arguments, cached per data version.
 
         Args:
-          ctx, experiment_id: as for `reader.read_run`.
+          ctx, experiment_id: the request's context and experiment.
           run: a run or job name.
-          family: the family's name (its tags, and those of its needs, are read).
+          family: the family's name.
           args: the route's parsed arguments, `{name: value}` (hashable values).
           make_body: `fn(run_data)`, the route's answer from the run's data (the plugin gives
             its JSON body, encoded).
-          run_data: the run's `RunData` when already read (with this family), else None.
+          state: the run's `GroupState` when already refreshed, else None.
 
         Returns:
           What `make_body` returned (shared with other requests: do not modify it).
@@ -254,71 +243,47 @@ class RunStore:
         Raises:
           errors.NotFoundError: if `run` is neither a run nor a job of this plugin.
         """
-        runs = self.list_runs(ctx, experiment_id)
-        if run not in runs and run not in reader.job_groups(runs):
-            raise reader.run_not_found(run)
-        version = self.version(runs, run)
+        state = state or self.state(ctx, experiment_id, run)
         key = ("body", experiment_id, run, family, tuple(sorted(args.items())))
 
         def compute():
-            if run_data is not None:
-                return make_body(run_data)
-            return make_body(self.run_data(ctx, experiment_id, run, [family], runs=runs))
+            self._count("body")
+            found = state.data().get(run)
+            if found is None:
+                raise reader.run_not_found(run)
+            return make_body(found)
 
-        return self.cache.get_or_compute((*key, version), compute, slot=key)
+        return self.cache.get_or_compute((*key, self.version(state)), compute, slot=key)
 
-    def _summaries(self, ctx, experiment_id, runs, group, make_entry):
-        """`{name: {"entry", "findings"}}` of one group of `reader.groups(runs)`, cached."""
-        version = self.version(runs, group)
+    def _summaries(self, experiment_id, state, make_entry):
+        """`{name: {"entry", "findings"}}` of one group's state, cached per data version."""
 
         def compute():
             self._count("summary")
-            read = reader.read_group(
-                self._provider, ctx, experiment_id, group, runs, downsample=self._downsample
-            )
             result = {}
-            for name, run_data in read.items():
-                run_data = run_data.without_worker_runs()
-                # Kept for the routes too (they look for a full read before reading their scope).
-                own = version if name == group else self.version(runs, name)
-                key = ("data", experiment_id, name, None, own)
-                self.cache.put(key, run_data, slot=("data", experiment_id, name, None))
+            for name, run_data in state.data().items():
                 findings = analysis.find_run(run_data, live=False)
                 result[name] = {"entry": make_entry(run_data, findings), "findings": findings}
-                if self._run_view is not None and self.cache.get(key) is None:
-                    # Too large to keep: the run view's bodies now, from this read.
-                    self._count("view")
-                    for family, args, make_body in self._run_view(name, run_data):
-                        try:
-                            self.body(ctx, experiment_id, name, family, args, make_body, run_data)
-                        except Exception:  # noqa: BLE001 - the route gives it when asked
-                            continue
             return result
 
-        return self.cache.get_or_compute(
-            ("summary", experiment_id, group, version),
-            compute,
-            slot=("summary", experiment_id, group),
-        )
+        key = ("summary", experiment_id, state.name)
+        return self.cache.get_or_compute((*key, self.version(state)), compute, slot=key)
 
     def warm(self, ctx, experiment_id, make_entry, seen, warmed, clock=time.monotonic, errors=None):
-        """Computes ahead the findings and `/runs` entry of every run or job whose data has
-        settled: its data version is the one the previous call saw (`seen`); and its live
-        families' read (`live_data`), which the tab judges at each request.
+        """Reads on every run and job, and computes ahead the findings and `/runs` entry of each
+        whose data changed; for a version that settled (the same at two looks), also its live
+        families' read and its run view's bodies (`run_view`).
 
-        A job whose full read is too large to keep also gets its run view's bodies (`run_view`),
-        so opening the tab after TensorBoard has loaded a large log dir reads nothing. Each
-        settled version is computed once. A run or job still training that settles between
-        its logged steps is computed ahead again only `WARM_BACKOFF` times as long after its
-        last computation ahead as that took (a 90-s job: every 15 minutes at most); a request
-        computes its newest data when the tab asks.
+        Each version is computed once; a run or job is computed ahead again only `WARM_BACKOFF`
+        times as long after its last computation ahead as that took (its state is still read on
+        at each look, so a request computes its newest data from what was read).
 
         Args:
-          ctx, experiment_id: as for `reader.read_run`.
+          ctx, experiment_id: the context and experiment.
           make_entry: as for `summaries`.
           seen: `{group: version}` returned by the previous call (`{}` at first).
-          warmed: `{group: (version, monotonic time before which it waits)}` of what was
-            computed ahead; updated.
+          warmed: `{group: ((version, settled), monotonic time before which a new version
+            waits)}` of what was computed ahead; updated.
           clock: `fn() -> seconds`, the time (tests give their own).
           errors: a list getting `(group, exception)` of each run or job whose computation
             raised (the others are computed all the same; that version is not tried again,
@@ -329,33 +294,56 @@ class RunStore:
 
         Example:
           >>> seen, warmed = {}, {}
-          >>> seen = store.warm(ctx, "", runs_entry, seen, warmed)  # lists the versions
-          >>> seen = store.warm(ctx, "", runs_entry, seen, warmed)  # computes the settled ones
+          >>> seen = store.warm(ctx, "", runs_entry, seen, warmed)  # reads and computes
+          >>> seen = store.warm(ctx, "", runs_entry, seen, warmed)  # their run views, settled
         """
         runs = self.list_runs(ctx, experiment_id)
-        current = {group: self.version(runs, group) for group in reader.groups(runs)}
-        for group, version in current.items():
-            done, wait_until = warmed.get(group, (None, float("-inf")))
-            if seen.get(group) != version or done == version:
+        current = {}
+        for name in reader.groups(runs):
+            try:
+                state = self.state(ctx, experiment_id, name, runs)
+            except Exception as error:  # noqa: BLE001 - the others are read all the same
+                if errors is not None:
+                    errors.append((name, error))
                 continue
+            version = current[name] = self.version(state)
+            settled = seen.get(name) == version
+            (done, done_settled), wait_until = warmed.get(name, ((None, False), float("-inf")))
             start = clock()
-            if start < wait_until:
+            if done == version and (done_settled or not settled):
                 continue
+            if done != version and start < wait_until:
+                continue  # a new version, too soon after the last computed ahead
             self._count("warm")
             try:
-                self._summaries(ctx, experiment_id, runs, group, make_entry)
-                self.live_data(ctx, experiment_id, group, runs)
+                self._summaries(experiment_id, state, make_entry)
+                if settled:
+                    state.live()
+                    self._build_views(ctx, experiment_id, state)
             except Exception as error:  # noqa: BLE001 - the others are computed all the same
                 if errors is not None:
-                    errors.append((group, error))
-            warmed[group] = (version, start + WARM_BACKOFF * (clock() - start))
+                    errors.append((name, error))
+            if done != version:
+                wait_until = start + WARM_BACKOFF * (clock() - start)
+            warmed[name] = ((version, settled), wait_until)
         return current
+
+    def _build_views(self, ctx, experiment_id, state):
+        """The run view's bodies of each run of a state (`run_view`), from its data."""
+        if self._run_view is None:
+            return
+        for name, run_data in state.data().items():
+            for family, args, make_body in self._run_view(name, run_data):
+                try:
+                    self.body(ctx, experiment_id, name, family, args, make_body, state)
+                except Exception:  # noqa: BLE001, S112 - the route gives it when asked
+                    continue
 
     def summaries(self, ctx, experiment_id, make_entry, run=None, make_live=None):
         """The findings and `/runs` entry of every run and job, or of `run` only.
 
         Args:
-          ctx, experiment_id: as for `reader.read_run`.
+          ctx, experiment_id: the context and experiment.
           make_entry: `fn(run_data, findings) -> dict`, the `/runs` entry of one run.
           run: a run or job name, or None for all.
           make_live: `fn(live_run_data) -> (fields, findings)`: the live families' `/runs`
@@ -371,16 +359,17 @@ class RunStore:
         """
         runs = self.list_runs(ctx, experiment_id)
         if run is not None:
-            if run not in runs and run not in reader.job_groups(runs):
+            if not reader.group_runs(runs, run):
                 raise reader.run_not_found(run)
-            groups = [run]
+            names = [run]
         else:
-            groups = reader.groups(runs)
+            names = reader.groups(runs)
         result = {}
-        for group in groups:
-            found = self._summaries(ctx, experiment_id, runs, group, make_entry)
+        for name in names:
+            state = self.state(ctx, experiment_id, name, runs)
+            found = self._summaries(experiment_id, state, make_entry)
             if make_live is not None:
-                live = self.live_data(ctx, experiment_id, group, runs)
+                live = state.live()
                 found = {n: _with_live(s, live.get(n), make_live) for n, s in found.items()}
             result.update(found)
         if run is not None:
@@ -390,13 +379,9 @@ class RunStore:
         return {name: result[name] for name in sorted(result)}
 
 
-def _is_live(tag):
-    family = registry.family_of_tag(tag)
-    return family is not None and family.live
-
-
 def _with_live(summary, live_run_data, make_live):
-    """A run's cached summary with its live fields and findings added (a new dict)."""
+    """A run's cached summary with its live fields, families, notes and findings added (a new
+    dict)."""
     if live_run_data is None:
         return summary
     fields, findings = make_live(live_run_data)
@@ -405,4 +390,13 @@ def _with_live(summary, live_run_data, make_live):
     for finding in findings:
         counts[finding.severity] = counts.get(finding.severity, 0) + 1
     entry["findings"] = counts
+    listed = set(entry.get("families", []))
+    listed |= {
+        f.attribute
+        for f in registry.families()
+        if f.live and live_run_data.series.get(f.attribute) is not None
+    }
+    entry["families"] = [f.attribute for f in registry.families() if f.attribute in listed]
+    notes = list(entry.get("notes", []))
+    entry["notes"] = notes + [note for note in live_run_data.notes if note not in notes]
     return {"entry": entry, "findings": analysis.sort_findings(summary["findings"] + findings)}

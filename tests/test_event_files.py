@@ -84,43 +84,84 @@ def test_a_run_tag_filter_reads_only_what_it_names(unit_logs):
     assert read["fit_17_8/replicas"]["inputs/batch_size"]
 
 
-def test_a_provider_of_one_run_reads_its_files_once_and_answers_the_same(unit_logs, monkeypatch):
-    """`for_run_read_once`, as sent to another process: that run's listing and samples only,
-    its files read once for both; a second `read_tensors` reads them again."""
-    import pickle
+def write_values(path, steps, tag="inputs/batch_size", kind="batch_size", first=True):
+    """Appends one value of the plugin's `tag` per step to the event file `path` (the first
+    with its metadata), with TensorBoard's own record writer; returns the bytes written."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer import record_writer
+    from tensorboard.util import tensor_util
 
-    run = "fit_17_8/replicas"
-    alone = EventFilesProvider(unit_logs)
-    assert run in alone.run_names() and "loop_15_7/replicas" in alone.run_names()
-    want_listed = both(alone, "list_tensors")[run]
-    want = both(alone, "read_tensors", downsample=reader.ALL_SAMPLES)[run]
-    view = pickle.loads(pickle.dumps(alone.for_run_read_once(run, metadata.PLUGIN_NAME)))
-    passes = []
-    values = EventFilesProvider._values
-    monkeypatch.setattr(
-        EventFilesProvider, "_values", staticmethod(lambda paths: passes.append(1) or values(paths))
-    )
-    assert both(view, "list_tensors") == {run: want_listed}
-    mine = both(view, "read_tensors", downsample=reader.ALL_SAMPLES)[run]
-    assert passes == [1]  # one pass over the run's files for the listing and the samples
-    assert sorted(mine) == sorted(want)
-    for tag, data in want.items():
-        assert [(d.step, d.wall_time) for d in mine[tag]] == [(d.step, d.wall_time) for d in data]
-        for got, expected in zip(mine[tag], data, strict=True):
-            np.testing.assert_array_equal(got.numpy, expected.numpy)
-    again = both(view, "read_tensors", downsample=reader.ALL_SAMPLES)[run]
-    assert passes == [1, 1] and sorted(again) == sorted(want)
+    with open(path, "ab") as handle:
+        writer = record_writer.RecordWriter(handle)
+        for i, step in enumerate(steps):
+            value = summary_pb2.Summary.Value(
+                tag=tag, tensor=tensor_util.make_tensor_proto(np.full((3, 2), step, np.int64))
+            )
+            if first and i == 0:
+                value.metadata.CopyFrom(metadata.create_summary_metadata(kind))
+            event = event_pb2.Event(step=step, wall_time=1.0 + step)
+            event.summary.value.append(value)
+            writer.write(event.SerializeToString())
+        handle.flush()
+    return os.path.getsize(path)
+
+
+def test_a_tail_reads_only_what_was_appended_since(tmp_path):
+    from tb_replica_plugin.core.event_files import RunTail
+
+    run = tmp_path / "run"
+    run.mkdir()
+    path = str(run / "events.out.tfevents.1.host")
+    write_values(path, [0, 1, 2])
+    tail = RunTail(str(run), metadata.PLUGIN_NAME)
+    first = tail.read()
+    assert [d.step for d in first.samples["inputs/batch_size"]] == [0, 1, 2]
+    assert (first.values, first.files, tail.values_read) == (3, 1, 3)
+    assert list(first.contents) == ["inputs/batch_size"]
+    assert tail.read().samples == {} and tail.values_read == 3  # nothing new, nothing read
+    write_values(path, [3, 4], first=False)
+    second = tail.read()
+    assert [d.step for d in second.samples["inputs/batch_size"]] == [3, 4]
+    np.testing.assert_array_equal(second.samples["inputs/batch_size"][1].numpy, np.full((3, 2), 4))
+    assert (second.values, tail.values_read) == (2, 5)
+    # A record cut in the middle (a writer's flush under way) is read whole at the next read.
+    size = write_values(path, [5], first=False)
+    with open(path, "rb") as handle:
+        content = handle.read()
+    with open(path, "wb") as handle:
+        handle.write(content[: size - 7])
+    assert tail.read().samples == {}
+    with open(path, "ab") as handle:
+        handle.write(content[size - 7 :])
+    assert [d.step for d in tail.read().samples["inputs/batch_size"]] == [5]
+    # A second file of the run (a new writer) is read too; another plugin's tags are not kept.
+    other = str(run / "events.out.tfevents.2.host")
+    write_values(other, [6])
+    with open(other, "ab") as handle:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer import record_writer
+
+        foreign = summary_pb2.Summary.Value(tag="loss", simple_value=1.0)
+        event = event_pb2.Event(step=6, summary=summary_pb2.Summary(value=[foreign]))
+        record_writer.RecordWriter(handle).write(event.SerializeToString())
+    got = tail.read()
+    assert list(got.samples) == ["inputs/batch_size"] and got.values == 2
+    # The whole of it, as the provider over the log dir reads it.
+    whole = both(EventFilesProvider(str(tmp_path)), "read_tensors", downsample=reader.ALL_SAMPLES)
+    assert [d.step for d in whole["run"]["inputs/batch_size"]] == list(range(7))
 
 
 def test_a_run_pattern_reads_only_the_runs_it_matches(unit_logs, monkeypatch):
+    from tb_replica_plugin.core.event_files import RunTail
+
     asked = []
-    read_tensors = EventFilesProvider.read_tensors
+    read = RunTail.read
 
-    def recording(self, *args, run_tag_filter=None, **kwargs):
-        asked.extend(run_tag_filter.runs)
-        return read_tensors(self, *args, run_tag_filter=run_tag_filter, **kwargs)
+    def recording(self):
+        asked.append(os.path.relpath(self.directory, unit_logs))
+        return read(self)
 
-    monkeypatch.setattr(EventFilesProvider, "read_tensors", recording)
+    monkeypatch.setattr(RunTail, "read", recording)
     runs = reader.read_log_dir(unit_logs, "fit_17_*")
     assert list(runs) == asked == ["fit_17_8/replicas"]
     assert runs["fit_17_8/replicas"].inputs.batch_size.shape[1] == 2

@@ -16,6 +16,7 @@ from conftest import REPO, TensorBoardServer, http_get
 
 from demo import multiworker
 from tb_replica_plugin import analysis, reader
+from tb_replica_plugin.core import jobs
 from tb_replica_plugin.families.examples import read as examples_read
 from tb_replica_plugin.families.examples import rules as examples_rules
 from tb_replica_plugin.families.gradients import present as gradients_present
@@ -38,13 +39,19 @@ def report(demo_logs):
     return load(demo_logs, "mw_*")
 
 
+@pytest.fixture(scope="module")
+def worker_runs(demo_logs):
+    """Each worker's own run of the demo's jobs (a pattern naming them, not their jobs)."""
+    return load(demo_logs, "mw_*/worker_*").runs
+
+
 def test_workers_write_their_own_runs(demo_logs):
     for scenario in multiworker.SCENARIOS:
         runs = sorted(os.listdir(os.path.join(demo_logs, scenario, "replicas")))
         assert runs == ["worker_0", "worker_1"], (scenario, runs)
 
 
-def test_one_job_view_with_every_global_replica(report):
+def test_one_job_view_with_every_global_replica(report, worker_runs):
     jobs = sorted((*multiworker.SCENARIOS, "mw_stall"))  # the demo runs mw_stall on its own
     assert sorted(report.runs) == [f"{s}/replicas" for s in jobs]
     job = report.runs["mw_clean/replicas"]
@@ -64,10 +71,10 @@ def test_one_job_view_with_every_global_replica(report):
     assert inputs.dense.shape == (8, 3, 2)
     assert report.findings["mw_clean/replicas"] == []
     # Each worker's own run keeps its local view and its place in the job.
-    worker = job.worker_runs["mw_clean/replicas/worker_1"].inputs
+    worker = worker_runs["mw_clean/replicas/worker_1"].inputs
     assert worker.replicas == [1]
     assert worker.worker["task_index"] == 1 and worker.worker["num_workers"] == 2
-    other = job.worker_runs["mw_clean/replicas/worker_0"].inputs.worker
+    other = worker_runs["mw_clean/replicas/worker_0"].inputs.worker
     assert worker.worker["job"] == other["job"]
 
 
@@ -99,7 +106,7 @@ def test_clean_job_has_zero_cross_worker_drift(report):
         assert [v["columns"] for v in variables.variables] == [[0, 1]] * len(variables.variables)
 
 
-def test_perturbed_worker_drifts_from_the_others(report):
+def test_perturbed_worker_drifts_from_the_others(report, worker_runs):
     """Worker 1 adds PERTURBATION to its kernel copy after each update: only it drifts."""
     job = report.runs["mw_drift/replicas"]
     variables = job.variables
@@ -119,8 +126,9 @@ def test_perturbed_worker_drifts_from_the_others(report):
     assert found[0].name == variables.variables[kernel]["name"]
     assert found[0].message.endswith(" On worker_1.")
     # Each worker's own run compares its own copies only: no drift inside a worker.
-    for run, own in job.worker_runs.items():
-        assert own.variables.replicas == [int(run[-1])]
+    for worker in job.workers:
+        own = worker_runs[worker["run"]]
+        assert own.variables.replicas == [int(worker["run"][-1])]
         assert own.variables.identical.all()
         assert not variables_rules.find_variables(own.variables)
 
@@ -173,7 +181,7 @@ def test_slowed_worker_is_the_straggler(report):
     assert not step_time_rules.find_stragglers(timing, job.workers, loose)
 
 
-def test_unsharded_job_duplicates_across_workers(report):
+def test_unsharded_job_duplicates_across_workers(report, worker_runs):
     """Both workers' pipelines ignore the input context: the sketches show the same examples."""
     job = report.runs["mw_unsharded/replicas"]
     data = job.data
@@ -192,7 +200,8 @@ def test_unsharded_job_duplicates_across_workers(report):
     assert "On worker_0, worker_1." in found[0].message
     assert "input_context.input_pipeline_id" in found[0].message
     # Each worker alone sees nothing: one replica per worker, no duplicate inside a worker.
-    for own in job.worker_runs.values():
+    for worker in job.workers:
+        own = worker_runs[worker["run"]]
         assert own.data.num_replicas == 1 and not examples_rules.find_data(own.data)
 
 
@@ -206,7 +215,7 @@ def test_clean_jobs_share_no_example_across_workers(report):
         assert not [f for f in report.findings[run] if f.kind == "duplicate_examples"]
 
 
-def test_job_gradients_are_the_workers_norms_on_one_axis(report):
+def test_job_gradients_are_the_workers_norms_on_one_axis(report, worker_runs):
     for run in ("mw_clean/replicas", "mw_fit_tf_keras/replicas"):
         job = report.runs[run]
         grads = job.gradients
@@ -215,7 +224,7 @@ def test_job_gradients_are_the_workers_norms_on_one_axis(report):
         assert [name.rsplit("/", 1)[-1] for name in grads.variables] == ["kernel", "bias"]
         assert grads.nonfinite_steps.size == 0 and grads.nonfinite.shape == (0, 4, 2)
         for w, worker in enumerate(job.workers):
-            own = job.worker_runs[worker["run"]].gradients
+            own = worker_runs[worker["run"]].gradients
             assert own.replicas == [w]
             np.testing.assert_array_equal(grads.global_norm[:, w], own.global_norm[:, 0])
             np.testing.assert_array_equal(grads.loss[:, w], own.loss[:, 0])
@@ -230,7 +239,7 @@ def test_job_gradients_are_the_workers_norms_on_one_axis(report):
     np.testing.assert_array_equal(unsharded.global_norm[:, 0], unsharded.global_norm[:, 1])
 
 
-def test_tf_keras_job_random_streams(report):
+def test_tf_keras_job_random_streams(report, worker_runs):
     """A tf.random.Generator created under the scope: one state, one stream per global replica."""
     job = report.runs["mw_fit_tf_keras/replicas"]
     rng = job.rng
@@ -240,7 +249,7 @@ def test_tf_keras_job_random_streams(report):
     assert rng.replicas == [0, 1] and rng.steps.tolist() == list(range(16))
     assert rng.devices == [DEVICE.format(0), DEVICE.format(1)]
     for w, worker in enumerate(job.workers):
-        own = job.worker_runs[worker["run"]].rng
+        own = worker_runs[worker["run"]].rng
         np.testing.assert_array_equal(rng.fingerprint[:, :, w], own.fingerprint[:, :, 0])
     # The state is mirrored across workers, the streams differ (the global replica id is folded
     # into the key): no identical streams, no desync.
@@ -354,38 +363,8 @@ def test_report_read_by_two_processes_is_the_same(demo_logs):
     assert parallel.to_text() == report.to_text()
     straggler = parallel.runs["mw_straggler/replicas"]
     assert [w["name"] for w in straggler.workers] == ["worker_0", "worker_1"]
-    # The workers' own series came back from the processes, trimmed to what the merge reads.
-    worker_runs = straggler.worker_runs
-    assert sorted(worker_runs) == [f"mw_straggler/replicas/worker_{i}" for i in (0, 1)]
-    assert {tag for run in worker_runs.values() for tag in run.samples} == {
-        step_time_schema.TAG_STEP_TIME
-    }
-
-
-def test_runs_outside_jobs_are_read_at_once_before_the_jobs(demo_logs):
-    """`read_runs(read_alone=...)` gets every kept run outside a job in one call (what the
-    process pool reads in parallel); the jobs are read and merged as before."""
-    provider, ctx, experiment_id = reader.local_provider(demo_logs)
-    calls = []
-
-    def read_alone(provider, ctx, experiment_id, tags, families, downsample):
-        calls.append(list(tags))
-        return [
-            reader.read_run(provider, ctx, experiment_id, run, tags_of_run, families, downsample)
-            for run, tags_of_run in tags.items()
-        ]
-
-    runs = reader.read_runs(
-        provider,
-        ctx,
-        experiment_id,
-        keep=lambda name, _: name.startswith(("balanced", "mw_clean")),
-        read_alone=read_alone,
-    )
-    assert calls == [["balanced/replicas"]]
-    assert list(runs) == ["balanced/replicas", "mw_clean/replicas"]
-    assert [w["name"] for w in runs["mw_clean/replicas"].workers] == ["worker_0", "worker_1"]
-    assert runs["balanced/replicas"].inputs.batch_size.shape[1] == 4
+    # The job is held merged: its series, not its workers' own (read them by their names).
+    assert straggler.samples == {} and straggler.step_time.busy.shape == (8, 2)
 
 
 # ----------------------------------------------------------------- pure (no TensorFlow job)
@@ -488,7 +467,7 @@ def test_cross_worker_data_exact_and_estimated():
         for i, (w, f) in enumerate(zip(workers, [first, second], strict=True))
     ]
     notes = []
-    merged = examples_read.merge_data("j", members, workers, notes)
+    merged = jobs.merge_all(examples_read.ExamplesMerger, "j", members, workers, notes)
     assert merged.replicas == [0, 1]
     assert merged.shared[0].tolist() == [[8, 3], [3, 8]]
     assert merged.duplicated[0].tolist() == [3, 3]
@@ -505,7 +484,7 @@ def test_cross_worker_data_exact_and_estimated():
         for i, (w, f) in enumerate(zip(workers, [[pool[:8]], [pool[:8]]], strict=True))
     ]
     notes = []
-    merged = examples_read.merge_data("j", members, workers, notes)
+    merged = jobs.merge_all(examples_read.ExamplesMerger, "j", members, workers, notes)
     assert merged.steps.tolist() == [4]
     assert merged.window_shared[0].tolist() == [[40, 40], [40, 40]]
     assert merged.steps_shared[0].tolist() == [[5, 5], [5, 5]]
@@ -515,14 +494,14 @@ def test_cross_worker_data_exact_and_estimated():
     examples_read.MAX_PAIR_BYTES = 95  # one step × 2² pairs × 3 int64 arrays is 96 bytes
     try:
         notes = []
-        assert examples_read.merge_data("j", members, workers, notes) is None
+        assert jobs.merge_all(examples_read.ExamplesMerger, "j", members, workers, notes) is None
         assert any("1 logged steps × 2² replica pairs" in note for note in notes)
     finally:
         examples_read.MAX_PAIR_BYTES = original
     # A worker without data: the job has none, and says why.
     members[1].data = None
     notes = []
-    assert examples_read.merge_data("j", members, workers, notes) is None
+    assert jobs.merge_all(examples_read.ExamplesMerger, "j", members, workers, notes) is None
     assert any("worker_1 recorded no example fingerprints" in note for note in notes)
 
 
@@ -557,7 +536,8 @@ def gradients_member(replica, steps, events, scaling="as_given"):
 
 def test_cross_worker_gradients_keep_every_nonfinite_event():
     notes = []
-    merged = gradients_read.merge_gradients(
+    merged = jobs.merge_all(
+        gradients_read.GradientsMerger,
         "j",
         [gradients_member(0, [0, 2, 4], {3: 5}), gradients_member(1, [0, 2], {1: 2, 3: 1})],
         GRADIENT_WORKERS,
@@ -583,7 +563,9 @@ def test_job_of_workers_with_different_gradient_scalings_is_labelled_so():
     def head(scalings):
         notes = []
         members = [gradients_member(r, [0, 1], {}, scaling) for r, scaling in enumerate(scalings)]
-        merged = gradients_read.merge_gradients("j", members, GRADIENT_WORKERS, notes)
+        merged = jobs.merge_all(
+            gradients_read.GradientsMerger, "j", members, GRADIENT_WORKERS, notes
+        )
         (line,) = [line for line in gradients_present.gradients_text(merged) if "variable" in line]
         return merged.scaling, line, notes
 
@@ -711,8 +693,9 @@ def test_halt_on_stops_every_worker_at_the_same_step(halt_logs):
     ]
     job = load(logdir).runs["mw_halt/replicas"]
     assert job.inputs.steps.tolist() == list(range(step + 1))
+    own = load(logdir, "mw_halt/replicas/worker_*").runs
     for name in ("worker_0", "worker_1"):
-        assert job.worker_runs[f"mw_halt/replicas/{name}"].inputs.steps[-1] == step
+        assert own[f"mw_halt/replicas/{name}"].inputs.steps[-1] == step
     # Only worker 1's replica is captured, with the NaN example at the injected index.
     (captured,) = job.gradients.batches
     assert (captured.step, captured.replica) == (step, 1)

@@ -1,7 +1,7 @@
-"""Reads scoped to the view and findings computed once: the plugin in-process on a real loader."""
+"""One state per run or job, read on as it grows, answers cached per version: the plugin in-process
+on a real loader (TensorBoard's multiplexer lists the runs; the plugin reads their event files)."""
 
 import argparse
-import fnmatch
 import json
 import os
 import shutil
@@ -36,7 +36,8 @@ class RecordingProvider:
 
 def serve(logdir, hint=0):
     """`(werkzeug client, recording provider, plugin, multiplexer)` over `logdir`; `hint`: the
-    `--samples_per_plugin replicas=N` hint (0: every sample)."""
+    `--samples_per_plugin replicas=N` hint (0: every sample). The plugin reads the event files
+    of `logdir` (`TB_REPLICA_READ=provider` in the environment: through the provider)."""
     from tensorboard.backend import application
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
     from tensorboard.plugins import base_plugin
@@ -65,38 +66,94 @@ def append_balanced_steps(logdir):
 
 
 def get_json(client, path):
+    """`(status, body)`: the JSON answer, or the text of an error (TensorBoard's own)."""
     response = client.get(PLUGIN + path)
-    return response.status_code, json.loads(response.get_data())
+    body = response.get_data()
+    return response.status_code, json.loads(body) if response.status_code < 400 else body.decode()
 
 
 @pytest.mark.parametrize("family", [f.name for f in registry.families() if f.route])
-def test_a_family_route_reads_only_its_family_tags(unit_logs, family):
-    client, provider, _, _ = serve(unit_logs)
+def test_every_route_answers_from_one_read_of_the_run(unit_logs, family):
+    client, provider, plugin, _ = serve(unit_logs)
+    get_json(client, "/findings?run=fit_17_8/replicas")
     descriptor = registry.family(family)
     status, body = get_json(client, f"{descriptor.route}?run=fit_17_8/replicas")
     assert status in (200, 404), body
-    # A run without any of the family's tags is answered without a read.
-    assert provider.reads or family in ("rng", "examples", "step_time", "variables")
-    allowed = set(descriptor.tags)
-    for need in descriptor.needs:
-        allowed |= set(registry.family(need).tags)
-    for runs, tags in provider.reads:
-        assert runs == ("fit_17_8/replicas",)
-        outside = {t for t in tags if not any(fnmatch.fnmatchcase(t, a) for a in allowed)}
-        assert not outside, (family, sorted(outside))
+    # The run's files were read once, by the plugin (not through the provider), for every route.
+    assert plugin.store.computed["read"] == 1 and provider.reads == []
     if family == "watch":
-        # Its tags are patterns (one set per watched name): the run's model outputs match them.
-        assert provider.reads and provider.reads[0][1] >= {"watch/outputs/shapes"}
         assert body["values"], body
     if family == "inputs":
-        # The inputs route reads the two inputs tags and nothing of gradients or variables.
-        assert provider.reads[0][1] == frozenset(registry.family("inputs").tags)
         assert body["batch_size"] == [[4, 4], [4, 4], [1, 0]]
     if family == "gradients":
-        # Its tags this run has (no non-finite steps here): nothing of inputs.
-        assert len(provider.reads) == 1 and len(provider.reads[0][1]) >= 2
-        assert not provider.reads[0][1] & set(registry.family("inputs").tags)
         assert body["steps"] == [2]
+
+
+def test_a_job_grows_by_what_its_workers_append(tmp_path):
+    """New steps of a job's workers are read from where each worker's file stopped and merged
+    from its last step on: the answers equal a new plugin's, from every value read once."""
+    from benchmarks import live_job
+    from benchmarks.multiworker_load import write_job
+
+    logdir = str(tmp_path)
+    write_job(logdir, workers=3, replicas=2, steps=5)
+    client, _, plugin, _ = serve(logdir)
+    paths = ["/runs", "/findings?run=job", "/inputs?run=job", "/step_time?run=job"]
+    before = [get_json(client, path) for path in paths]
+    state = plugin.store._states[("", "job")]
+    read_first = state.values_read
+    appended = live_job.append_steps(os.path.join(logdir, "job"), 4, heartbeat=False)
+    after = [get_json(client, path) for path in paths]
+    assert (state.values_read - read_first, appended) == (3 * 4 * 2, 3 * 4 * 2)
+    assert plugin.store.computed["read"] == 1 and plugin.store.computed["refresh"] == 1
+    assert after[2][1]["steps"] == list(range(9)) and before[2][1]["steps"] == list(range(5))
+    fresh, _, _, _ = serve(logdir)
+    assert after == [get_json(fresh, path) for path in paths]
+    # Nothing new: the next look reads nothing and answers from the cache.
+    assert [get_json(client, path) for path in paths] == after
+    assert plugin.store.computed["refresh"] == 1 and plugin.store.computed["summary"] == 2
+
+
+def test_a_worker_writing_a_step_again_or_out_of_order_reads_the_job_again(tmp_path):
+    """A worker's values at its last step written again (a flush between two records of one
+    step) are merged again in place; a step below it makes the job read from its start."""
+    import numpy as np
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.summary.writer import record_writer
+    from tensorboard.util import tensor_util
+
+    from benchmarks import live_job
+    from benchmarks.multiworker_load import write_job
+
+    logdir = str(tmp_path)
+    write_job(logdir, workers=2, replicas=2, steps=4)
+    client, _, plugin, _ = serve(logdir)
+    get_json(client, "/step_time?run=job")
+    run_dir = os.path.join(logdir, "job", "worker_1")
+    step, values, _ = live_job.last_step_values(run_dir)
+
+    def write(at_step, arrival):
+        event = event_pb2.Event(step=at_step, wall_time=2e9)
+        for value in values:
+            copied = event.summary.value.add()
+            copied.CopyFrom(value)
+            copied.ClearField("metadata")
+            if value.tag == "workers/step_time":
+                times = np.array([arrival, 0.1, 0.1])
+                copied.tensor.CopyFrom(tensor_util.make_tensor_proto(times))
+        with open(live_job.event_files(run_dir)[-1], "ab") as handle:
+            record_writer.RecordWriter(handle).write(event.SerializeToString())
+
+    write(step, 1_900_000_000.0)  # its last step again: a later write wins
+    _, body = get_json(client, "/step_time?run=job")
+    assert plugin.store.computed["read"] == 1  # taken in place
+    fresh, _, _, _ = serve(logdir)
+    assert body == get_json(fresh, "/step_time?run=job")[1]
+    write(step - 2, 1_900_000_001.0)  # a step before its last: read from the start
+    _, body = get_json(client, "/step_time?run=job")
+    assert plugin.store.computed["read"] == 2
+    fresh, _, _, _ = serve(logdir)
+    assert body == get_json(fresh, "/step_time?run=job")[1]
 
 
 def test_findings_computed_once_then_again_after_new_data(unit_logs, tmp_path, monkeypatch):
@@ -124,12 +181,12 @@ def test_findings_computed_once_then_again_after_new_data(unit_logs, tmp_path, m
         "inspect_7/inspect_dataset",
         "loop_15_7/replicas",
     ]
-    reads = len(provider.reads)
+    reads = plugin.store.computed["read"]
     _, second = get_json(client, "/findings")
     _, runs = get_json(client, "/runs")
     _, overview = get_json(client, "/overview")
     assert second == first
-    assert len(calls) == 4 and len(provider.reads) == reads  # all three from the cache
+    assert len(calls) == 4 and plugin.store.computed["read"] == reads == 4  # from the cache
     assert len(live_calls) == 4 * 4  # each request judged each run's status again, unread
     assert {r["run"] for r in runs["runs"]} == {r["run"] for r in overview["runs"]}
     loop_counts = {r["run"]: r["findings"] for r in runs["runs"]}["loop_15_7/replicas"]
@@ -137,7 +194,6 @@ def test_findings_computed_once_then_again_after_new_data(unit_logs, tmp_path, m
 
     # New data for one run (a second probe appends 2 balanced steps): only it is computed again.
     append_balanced_steps(logdir)
-    multiplexer.Reload()
     _, third = get_json(client, "/findings")
     assert calls[4:] == ["loop_15_7/replicas"]
     get_json(client, "/findings?run=loop_15_7/replicas")
@@ -150,6 +206,7 @@ def test_settled_runs_are_computed_ahead_once_and_a_run_with_new_data_after_it_s
 ):
     from tensorboard import context as context_lib
 
+    from tb_replica_plugin import plugin as plugin_lib
     from tb_replica_plugin import store as store_lib
     from tb_replica_plugin.plugin import runs_entry
 
@@ -169,32 +226,35 @@ def test_settled_runs_are_computed_ahead_once_and_a_run_with_new_data_after_it_s
     def warm(seen):
         return store.warm(ctx, "", runs_entry, seen, warmed, clock=lambda: now[0])
 
-    seen = warm({})  # versions listed, nothing computed
-    assert len(seen) == 4 and not warmed and store.computed["summary"] == 0
-    seen = warm(seen)  # all four settled: computed
-    assert store.computed["summary"] == 4 and store.computed["warm"] == 4
-    # The fourth run was computed from 3 s to 4 s: not again before 3 s + 10 × 1 s.
+    seen = warm({})  # every run read, and computed ahead: its version is new
+    assert len(seen) == 4 and store.computed["summary"] == 4 and store.computed["read"] == 4
+    assert store.computed["warm"] == 4 and store.computed["body"] == 0
+    # The fourth run was computed from 3 s to 4 s: a new version not before 3 s + 10 × 1 s.
     assert warmed["loop_15_7/replicas"][1] == 3.0 + store_lib.WARM_BACKOFF * 1.0
+    seen = warm(seen)  # all four settled: their run views built, once
+    assert store.computed["summary"] == 4 and store.computed["warm"] == 8
+    views = store.computed["body"]
+    assert views >= 4
     seen = warm(seen)
-    reads = len(provider.reads)
+    assert store.computed["warm"] == 8 and store.computed["body"] == views
     _, runs = get_json(client, "/runs")  # from what was computed ahead
-    assert len(runs["runs"]) == 4 and len(provider.reads) == reads
+    assert len(runs["runs"]) == 4 and store.computed["read"] == 4
     before = {r["run"]: r for r in runs["runs"]}["loop_15_7/replicas"]
-    assert store.computed["summary"] == 4 and store.computed["warm"] == 4
+    view = "&".join(f"{k}={v}" for k, v in plugin_lib.run_view_query(2, "inputs").items())
+    get_json(client, f"/inputs?run=loop_15_7/replicas&{view}")
+    assert store.computed["body"] == views  # built ahead
+    assert store.computed["summary"] == 4 and store.computed["warm"] == 8
 
-    # New data for one run: computed ahead once it has not changed between two looks.
+    # New data for one run: read at the next look; computed ahead once its wait has passed.
     append_balanced_steps(logdir)
-    multiplexer.Reload()
     seen = warm(seen)
-    assert store.computed["summary"] == 4
-    seen = warm(seen)  # settled, but 10 × its last second has not passed
-    assert store.computed["summary"] == 4
+    assert store.computed["summary"] == 4 and store.computed["refresh"] == 1
     now[0] = 13.0
     seen = warm(seen)
-    assert store.computed["summary"] == 5 and store.computed["warm"] == 5
+    assert store.computed["summary"] == 5 and store.computed["warm"] == 9
     _, runs = get_json(client, "/runs")
     loop = {r["run"]: r for r in runs["runs"]}["loop_15_7/replicas"]
-    assert store.computed["summary"] == 5
+    assert store.computed["summary"] == 5 and store.computed["read"] == 4
     assert before["notes"] == [] and loop["notes"] and loop != before  # the new data's entry
 
     # A run whose computation raises: the others are computed, the error is handed back once.
@@ -209,9 +269,9 @@ def test_settled_runs_are_computed_ahead_once_and_a_run_with_new_data_after_it_s
     errors = []
     store.warm(ctx, "", runs_entry, seen, warmed, clock=lambda: now[0], errors=errors)
     assert [(group, str(error)) for group, error in errors] == [("fit_17_8/replicas", "unreadable")]
-    assert store.computed["warm"] == 9 and len(warmed) == 4
+    assert store.computed["warm"] == 13 and len(warmed) == 4
     store.warm(ctx, "", runs_entry, seen, warmed, clock=lambda: now[0], errors=errors)
-    assert len(errors) == 1 and store.computed["warm"] == 9
+    assert len(errors) == 1 and store.computed["warm"] == 13
 
 
 def test_tensorboard_starts_the_warming_thread_unless_turned_off(unit_logs, monkeypatch):
@@ -233,16 +293,7 @@ def test_tensorboard_starts_the_warming_thread_unless_turned_off(unit_logs, monk
     assert started(flags=flags, data_provider=None) == []
 
 
-def test_a_route_after_the_findings_reuses_the_full_read(unit_logs):
-    client, provider, plugin, _ = serve(unit_logs)
-    get_json(client, "/findings?run=fit_17_8/replicas")
-    reads = len(provider.reads)
-    status, body = get_json(client, "/gradients?run=fit_17_8/replicas")
-    assert status == 200 and body["steps"] == [2]
-    assert len(provider.reads) == reads and plugin.store.computed["read"] == 0
-
-
-def test_a_run_too_large_to_keep_gets_its_view_built_from_the_full_read(unit_logs):
+def test_the_run_view_arguments_are_the_tabs(unit_logs):
     import re
 
     from tb_replica_plugin import plugin as plugin_lib
@@ -261,48 +312,39 @@ def test_a_run_too_large_to_keep_gets_its_view_built_from_the_full_read(unit_log
     # Fewer steps for many replicas: 2^18 step × replica values per series.
     counts = [plugin_lib.run_view_query(n)["max_points"] for n in (0, 4, 26, 27, 2048, 10**6)]
     assert counts == ["10000", "10000", "10000", "9709", "128", "2"]
-    # fit_17_8 has 2 replicas
-
-    run = "fit_17_8/replicas"
-    reference, _, _, _ = serve(unit_logs)
-    client, provider, plugin, _ = serve(unit_logs)
-    plugin.store.cache = cache_lib.ByteLRU(40_000)  # keeps bodies, not a run's full read
-    get_json(client, f"/findings?run={run}")
-    assert plugin.store.computed["view"] == 1 and plugin.store.computed["summary"] == 1
-    reads = len(provider.reads)
-    for name in ("inputs", "gradients", "variables", "rng", "examples"):
-        route = registry.family(name).route
-        view = "&".join(f"{k}={v}" for k, v in plugin_lib.run_view_query(2, name).items())
-        status, body = get_json(client, f"{route}?run={run}&{view}")
-        assert status == 200 and body == get_json(reference, f"{route}?run={run}&{view}")[1]
-    assert len(provider.reads) == reads and plugin.store.computed["read"] == 0
-    get_json(client, f"/inputs?run={run}&max_points=3")  # not the view's arguments: read
-    assert plugin.store.computed["read"] == 1
-
-
-def test_a_job_of_many_replicas_gets_its_view_built_with_fewer_steps(tmp_path):
-    from benchmarks.multiworker_load import write_job
-    from tb_replica_plugin.plugin import run_view_query
-
-    write_job(str(tmp_path), workers=2, replicas=20, steps=5)
-    client, provider, plugin, _ = serve(str(tmp_path))
-    # Keeps bodies, not the job's merged read (about 30 kB by `approx_bytes`: 29.8 kB on Python
-    # 3.12, whose strings are smaller, 31 kB before; half the budget is the most one entry keeps).
-    plugin.store.cache = cache_lib.ByteLRU(50_000)
-    get_json(client, "/findings?run=job")
-    assert plugin.store.computed["view"] == 1 and plugin.store.computed["read"] == 0
-    # 40 replicas: the tab asks 262,144 // 40 steps; that answer was built from the full read.
-    assert run_view_query(40) == {
+    assert plugin_lib.run_view_query(40) == {
         "max_points": "6553",
         "top": "8",
         "matrix_side": "640",
         "replica_blocks": "64",
     }
-    status, body = get_json(client, "/inputs?run=job&max_points=6553&replica_blocks=64")
-    assert status == 200 and body["steps"] == [0, 1, 2, 3, 4] and len(body["replicas"]) == 40
-    assert plugin.store.computed["read"] == 0
-    get_json(client, "/inputs?run=job&max_points=10000")  # not this view's arguments: read
-    assert plugin.store.computed["read"] == 1
+
+
+def test_a_job_through_the_provider_reads_every_sample_again_and_merges_the_new(
+    tmp_path, monkeypatch
+):
+    """`TB_REPLICA_READ=provider`: each look at new data asks the provider for every sample of
+    the job's runs (its `read_tensors` has no step range), and merges only those past each
+    worker's last step (per-step filtering): the same answers as the event files give."""
+    from benchmarks import live_job
+    from benchmarks.multiworker_load import write_job
+    from tb_replica_plugin import store as store_lib
+
+    logdir = str(tmp_path)
+    write_job(logdir, workers=2, replicas=2, steps=5)
+    monkeypatch.setenv(store_lib.READ_ENV, "provider")
+    client, provider, plugin, multiplexer = serve(logdir)
+    get_json(client, "/step_time?run=job")
+    assert sorted(runs for runs, _ in provider.reads) == [("job/worker_0",), ("job/worker_1",)]
+    live_job.append_steps(os.path.join(logdir, "job"), 3, heartbeat=False)
+    multiplexer.Reload()
+    _, body = get_json(client, "/step_time?run=job")
+    assert body["steps"] == list(range(8)) and len(provider.reads) == 4
+    state = plugin.store._states[("", "job")]
+    assert state.full_reads == 1 and state.values_read == 2 * (1 + 2 * 5) + 2 * (1 + 2 * 8)
+    monkeypatch.delenv(store_lib.READ_ENV)
+    files, _, _, _ = serve(logdir)
+    assert body == get_json(files, "/step_time?run=job")[1]
 
 
 def test_byte_lru_evicts_least_recently_used_and_replaces_a_slot():
@@ -425,40 +467,15 @@ def test_requests_listing_at_once_share_one_listing(unit_logs):
     assert len(calls) == 3
 
 
-def test_with_needs_and_family_tags():
+def test_with_needs():
     assert reader.with_needs(["examples"]) == {"examples", "inputs"}
-    assert reader.family_tags(["step_time"]) == set(registry.family("step_time").tags) | set(
-        registry.family("inputs").tags
-    )
+    assert reader.with_needs(["step_time"]) == {"step_time", "inputs"}
 
 
-def test_a_job_is_read_scoped_and_merged_once(tmp_path):
-    from benchmarks.multiworker_load import write_job
+def test_reads_through_the_provider_follow_the_sampling_hint(unit_logs, monkeypatch):
+    from tb_replica_plugin import store as store_lib
 
-    logdir = str(tmp_path)
-    write_job(logdir, workers=2, replicas=2, steps=5)
-    client, provider, plugin, _ = serve(logdir)
-    status, body = get_json(client, "/step_time?run=job")
-    assert status == 200 and [w["name"] for w in body["workers"]] == ["worker_0", "worker_1"]
-    assert body["steps"] == [0, 1, 2, 3, 4]
-    # One read per worker run, of the step-time and inputs tags only (inputs says who's who).
-    allowed = set(registry.family("step_time").tags) | set(registry.family("inputs").tags)
-    assert sorted(runs for runs, _ in provider.reads) == [("job/worker_0",), ("job/worker_1",)]
-    assert all(tags <= allowed for _, tags in provider.reads)
-    get_json(client, "/step_time?run=job&max_points=3")
-    assert plugin.store.computed["read"] == 1 and len(provider.reads) == 2
-    _, runs = get_json(client, "/runs")
-    get_json(client, "/findings?run=job")
-    assert [r["run"] for r in runs["runs"]] == ["job"] and len(runs["runs"][0]["workers"]) == 2
-    assert plugin.store.computed["summary"] == 1
-    # The cache keeps the job's merged series, not its workers' own (no view reads those).
-    entries = plugin.store.cache._entries.items()
-    kept = [v for k, (v, _, _) in entries if k[0] == "data" and k[2] == "job"]
-    assert kept and all(v.worker_runs == {} and v.step_time is not None for v in kept)
-    assert [w["run"] for w in kept[0].workers] == ["job/worker_0", "job/worker_1"]
-
-
-def test_reads_follow_the_sampling_hint(unit_logs):
+    monkeypatch.setenv(store_lib.READ_ENV, "provider")
     client, provider, _, _ = serve(unit_logs)
     get_json(client, "/inputs?run=fit_17_8/replicas")
     assert provider.downsample == [reader.ALL_SAMPLES]  # replicas=0: every sample kept

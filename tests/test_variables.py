@@ -13,12 +13,14 @@ from conftest import TensorBoardServer, http_get, mirrored
 
 import tb_replica_plugin
 from tb_replica_plugin import ReplicaCallback, ReplicaProbe, analysis, cli, metadata
+from tb_replica_plugin.core import jobs
 from tb_replica_plugin.families.variables import check as variables_check
 from tb_replica_plugin.families.variables import fingerprint as collector
 from tb_replica_plugin.families.variables import present as variables_present
 from tb_replica_plugin.families.variables import read as variables_read
 from tb_replica_plugin.families.variables import record as variables_record
 from tb_replica_plugin.families.variables import rules as variables_rules
+from tb_replica_plugin.families.variables.merge import VariablesMerger
 
 # The sketch estimate of ||copy_r - copy_0|| has a relative standard deviation of about
 # 1 / sqrt(2W) = 9.1 % with W = 61 buckets (README "Weight drift"); about 4 standard deviations:
@@ -457,27 +459,24 @@ def test_workers_with_different_fingerprint_versions_are_not_merged():
     notes = []
     workers = [{"name": "worker_0"}, {"name": "worker_1"}]
     same = [Member(synthetic([0.0, 1e-3])), Member(synthetic([0.0, 1e-3]))]
-    merged = variables_read.merge_variables("job", same, workers, notes)
+    merged = jobs.merge_all(VariablesMerger, "job", same, workers, notes)
     assert merged.num_replicas == 4 and merged.hash_comparable.all() and notes == []
     assert merged.variables[0]["hash"] == ["mix64"] * 4
     mixed = [Member(synthetic([0.0, 1e-3])), Member(synthetic([0.0, 1e-3], version=1))]
-    assert variables_read.merge_variables("job", mixed, workers, notes) is None
+    assert jobs.merge_all(VariablesMerger, "job", mixed, workers, notes) is None
     assert "different versions" in notes[-1]
 
 
-@pytest.mark.parametrize("chunk_cells", [None, 4])  # 4: the copies of one step at a time
-def test_job_holds_each_row_bit_identical_to_global_replica_0_once(chunk_cells, monkeypatch):
+def test_job_holds_each_row_bit_identical_to_global_replica_0_once():
     class Member:
         def __init__(self, series):
             self.variables = series
 
-    if chunk_cells is not None:
-        monkeypatch.setattr(variables_read, "_CHUNK_CELLS", chunk_cells)
     first, second = synthetic([0.0, 0.0, 1e-3]), synthetic([0.0, 0.0, 1e-3])
     second.hash[1] += 1  # at step 1 worker 1's copies agree with each other, not with worker 0's
     second_stats = second.stats.copy()
     workers = [{"name": "worker_0"}, {"name": "worker_1"}]
-    merged = variables_read.merge_variables("job", [Member(first), Member(second)], workers, [])
+    merged = jobs.merge_all(VariablesMerger, "job", [Member(first), Member(second)], workers, [])
     # 12 rows were written (3 steps x 4 copies); kept: global replica 0's (3), the drifted copies
     # at step 2 (2) and worker 1's copies at step 1 (2).
     assert len(merged.rows) == 7
@@ -491,20 +490,19 @@ def test_job_holds_each_row_bit_identical_to_global_replica_0_once(chunk_cells, 
     )
     # Every copy's fingerprint reads the same values, in the job and in the worker's own series.
     np.testing.assert_array_equal(merged.stats[:, :, 2:], second_stats)
-    np.testing.assert_array_equal(second.stats, second_stats)
-    assert second.rows is merged.rows
-    # A worker that logged a step more keeps reading its own fingerprints at every step.
+    np.testing.assert_array_equal(second.stats, second_stats)  # the worker's own: untouched
+    # A worker that logged a step more: the job has the steps both logged.
     longer = synthetic([0.0, 0.0, 1e-3, 2e-3])
     longer_stats = longer.stats.copy()
     shorter = synthetic([0.0, 0.0, 1e-3])
-    merged = variables_read.merge_variables("job", [Member(shorter), Member(longer)], workers, [])
+    merged = jobs.merge_all(VariablesMerger, "job", [Member(shorter), Member(longer)], workers, [])
     assert merged.steps.tolist() == [0, 1, 2] and longer.row_of.shape[0] == 4
     np.testing.assert_array_equal(longer.stats, longer_stats)
     np.testing.assert_array_equal(merged.stats[:, :, 2:], longer_stats[:3])
     # A worker that wrote no fingerprint (its rows [0, 4]) joins: no common step, no error.
     lone, empty = synthetic([0.0]), synthetic([])
-    joined = variables_read.merge_variables("job", [Member(lone), Member(empty)], workers, [])
-    assert joined.steps.size == 0 and joined.rows.shape == lone.rows.shape
+    joined = jobs.merge_all(VariablesMerger, "job", [Member(lone), Member(empty)], workers, [])
+    assert joined.steps.size == 0 and joined.rows.shape[1] == lone.rows.shape[1]
 
 
 def test_findings_tolerance_bits_and_sync_on_read():

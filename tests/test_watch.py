@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO, mirrored
 
 from tb_replica_plugin import analysis, reader
+from tb_replica_plugin.core import jobs
 from tb_replica_plugin.families.watch import present, schema
 
 ROW = {name: index for index, name in enumerate(schema.STAT_ROWS)}
@@ -336,9 +337,11 @@ def test_a_job_keeps_the_kind_and_structure_of_its_workers_ragged_inputs():
             ],
         }
         event = inputs_read.parse_shape_event(0, json.dumps(document))
-        return inputs_read.build_inputs_series(f"job/worker_{index}", [event], [])
+        series = inputs_read.build_inputs_series(f"job/worker_{index}", [event], [])
+        return reader.RunData(series.run, inputs=series)
 
-    merged = inputs_read.merge_input_series("job", [worker(0, 4, 7), worker(1, 3, 5)], [], [])
+    members = [worker(0, 4, 7), worker(1, 3, 5)]
+    merged = jobs.merge_all(inputs_read.InputsMerger, "job", members, [], [])
     (entry,) = merged.shape_events[0]["inputs"]
     assert entry["kinds"] == ["ragged", "ragged"] and entry["structure"] == [[7, 1, 3], [5, 1, 3]]
     assert entry["shapes"] == [[4, -1], [3, -1]] and not entry["mismatch"]

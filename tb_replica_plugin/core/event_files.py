@@ -1,12 +1,11 @@
-"""A data provider over a log dir's event files for `tb-replica report` and `load()`.
+"""A run's event files read incrementally (`RunTail`), and a data provider over a log dir.
 
-TensorBoard's `MultiplexerDataProvider` first loads every run into memory (as protos and
-reservoirs: about 2.4× the event bytes) and then converts each tensor. A report reads each run
-once, so this provider keeps nothing but each run's tag list: `list_tensors` scans every event
-file once for it, and `read_tensors` reads the files of the runs asked for again and decodes only
-the tags asked for. A 4.4 GB log dir is read without holding it. A provider of one run
-(`for_run_read_once`) does both in one pass: it keeps the plugin's samples of the listing for its
-first `read_tensors` (what `reader.read_log_dir` uses: every run it lists it reads).
+`RunTail` is how the plugin, `tb-replica report` and `load()` read a run: each `read` parses
+only what was appended to the run's files since the last one (TensorBoard's own file loaders
+hold the offsets), and decodes only this plugin's tensors. `EventFilesProvider` answers as
+TensorBoard's `MultiplexerDataProvider` does (`list_tensors`, `read_tensors`) without holding
+the log dir (the multiplexer first loads every run into memory, about 2.4× the event bytes):
+`reader.local_provider`, for code and tests that want a data provider over a log dir.
 
 It answers as `MultiplexerDataProvider` does for what the reader asks (`list_tensors`,
 `read_tensors`): runs are the directories holding `*tfevents*` files, named by their path relative
@@ -24,7 +23,7 @@ import os
 import numpy as np
 from tensorboard.data import provider
 
-__all__ = ["EventFilesProvider"]
+__all__ = ["EventFilesProvider", "RunTail", "TailRead", "event_file_names"]
 
 
 @dataclasses.dataclass
@@ -50,35 +49,12 @@ class EventFilesProvider:
         self._logdir = os.fspath(logdir)
         self._files = None  # {run: [event file paths]}, found by the first `list_tensors`
         self._listed = None  # {run: {tag: _Tag}} of every tag, after the first `list_tensors`
-        self._kept = None  # {run: {tag: [TensorDatum]}}: `for_run_read_once`
-        self._kept_plugin = None
 
     def run_names(self):
         """The runs: directories holding event files, with or without this plugin's data."""
         if self._files is None:
             self._files = self._runs()
         return list(self._files)
-
-    def for_run_read_once(self, run, plugin_name):
-        """A provider of one run (of `run_names`) that lists and reads its files in one pass.
-
-        Its first `list_tensors` keeps the samples of the tags that are (or may be) the plugin's
-        for its first `read_tensors`, which answers from them and lets them go; later calls read
-        the files again. Small to send to another process (no listing yet).
-
-        Args:
-          run: the run.
-          plugin_name: the plugin whose samples are kept.
-
-        Returns:
-          The provider.
-        """
-        self.run_names()
-        view = EventFilesProvider(self._logdir)
-        view._files = {run: self._files[run]}
-        view._kept = {}
-        view._kept_plugin = plugin_name
-        return view
 
     def _runs(self):
         """`{run: [event file paths, sorted]}`, as TensorBoard's `AddRunsFromDirectory` names
@@ -101,11 +77,7 @@ class EventFilesProvider:
         for directory, names in walked:
             if any("tfevents" in name for name in names):
                 name = os.path.relpath(directory, self._logdir)
-                runs[name] = sorted(
-                    os.path.join(directory, n)
-                    for n in names
-                    if "tfevents" in n and not n.endswith(".profile-empty")
-                )
+                runs[name] = [os.path.join(directory, n) for n in event_file_names(names)]
         return runs
 
     @staticmethod
@@ -135,8 +107,7 @@ class EventFilesProvider:
             self.run_names()
             self._listed = {}
             for run, paths in self._files.items():
-                kept = None if self._kept is None else self._kept.setdefault(run, {})
-                self._listed[run] = _list_run(paths, kept, self._kept_plugin)
+                self._listed[run] = _list_run(paths)
         return self._listed
 
     def _index(self, plugin_name, run_tag_filter):
@@ -185,13 +156,11 @@ class EventFilesProvider:
         index = self._index(plugin_name, run_tag_filter)
         result = {}
         for run, tags in index.items():
-            kept = (self._kept or {}).pop(run, None)
-            if kept is None:
-                kept = {tag: [] for tag in tags}
-                for event, value in self._values(self._files[run]):
-                    series = kept.get(value.tag)
-                    if series is not None and value.HasField("tensor"):
-                        series.append(_datum(event, value))
+            kept = {tag: [] for tag in tags}
+            for event, value in self._values(self._files[run]):
+                series = kept.get(value.tag)
+                if series is not None and value.HasField("tensor"):
+                    series.append(_datum(event, value))
             data = {tag: kept.get(tag, []) for tag in tags}
             if downsample is not None:
                 # TensorBoard's own choice of samples (the last one and a seeded random subset).
@@ -200,15 +169,8 @@ class EventFilesProvider:
         return result
 
 
-def _list_run(paths, kept=None, plugin_name=None):
-    """`{tag: _Tag}` of every summary value in one run's event files.
-
-    Args:
-      paths: the run's event files, in order.
-      kept: a dict that gets `{tag: [TensorDatum]}` of the tensor values of
-        every tag whose metadata names `plugin_name` (or has come with none yet), or None.
-      plugin_name: see `kept`.
-    """
+def _list_run(paths):
+    """`{tag: _Tag}` of every summary value in one run's event files (`paths`, in order)."""
     tags = {}
     for event, value in EventFilesProvider._values(paths):
         tag = tags.get(value.tag)
@@ -221,8 +183,6 @@ def _list_run(paths, kept=None, plugin_name=None):
             tag.metadata = value.metadata
         tag.max_step = max(tag.max_step, event.step)
         tag.max_wall_time = max(tag.max_wall_time, event.wall_time)
-        if kept is not None and value.HasField("tensor") and _ours(tag, plugin_name):
-            kept.setdefault(value.tag, []).append(_datum(event, value))
     return tags
 
 
@@ -260,3 +220,184 @@ def tensor_to_numpy(tensor):
 
 # DataType enum value -> numpy dtype, filled on first use.
 _NUMPY_DTYPES = {}
+
+
+def event_file_names(names):
+    """The event files among a directory's file names, sorted: `*tfevents*` but not the
+    profiler's `.profile-empty` markers (as TensorBoard's `AddRunsFromDirectory` takes them)."""
+    return sorted(n for n in names if "tfevents" in n and not n.endswith(".profile-empty"))
+
+
+@dataclasses.dataclass
+class TailRead:
+    """What one `RunTail.read` found.
+
+    Attributes:
+      samples: `{tag: [TensorDatum]}` of the plugin's tensor tags appended since the last read,
+        in order of writing (files by name, then records).
+      contents: `{tag: plugin content bytes}` of every tag of the plugin seen so far (the schema
+        version and kind of its metadata).
+      files: how many event files had new summary values.
+      values: summary values read (of every tag, the plugin's or not).
+      reset: the files can no longer be read on from where the last read stopped (never for
+        event files, which only grow; see `core.sources.ProviderTail`): read the run again.
+    """
+
+    samples: dict
+    contents: dict
+    files: int = 0
+    values: int = 0
+    reset: bool = False
+
+
+class _Records:
+    """The records of one event file from where the last `new` stopped.
+
+    With TensorFlow, its `RandomRecordReader` reads from a kept offset and is closed after each
+    look (TensorBoard's loader keeps a reader open, whose buffer holds as much as the file up to
+    16 MB: 1.7 GB for the 256 files of a job); a truncated or corrupt record stops the look and
+    is read again at the next one, as TensorBoard's loader does. Without TensorFlow, TensorBoard's
+    loader is kept (its reader holds a file and a partial record only).
+    """
+
+    def __init__(self, path):
+        self.path = path
+        self.offset = 0
+        self._loader = None
+        self._random = _random_reader()
+
+    def new(self):
+        """Yields the serialized records appended since the last call."""
+        if self._random is None:
+            if self._loader is None:
+                from tensorboard.backend.event_processing import event_file_loader
+
+                self._loader = event_file_loader.RawEventFileLoader(self.path)
+            yield from self._loader.Load()
+            return
+        from tensorflow.python.framework import errors
+
+        reader = self._random(self.path)
+        try:
+            while True:
+                try:
+                    record, offset = reader.read(self.offset)
+                except (IndexError, errors.OutOfRangeError, errors.DataLossError):
+                    return  # the end, or a record not whole yet (or corrupt): read again later
+                self.offset = offset
+                yield record
+        finally:
+            reader.close()
+
+
+def _random_reader():
+    """TensorFlow's `RandomRecordReader` class when TensorBoard reads with TensorFlow, else None
+    (TensorBoard's stub reader, or a TensorFlow without it)."""
+    from tensorboard.compat import tf
+
+    if tf.__version__ == "stub":
+        return None
+    try:
+        from tensorflow.python.lib.io import _pywrap_record_io
+    except ImportError:
+        return None
+    return getattr(_pywrap_record_io, "RandomRecordReader", None)
+
+
+class RunTail:
+    """One run's event files read incrementally: each `read` gives what was appended since.
+
+    Each event file's offset is kept (`_Records`; a truncated last record is read again at the
+    next read, as TensorBoard's own loader does), so a file grown by a few steps costs those
+    steps. The plugin's tags are those whose first metadata names the plugin with the tensor
+    data class (as `EventFilesProvider` lists them); other values are parsed but not decoded.
+
+    Attributes:
+      directory: the run's directory.
+      values_read: summary values read so far, of every tag (what `read` costs).
+
+    Example:
+      >>> tail = RunTail("logs/job/worker_0", "replicas")
+      >>> first = tail.read()  # everything written so far
+      >>> tail.read().samples  # nothing appended since
+      {}
+    """
+
+    def __init__(self, directory, plugin_name):
+        """Args:
+        directory: the run's directory (local, or any path TensorBoard's file reader opens).
+        plugin_name: the plugin whose tags are read.
+        """
+        self.directory = os.fspath(directory)
+        self._plugin = plugin_name
+        self._files = {}  # path -> _Records, each holding its offset
+        self._tags = {}  # tag -> _Tag (its first metadata)
+        self.values_read = 0
+
+    def _paths(self):
+        """The run's event files now, sorted."""
+        if "://" in self.directory:
+            from tensorboard.backend.event_processing import io_wrapper
+
+            paths = io_wrapper.ListDirectoryAbsolute(self.directory)
+            names = [os.path.basename(p) for p in paths]
+        else:
+            try:
+                names = os.listdir(self.directory)
+            except FileNotFoundError:
+                names = []
+        return [os.path.join(self.directory, n) for n in event_file_names(names)]
+
+    def read(self):
+        """The plugin's values appended to the run's files since the last read (`TailRead`)."""
+        from tensorboard.compat.proto import event_pb2
+
+        found, files, values = {}, 0, 0
+        collecting = gc.isenabled()
+        gc.disable()  # millions of objects, none in a cycle (see `EventFilesProvider._values`)
+        try:
+            for path in self._paths():
+                records = self._files.get(path)
+                if records is None:
+                    records = self._files[path] = _Records(path)
+                before = values
+                for record in records.new():
+                    event = event_pb2.Event.FromString(record)
+                    for value in event.summary.value:
+                        values += 1
+                        self._take(event, value, found)
+                files += values > before
+        finally:
+            if collecting:
+                gc.enable()
+        self.values_read += values
+        samples = {tag: data for tag, data in found.items() if self._is_ours(tag)}
+        contents = {
+            tag: info.metadata.plugin_data.content
+            for tag, info in self._tags.items()
+            if self._is_ours(tag)
+        }
+        return TailRead(samples=samples, contents=contents, files=files, values=values)
+
+    def _take(self, event, value, found):
+        """Notes the tag's metadata and keeps a tensor value of a tag that is (or may be) ours."""
+        tag = self._tags.get(value.tag)
+        if tag is None:
+            metadata = value.metadata if value.HasField("metadata") else None
+            tag = self._tags[value.tag] = _Tag(metadata, event.step, event.wall_time)
+        elif tag.metadata is None and value.HasField("metadata"):
+            tag.metadata = value.metadata
+        if value.HasField("tensor") and _ours(tag, self._plugin):
+            found.setdefault(value.tag, []).append(_datum(event, value))
+
+    def _is_ours(self, tag):
+        """Whether `tag`'s metadata names the plugin with the tensor data class."""
+        from tensorboard.compat.proto import summary_pb2
+
+        info = self._tags.get(tag)
+        return (
+            info is not None
+            and info.metadata is not None
+            and info.metadata.plugin_data.plugin_name == self._plugin
+            and info.metadata.data_class == summary_pb2.DATA_CLASS_TENSOR
+        )

@@ -22,7 +22,7 @@ FAMILY = Family(
     attribute="data",
     tags=schema.TAGS,
     read=read.from_samples,
-    merge=read.merge_data,
+    merger=read.ExamplesMerger,
     rules=Rules(find=rules.find, kinds=rules.FINDING_KINDS),
     present=Presenter(
         body=present.body,

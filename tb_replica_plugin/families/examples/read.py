@@ -220,13 +220,14 @@ def sketch_overlap(sketch_a, distinct_a, sketch_b, distinct_b):
 MAX_PAIR_BYTES = 2 << 30
 
 
-def merge_data(job, member_runs, workers, notes):
-    """Examples fed to replicas of different workers at the same step, from the sketches.
+class ExamplesMerger(jobs.Merger):
+    """Examples fed to replicas of different workers at the same step (`jobs.Merger`).
 
     Within a worker every count is exact (each worker's own `shared`, `duplicated` and window
-    fields). Across workers no example crosses: each replica wrote a bottom-K sketch (K = 16)
-    of its example fingerprints at every logged step, and for each pair of global replicas on
-    different workers and each step every worker logged:
+    fields, written into its block of the job's arrays). Across workers no example crosses:
+    each replica wrote a bottom-K sketch (K = 16) of its example fingerprints at every logged
+    step, and for each pair of global replicas on different workers and each step every worker
+    logged (computed once per step, when every worker has written it: `_cross`):
 
     - `shared`: exact when both replicas had at most K distinct examples at that step (the
       sketches are the whole sets), else the bottom-K Jaccard estimate (`sketch_overlaps`);
@@ -240,100 +241,184 @@ def merge_data(job, member_runs, workers, notes):
       as shared when it shared at the logged step). With `update_freq=1` every window is that
       one step and nothing is extrapolated.
 
-    Returns:
-      A `DataSeries` on the global replica axis, or None when no worker (or not every worker:
-      noted) recorded example fingerprints.
+    A job whose `[steps, replicas, replicas]` matrices would pass `MAX_PAIR_BYTES` (decided at
+    the first worker, from its steps) keeps none and gives no series (noted).
     """
-    series = jobs.members_with(
-        "data", member_runs, workers, notes, "example fingerprints", "call observe_examples"
-    )
-    if series is None:
-        return None
-    steps = jobs.common_steps(series, notes, "data")
-    total = sum(s.num_replicas for s in series)
-    pair_bytes = len(steps) * total * total * 3 * 8  # shared, window_shared, steps_shared
-    if pair_bytes > MAX_PAIR_BYTES:
+
+    attribute = "data"
+
+    def __init__(self, expected_workers=1):
+        super().__init__(expected_workers)
+        self.rows = jobs.StepArrays(expected_workers)
+        self.axis = jobs.ReplicaAxis()
+        self.replicas = {}
+        self.sampled = {}
+        self.skipped = False
+        self.declared = False
+        self.derived = 0  # complete rows whose cross-worker parts are computed
+
+    def add(self, slot, member, since):
+        """Writes worker `slot`'s counts, sketches and pair blocks from step `since` on.
+
+        Raises:
+          jobs.Irregular: if the worker's replicas changed.
+        """
+        series = self.series_of(slot, member)
+        if series is None:
+            return
+        if self.replicas.setdefault(slot, series.replicas) != series.replicas:
+            raise jobs.Irregular(f"worker slot {slot}: other replicas")
+        columns = self.axis.add(slot, series.num_replicas)
+        if not self.declared:
+            self._declare(series)
+            self.declared = True
+        self.rows.widen(self.axis.total)
+        keep = series.steps >= since if since is not None else slice(None)
+        starts = series.window_starts()[keep]
+        # Sampled: a window of the steps taken holds steps it did not sample (`DataSeries`).
+        spans = series.steps[keep] - starts + 1
+        sampled = bool((series.window_steps[keep] < spans).any())
+        self.sampled[slot] = self.sampled.get(slot, False) or sampled
+        rows = self.rows.place(slot, series.steps[keep])
+        if self.skipped:
+            return
+        for name in ("batch_size", "distinct", "duplicated", "window_duplicated", "sketch"):
+            self.rows.write(slot, name, rows, columns, getattr(series, name)[keep])
+        for name, values in (("window_steps", series.window_steps[keep]), ("start", starts)):
+            self.rows.write(slot, name, rows, slice(slot, slot + 1), values[:, None])
+        for name in ("shared", "window_shared", "steps_shared"):
+            self.rows.write(slot, name, rows, columns, getattr(series, name)[keep])
+
+    def _declare(self, first):
+        replicas = self.expected_workers * first.num_replicas
+        size = first.sketch.shape[-1]
+        pair_bytes = first.steps.size * replicas * replicas * 3 * 8
+        self.skipped = pair_bytes > MAX_PAIR_BYTES
+        if self.skipped:  # only the steps are kept, for the note
+            return
+        for name in ("batch_size", "distinct", "duplicated", "window_duplicated"):
+            self.rows.declare(name, (replicas,), np.int64, 0, (0,))
+            if name.endswith("duplicated"):
+                self.rows.declare(f"{name}_job", (replicas,), np.int64, 0, (0,))
+        self.rows.declare("sketch", (replicas, size), np.int64, 0, (0,))
+        workers, largest = self.expected_workers, np.iinfo(np.int64)
+        self.rows.declare("window_steps", (workers,), np.int64, largest.max, slot_axes=(0,))
+        self.rows.declare("start", (workers,), np.int64, largest.min, slot_axes=(0,))
+        for name in ("shared", "window_shared", "steps_shared"):
+            self.rows.declare(name, (replicas, replicas), np.int64, 0, (0, 1))
+
+    def result(self, job, order, workers, notes):
+        """The job's `DataSeries`, or None when no worker (or not every worker: noted) recorded
+        example fingerprints, or when its pair matrices would be too large (noted)."""
+        if self.absent(workers, order, notes, "example fingerprints", "call observe_examples"):
+            return None
+        self.rows.drop_dead()
+        jobs.common_note(self.rows, order, notes, "data")
+        rows, total = self.rows.complete_rows(), self.axis.total
+        steps = np.asarray(self.rows.steps[rows], np.int64)
+        pair_bytes = len(steps) * total * total * 3 * 8
+        if self.skipped or pair_bytes > MAX_PAIR_BYTES:
+            self._skip(notes, len(steps), total)
+            return None
+        columns = self.axis.order(order)
+        per_worker = [
+            self.rows.view(n, rows, len(order))[:, order] for n in ("window_steps", "start")
+        ]
+        windows, starts = per_worker
+        if windows.size and np.any(windows != windows[:, :1]):
+            notes.append(
+                "data: the workers' logging windows differ; the job view uses the shortest window "
+                "of each logged step."
+            )
+        window_steps = windows.min(axis=1) if windows.size else np.zeros(0, np.int64)
+        estimated = self._cross(order, window_steps)
+        view = {n: self.rows.view(n, rows, total, columns) for n in self.rows.arrays}
+        self._notes(notes, estimated, len(steps), window_steps, view["sketch"].shape[-1])
+        return DataSeries(
+            run=job,
+            replicas=[r for slot in order for r in self.replicas[slot]],
+            steps=steps,
+            window_steps=window_steps.astype(np.int64),
+            batch_size=view["batch_size"],
+            distinct=view["distinct"],
+            duplicated=view["duplicated_job"],
+            window_duplicated=view["window_duplicated_job"],
+            shared=view["shared"],
+            window_shared=view["window_shared"],
+            steps_shared=view["steps_shared"],
+            sketch=view["sketch"],
+            notes=notes,
+            # The shortest window of each logged step (as window_steps); sampled when any was.
+            window_start=starts.max(axis=1).astype(np.int64) if starts.size else starts[:, 0],
+            sampled=any(self.sampled[slot] for slot in order),
+        )
+
+    def _skip(self, notes, steps, total):
+        """Drops the job's arrays for good (a job only grows: its steps are still counted) and
+        notes it."""
+        self.skipped = True
+        for name in list(self.rows.arrays):
+            self.rows.forget(name)
         notes.append(
             f"data: the examples shared across workers are not computed for this job: its "
-            f"{len(steps)} logged steps × {total}² replica pairs would take "
-            f"{pair_bytes / 2**30:.0f} GiB. Each worker's run shows its own replicas' overlap; "
-            "log examples less often (`examples_every`) to compare across workers."
+            f"{steps} logged steps × {total}² replica pairs would take "
+            f"{steps * total * total * 3 * 8 / 2**30:.0f} GiB. Each worker's run shows its own "
+            "replicas' overlap; log examples less often (`examples_every`) to compare across "
+            "workers."
         )
-        return None
-    at = [np.searchsorted(s.steps, steps).astype(np.int64) for s in series]
 
-    def concat(field):
-        return np.concatenate([getattr(s, field)[i] for s, i in zip(series, at, strict=True)], 1)
+    def _cross(self, order, window_steps):
+        """Computes the cross-worker parts of the complete rows not computed yet (those written
+        again included); returns the rows (of all) where they were estimated."""
+        self.derived = min(self.derived, self.rows.changed_from)
+        self.rows.clear_changed()
+        rows = np.arange(self.rows.size)[self.rows.complete_rows()]
+        arrays, total = self.rows.arrays, self.axis.total
+        owner = np.concatenate(
+            [np.full(count, slot) for slot, count in self.axis.counts.items()] or [[]]
+        )
+        cross = owner[:, None] != owner[None, :]
+        size = arrays["sketch"].shape[-1]
+        for k, row in enumerate(rows):
+            if row < self.derived:
+                continue
+            distinct = arrays["distinct"][row, :total]
+            pairs, _, found = sketch_overlaps(arrays["sketch"][row, :total], distinct)
+            own = arrays["duplicated"][row, :total]
+            shared = np.where(cross, pairs, arrays["shared"][row, :total, :total])
+            arrays["shared"][row, :total, :total] = shared
+            if np.all(distinct <= size):
+                duplicated = found  # every set is whole: exact
+            else:
+                across = np.where(cross, shared, 0).max(axis=1)
+                duplicated = np.minimum(np.maximum(own, across), distinct)
+            arrays["duplicated_job"][row, :total] = duplicated
+            span = max(int(window_steps[k]), 1)
+            block = (row, slice(0, total), slice(0, total))
+            arrays["window_shared"][block] = np.where(
+                cross, shared * span, arrays["window_shared"][block]
+            )
+            arrays["steps_shared"][block] = np.where(
+                cross, np.where(shared > 0, span, 0), arrays["steps_shared"][block]
+            )
+            arrays["window_duplicated_job"][row, :total] = np.maximum(
+                arrays["window_duplicated"][row, :total], duplicated * span
+            )
+        self.derived = self.rows.size
+        distinct = arrays["distinct"][rows, :total]
+        return int((distinct > size).any(axis=1).sum())
 
-    windows = np.stack([s.window_steps[i] for s, i in zip(series, at, strict=True)])
-    if windows.size and np.any(windows != windows[:1]):
-        notes.append(
-            "data: the workers' logging windows differ; the job view uses the shortest window "
-            "of each logged step."
-        )
-    window_steps = windows.min(axis=0) if windows.size else np.zeros(0, np.int64)
-    batch_size, distinct = concat("batch_size"), concat("distinct")
-    sketch = concat("sketch")
-    size = sketch.shape[-1]
-    owner = np.concatenate([np.full(s.num_replicas, w) for w, s in enumerate(series)])
-    offsets = np.cumsum([0] + [s.num_replicas for s in series])
-    shape = (len(steps), total, total)
-    shared = np.zeros(shape, np.int64)
-    window_shared = np.zeros(shape, np.int64)
-    steps_shared = np.zeros(shape, np.int64)
-    duplicated = concat("duplicated").copy()
-    window_duplicated = concat("window_duplicated").copy()
-    for s, i, start, stop in zip(series, at, offsets[:-1], offsets[1:], strict=True):
-        inside = (slice(None), slice(start, stop), slice(start, stop))
-        shared[inside] = s.shared[i]
-        window_shared[inside] = s.window_shared[i]
-        steps_shared[inside] = s.steps_shared[i]
-    estimated = 0
-    cross = owner[:, None] != owner[None, :]
-    for k in range(len(steps)):
-        # Whole-matrix `np.where`s: boolean-mask indexing of [R, R] was most of a 2048-replica
-        # job's merge.
-        pairs, _, found = sketch_overlaps(sketch[k], distinct[k])
-        shared[k] = np.where(cross, pairs, shared[k])
-        if np.all(distinct[k] <= size):
-            duplicated[k] = found  # every set is whole: exact
-        else:
-            estimated += 1
-            across = np.where(cross, shared[k], 0).max(axis=1)
-            duplicated[k] = np.minimum(np.maximum(duplicated[k], across), distinct[k])
-        span = max(int(window_steps[k]), 1)
-        window_shared[k] = np.where(cross, shared[k] * span, window_shared[k])
-        steps_shared[k] = np.where(cross, np.where(shared[k] > 0, span, 0), steps_shared[k])
-        window_duplicated[k] = np.maximum(window_duplicated[k], duplicated[k] * span)
-    if estimated:
-        notes.append(
-            f"data: at {estimated} of {len(steps)} logged step(s) a replica had more than "
-            f"{size} distinct examples; the examples shared across workers are estimated there "
-            f"from bottom-{size} sketches (exact within a worker)."
-        )
-    if np.any(window_steps > 1):
-        notes.append(
-            "data: not every step is logged; the examples shared across workers are known at "
-            "the logged steps and extrapolated to the steps between them (exact within a "
-            "worker)."
-        )
-    return DataSeries(
-        run=job,
-        replicas=[r for s in series for r in s.replicas],
-        steps=np.array(steps, np.int64),
-        window_steps=window_steps.astype(np.int64),
-        batch_size=batch_size,
-        distinct=distinct,
-        duplicated=duplicated,
-        window_duplicated=window_duplicated,
-        shared=shared,
-        window_shared=window_shared,
-        steps_shared=steps_shared,
-        sketch=sketch,
-        notes=notes,
-        # The shortest window of each logged step (as window_steps); sampled when any worker was.
-        window_start=np.max(
-            [s.window_starts()[i] for s, i in zip(series, at, strict=True)], axis=0
-        ).astype(np.int64),
-        sampled=any(s.sampled for s in series),
-    )
+    @staticmethod
+    def _notes(notes, estimated, steps, window_steps, size):
+        if estimated:
+            notes.append(
+                f"data: at {estimated} of {steps} logged step(s) a replica had more than "
+                f"{size} distinct examples; the examples shared across workers are estimated "
+                f"there from bottom-{size} sketches (exact within a worker)."
+            )
+        if np.any(window_steps > 1):
+            notes.append(
+                "data: not every step is logged; the examples shared across workers are known "
+                "at the logged steps and extrapolated to the steps between them (exact within a "
+                "worker)."
+            )

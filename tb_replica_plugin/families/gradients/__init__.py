@@ -20,7 +20,7 @@ FAMILY = Family(
     attribute="gradients",
     tags=schema.TAGS,
     read=read.from_samples,
-    merge=read.merge_gradients,
+    merger=read.GradientsMerger,
     rules=Rules(find=rules.find, kinds=rules.FINDING_KINDS),
     present=Presenter(
         body=present.body,

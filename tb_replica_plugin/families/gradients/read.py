@@ -287,10 +287,10 @@ def from_samples(run, samples, notes, needed=None):
     )
 
 
-def _scalings_note(series, workers):
+def _scalings_note(scalings, workers):
     """The job's note when its workers recorded gradients of different scalings."""
     each = "; ".join(
-        f"{w['name']}: {scaling_text(s.scaling)}" for w, s in zip(workers, series, strict=True)
+        f"{w['name']}: {scaling_text(s)}" for w, s in zip(workers, scalings, strict=True)
     )
     return (
         f"The workers recorded gradients of different scalings ({each}): the norms of replicas "
@@ -298,70 +298,136 @@ def _scalings_note(series, workers):
     )
 
 
-def merge_gradients(job, member_runs, workers, notes):
-    """Every worker's local gradient health on one global replica axis.
+class GradientsMerger(jobs.Merger):
+    """Every worker's local gradient health on one global replica axis (`jobs.Merger`).
 
-    Per-replica norms and losses are concatenated in global replica order at the logged steps
-    every worker has (the others are noted). NaN/Inf events are kept at every step any worker
-    had one (a worker without an event at that step counts 0 for its replicas). When the
-    workers recorded different variable lists, the global norms and losses are still merged and
-    the per-variable norms left out (noted).
+    Per-replica norms and losses are written in global replica order at the logged steps every
+    worker has (the others are noted). NaN/Inf events are kept at every step any worker had one
+    (a worker without an event at that step counts 0 for its replicas). When the workers
+    recorded different variable lists, the global norms and losses are still merged and the
+    per-variable norms left out (noted).
 
-    Returns:
-      A `GradientsSeries`, or None when no worker (or not every worker: noted) recorded
-      gradients.
+    Example:
+      >>> merger = GradientsMerger(expected_workers=2)
+      >>> for slot, member in enumerate(members):  # the workers' RunData, in worker order
+      ...     merger.add(slot, member, None)
+      >>> merger.result("job", [0, 1], workers, []).global_norm.shape
+      (5, 4)
     """
-    series = jobs.members_with(
-        "gradients",
-        member_runs,
-        workers,
-        notes,
-        "gradients",
-        "call observe_gradients on every worker",
-    )
-    if series is None:
-        return None
-    same_variables = all(s.variables == series[0].variables for s in series)
-    if not same_variables:
-        notes.append(
-            "The workers recorded gradients of different variable lists: the job view shows "
-            "each replica's global norm and loss, not the per-variable norms."
+
+    attribute = "gradients"
+
+    def __init__(self, expected_workers=1):
+        super().__init__(expected_workers)
+        self.rows = jobs.StepArrays(expected_workers)
+        self.axis = jobs.ReplicaAxis()
+        self.layouts = {}  # slot -> what must not change: variables, shapes, loss, scaling
+        self.events = {}  # slot -> {step: int64 [4, R]}
+        self.batches = {}  # slot -> [CapturedBatch]
+        self.replicas = {}
+
+    def add(self, slot, member, since):
+        """Writes worker `slot`'s norms, losses and events from step `since` on (all: None).
+
+        Raises:
+          jobs.Irregular: if the worker's variables, scaling or replicas changed.
+        """
+        series = self.series_of(slot, member)
+        if series is None:
+            return
+        self._check_layout(slot, series)
+        columns = self.axis.add(slot, series.num_replicas)
+        if not self.rows.arrays:
+            self._declare(len(series.variables), series.num_replicas)
+        self.rows.widen(self.axis.total)
+        self._write_norms(slot, series, columns, since)
+        events = self.events.setdefault(slot, {})
+        for step, counts in zip(series.nonfinite_steps.tolist(), series.nonfinite, strict=True):
+            if since is None or step >= since:
+                events[step] = counts
+        kept = [b for b in self.batches.get(slot, []) if since is None or b.step < since]
+        self.batches[slot] = kept + [b for b in series.batches if since is None or b.step >= since]
+
+    def _check_layout(self, slot, series):
+        layout = (
+            series.variables,
+            series.shapes,
+            series.has_loss,
+            series.scaling,
+            series.loss_scaled,
+            series.replicas,
         )
-    steps = jobs.common_steps(series, notes, "gradients")
-    at = [np.searchsorted(s.steps, steps).astype(np.int64) for s in series]
+        if self.layouts.setdefault(slot, layout) != layout:
+            raise jobs.Irregular(f"worker slot {slot}: other gradients layout")
+        self.replicas[slot] = series.replicas
 
-    def concat(field):
-        return np.concatenate([getattr(s, field)[i] for s, i in zip(series, at, strict=True)], -1)
+    def _declare(self, variables, replicas):
+        width = self.expected_workers * replicas
+        self.rows.declare("global_norm", (width,), np.float64, np.nan, (0,))
+        self.rows.declare("loss", (width,), np.float64, np.nan, (0,))
+        self.rows.declare("variable_norms", (variables, width), np.float64, np.nan, (1,))
 
-    total = sum(s.num_replicas for s in series)
-    variable_norms = (
-        concat("variable_norms") if same_variables else np.zeros((len(steps), 0, total))
-    )
-    event_steps = np.array(
-        sorted(set().union(*(s.nonfinite_steps.tolist() for s in series))), np.int64
-    )
-    events = np.zeros((event_steps.size, 4, total), np.int64)
-    column = 0
-    for s in series:
-        where = np.searchsorted(event_steps, s.nonfinite_steps)
-        events[where, :, column : column + s.num_replicas] = s.nonfinite
-        column += s.num_replicas
-    scalings = {s.scaling for s in series}
-    if len(scalings) > 1:
-        notes.append(_scalings_note(series, workers))
-    return GradientsSeries(
-        run=job,
-        replicas=[r for s in series for r in s.replicas],
-        variables=list(series[0].variables) if same_variables else [],
-        shapes=list(series[0].shapes) if same_variables else [],
-        has_loss=all(s.has_loss for s in series),
-        scaling=scalings.pop() if len(scalings) == 1 else ",".join(sorted(scalings)),
-        steps=np.array(steps, np.int64),
-        global_norm=concat("global_norm"),
-        loss=concat("loss"),
-        variable_norms=variable_norms,
-        nonfinite_steps=event_steps,
-        nonfinite=events,
-        loss_scaled=any(s.loss_scaled for s in series),
-        batches=sorted((b for s in series for b in s.batches), key=lambda b: (b.step, b.replica)),
-    )
+    def _write_norms(self, slot, series, columns, since):
+        keep = series.steps >= since if since is not None else slice(None)
+        rows = self.rows.place(slot, series.steps[keep])
+        self.rows.write(slot, "global_norm", rows, columns, series.global_norm[keep])
+        self.rows.write(slot, "loss", rows, columns, series.loss[keep])
+        if series.variable_norms.shape[1] == self.rows.arrays["variable_norms"].shape[1]:
+            self.rows.write(slot, "variable_norms", rows, columns, series.variable_norms[keep])
+
+    def result(self, job, order, workers, notes):
+        """The job's `GradientsSeries`, or None when no worker (or not every worker: noted)
+        recorded gradients."""
+        how = "call observe_gradients on every worker"
+        if self.absent(workers, order, notes, "gradients", how):
+            return None
+        layouts = [self.layouts[slot] for slot in order]
+        same_variables = all(layout[0] == layouts[0][0] for layout in layouts)
+        if not same_variables:
+            notes.append(
+                "The workers recorded gradients of different variable lists: the job view shows "
+                "each replica's global norm and loss, not the per-variable norms."
+            )
+        self.rows.drop_dead()
+        jobs.common_note(self.rows, order, notes, "gradients")
+        rows, total, columns = self.rows.complete_rows(), self.axis.total, self.axis.order(order)
+
+        def view(name):
+            return self.rows.view(name, rows, total, columns)
+
+        steps = np.asarray(self.rows.steps[rows], np.int64)
+        norms = view("variable_norms") if same_variables else np.zeros((len(steps), 0, total))
+        event_steps, events = self._events(order)
+        scalings = {layout[3] for layout in layouts}
+        if len(scalings) > 1:
+            notes.append(_scalings_note([layout[3] for layout in layouts], workers))
+        return GradientsSeries(
+            run=job,
+            replicas=[r for slot in order for r in self.replicas[slot]],
+            variables=list(layouts[0][0]) if same_variables else [],
+            shapes=list(layouts[0][1]) if same_variables else [],
+            has_loss=all(layout[2] for layout in layouts),
+            scaling=scalings.pop() if len(scalings) == 1 else ",".join(sorted(scalings)),
+            steps=steps,
+            global_norm=view("global_norm"),
+            loss=view("loss"),
+            variable_norms=norms,
+            nonfinite_steps=event_steps,
+            nonfinite=events,
+            loss_scaled=any(layout[4] for layout in layouts),
+            batches=sorted(
+                (b for slot in order for b in self.batches[slot]), key=lambda b: (b.step, b.replica)
+            ),
+        )
+
+    def _events(self, order):
+        """`(steps, int64 [E, 4, R])`: every step any worker had a NaN/Inf event at."""
+        steps = np.array(sorted(set().union(*(self.events[slot] for slot in order))), np.int64)
+        events = np.zeros((steps.size, 4, self.axis.total), np.int64)
+        column = 0
+        for slot in order:
+            width = len(self.replicas[slot])
+            for step, counts in self.events[slot].items():
+                events[np.searchsorted(steps, step), :, column : column + width] = counts
+            column += width
+        return steps, events

@@ -22,7 +22,7 @@ FAMILY = Family(
     attribute="inputs",
     tags=schema.TAGS,
     read=read.from_samples,
-    merge=read.merge_inputs,
+    merger=read.InputsMerger,
     rules=Rules(find=rules.find, kinds=rules.FINDING_KINDS, annotate=rules.annotate),
     present=Presenter(
         body=present.body,

@@ -9,6 +9,7 @@ import json
 import numpy as np
 
 from tb_replica_plugin import metadata
+from tb_replica_plugin.core import jobs
 from tb_replica_plugin.core.leaf_entries import mismatch_dims, parse_leaf_entries
 from tb_replica_plugin.families.inputs import schema
 
@@ -228,107 +229,222 @@ def from_samples(run, samples, notes, needed=None):
     return series
 
 
-def merge_input_series(job, members, workers, notes):
+@dataclasses.dataclass
+class _Part:
+    """What the job keeps of one worker's inputs: its identity, the steps it covers, its batch
+    sizes as the steps where they change (each holding until the next) and its shape events."""
+
+    replicas: list
+    devices: list
+    source: str
+    first: int | None = None  # its steps: first..last, or `steps` when they have gaps
+    last: int | None = None
+    steps: np.ndarray | None = None
+    changes: list = dataclasses.field(default_factory=list)  # [(step, int64 [R])]
+    events: list = dataclasses.field(default_factory=list)
+
+    def step_axis(self):
+        """int64: every step it covers."""
+        if self.steps is not None:
+            return self.steps
+        if self.first is None:
+            return np.zeros(0, np.int64)
+        return np.arange(self.first, self.last + 1, dtype=np.int64)
+
+
+class InputsMerger(jobs.Merger):
     """The inputs family of a job: every worker's series on one global replica axis.
 
-    Args:
-      job: the job name.
-      members: the workers' `InputsSeries`, in worker order.
-      workers: the per-worker grouping (`InputsSeries.workers`).
-      notes: the job's notes list (appended to).
+    Per step, each worker's batch sizes and shapes at that step (held from its last change):
+    the steps are those any worker covers, a worker's batch sizes are kept as the steps where
+    they change, and its shape events as they are (both small), so the job's `[steps, replicas]`
+    array is built from them (`result`). The dense series is kept at the steps every worker
+    logged.
 
-    Returns:
-      An `InputsSeries` whose replicas are the global replica ids of every worker; per step,
-      each worker's batch sizes and shapes at that step (held from its last change).
+    Example:
+      >>> merger = InputsMerger(expected_workers=2)
+      >>> for slot, member in enumerate(members):
+      ...     merger.add(slot, member, None)
+      >>> merger.result("job", [0, 1], workers, []).batch_size.tolist()
+      [[4, 4, 3, 3], [4, 4, 3, 3]]
     """
-    with_steps = [m for m in members if m.steps.size]
-    steps = np.unique(np.concatenate([m.steps for m in with_steps])) if with_steps else None
-    if steps is None:
-        steps = np.zeros((0,), np.int64)
-    ranges = {(int(m.steps[0]), int(m.steps[-1])) for m in with_steps}
-    if len(ranges) > 1 or len(with_steps) < len(members):
-        notes.append(
-            "The workers recorded different step ranges; a worker's batch sizes are held from "
-            "its nearest recorded step where it has none."
-        )
-    columns = []
-    for member in members:
-        if not member.steps.size:
-            columns.append(np.zeros((steps.size, member.num_replicas), np.int64))
-            continue
-        index = np.searchsorted(member.steps, steps, side="right") - 1
-        columns.append(member.batch_size[np.clip(index, 0, member.steps.size - 1)])
-    batch_size = np.concatenate(columns, axis=1) if columns else np.zeros((0, 0), np.int64)
 
-    event_steps = sorted({e["step"] for m in members for e in m.shape_events})
+    attribute = "inputs"
+
+    def __init__(self, expected_workers=1):
+        super().__init__(expected_workers)
+        self.axis = jobs.ReplicaAxis()
+        self.parts = {}
+        self.dense = jobs.StepArrays(expected_workers)
+
+    def add(self, slot, member, since):
+        """Takes worker `slot`'s batch sizes, shape events and dense series from `since` on.
+
+        Raises:
+          jobs.Irregular: if the worker's replicas or devices changed.
+        """
+        series = self.series_of(slot, member)
+        part = self.parts.setdefault(slot, _Part(series.replicas, series.devices, series.source))
+        if (part.replicas, part.devices) != (series.replicas, series.devices):
+            raise jobs.Irregular(f"worker slot {slot}: other replicas")
+        part.source = series.source or part.source
+        columns = self.axis.add(slot, series.num_replicas)
+        keep = series.steps >= since if since is not None else np.ones(series.steps.size, bool)
+        self._take_steps(part, series.steps[keep])
+        self._take_changes(part, series.steps[keep], series.batch_size[keep], since)
+        part.events = [e for e in part.events if since is None or e["step"] < since] + [
+            e for e in series.shape_events if since is None or e["step"] >= since
+        ]
+        self._take_dense(slot, series, columns, since)
+
+    @staticmethod
+    def _take_steps(part, steps):
+        """Extends the steps `part` covers by `steps` (from its last one on)."""
+        if not steps.size:
+            return
+        if part.first is None:
+            part.first = int(steps[0])
+        elif part.steps is None and steps[0] > part.last + 1:
+            part.steps = part.step_axis()  # a gap: every step kept from now on
+        contiguous = steps[-1] - steps[0] + 1 == steps.size
+        if part.steps is not None or not contiguous:
+            previous = part.step_axis()
+            part.steps = np.union1d(previous[previous < steps[0]], steps)
+        part.last = int(steps[-1])
+
+    @staticmethod
+    def _take_changes(part, steps, sizes, since):
+        """Keeps the steps from which `part`'s batch sizes change (from `since` on)."""
+        if since is not None:
+            part.changes = [c for c in part.changes if c[0] < since]
+        previous = part.changes[-1][1] if part.changes else None
+        if not steps.size:
+            return
+        differs = np.ones(steps.size, bool)
+        differs[1:] = np.any(sizes[1:] != sizes[:-1], axis=1)
+        if previous is not None and np.array_equal(previous, sizes[0]):
+            differs[0] = False
+        part.changes.extend((int(steps[i]), sizes[i].copy()) for i in np.flatnonzero(differs))
+
+    def _take_dense(self, slot, series, columns, since):
+        if not self.dense.arrays:
+            width = self.expected_workers * series.num_replicas
+            self.dense.declare("dense", (3, width), np.int64, 0, (1,))
+        self.dense.widen(self.axis.total)
+        keep = series.dense_steps >= since if since is not None else slice(None)
+        rows = self.dense.place(slot, series.dense_steps[keep])
+        self.dense.write(slot, "dense", rows, columns, series.dense[keep])
+
+    def result(self, job, order, workers, notes):
+        """The job's `InputsSeries`: replicas of every worker in worker order; per step, each
+        worker's batch sizes (held from its nearest step where it has none)."""
+        parts = [self.parts.get(slot) or _Part([], [], "") for slot in order]
+        with_steps = [p for p in parts if p.first is not None]
+        ranges = {(p.first, p.last) for p in with_steps}
+        if len(ranges) > 1 or len(with_steps) < len(parts):
+            notes.append(
+                "The workers recorded different step ranges; a worker's batch sizes are held from "
+                "its nearest recorded step where it has none."
+            )
+        steps = _union_steps(with_steps)
+        self.dense.drop_dead()
+        rows, total = self.dense.complete_rows(), self.axis.total
+        dense_steps = np.asarray(self.dense.steps[rows], np.int64)
+        dense = (
+            self.dense.view("dense", rows, total, self.axis.order(order))
+            if self.dense.arrays
+            else np.zeros((0, 3, total), np.int64)
+        )
+        sources = {p.source for p in parts if p.source}
+        return InputsSeries(
+            run=job,
+            replicas=[r for p in parts for r in p.replicas],
+            devices=[d for p in parts for d in p.devices],
+            source=sources.pop() if len(sources) == 1 else ",".join(sorted(sources)),
+            steps=steps,
+            batch_size=_held_sizes(parts, steps, total),
+            shape_events=merge_shape_events(parts),
+            dense_steps=dense_steps,
+            dense=dense,
+            notes=notes,
+            workers=workers,
+        )
+
+
+def _union_steps(parts):
+    """int64: the steps any of `parts` covers, sorted."""
+    if not parts:
+        return np.zeros((0,), np.int64)
+    if all(p.steps is None for p in parts) and len({(p.first, p.last) for p in parts}) == 1:
+        return parts[0].step_axis()
+    return np.unique(np.concatenate([p.step_axis() for p in parts]))
+
+
+def _held_sizes(parts, steps, total):
+    """int64 [S, R]: each part's batch sizes at `steps`, held from its nearest step (its first
+    where it has none before); zeros for a part without steps."""
+    sizes = np.zeros((steps.size, total), np.int64)
+    column = 0
+    for part in parts:
+        width = len(part.replicas)
+        if part.changes:
+            starts = np.array([c[0] for c in part.changes], np.int64)
+            values = np.stack([c[1] for c in part.changes])
+            index = np.maximum(np.searchsorted(starts, steps, side="right") - 1, 0)
+            sizes[:, column : column + width] = values[index]
+        column += width
+    return sizes
+
+
+def merge_shape_events(parts):
+    """The job's shape events: at every step where some worker's changed, each input's dtypes
+    and shapes over every worker (each worker's event in force there, else its first)."""
+    event_steps = sorted({e["step"] for p in parts for e in p.events})
     events = []
     for step in event_steps:
         in_force = []
-        for member in members:
-            before = [e for e in member.shape_events if e["step"] <= step]
-            event = before[-1] if before else (member.shape_events or [None])[0]
-            in_force.append(event)
+        for part in parts:
+            before = [e for e in part.events if e["step"] <= step]
+            in_force.append(before[-1] if before else (part.events or [None])[0])
         names = []
         for event in in_force:
             for entry in (event or {}).get("inputs", []):
                 if entry["name"] not in names:
                     names.append(entry["name"])
-        inputs = []
-        for name in names:
-            dtypes, shapes, kinds, structure = [], [], [], []
-            for member, event in zip(members, in_force, strict=True):
-                entries = (event or {}).get("inputs", [])
-                entry = next((e for e in entries if e["name"] == name), None)
-                count = member.num_replicas
-                if entry is None:
-                    dtypes += ["missing"] * count
-                    shapes += [[]] * count
-                    kinds += ["missing"] * count
-                    structure += [[-1, -1, -1]] * count
-                else:
-                    dtypes += entry["dtypes"]
-                    shapes += entry["shapes"]
-                    kinds += entry.get("kinds", ["dense"] * count)
-                    structure += entry.get("structure", [[-1, -1, -1]] * count)
-            composite = any(k not in ("dense", "missing") for k in kinds)
-            dims = mismatch_dims(dtypes, shapes, kinds if composite else None)
-            merged = {
-                "name": name,
-                "dtypes": dtypes,
-                "shapes": shapes,
-                "mismatch": bool(dims),
-                "mismatch_dims": dims,
-            }
-            if composite:
-                merged.update(kinds=kinds, structure=structure)
-            inputs.append(merged)
+        inputs = [_merged_input(name, parts, in_force) for name in names]
         events.append({"step": step, "inputs": inputs})
+    return events
 
-    dense_sets = [set(m.dense_steps.tolist()) for m in members]
-    dense_common = sorted(set.intersection(*dense_sets)) if dense_sets else []
-    dense_steps = np.array(dense_common, dtype=np.int64)
-    if dense_common:
-        parts = []
-        for member in members:
-            at = np.searchsorted(member.dense_steps, dense_steps)
-            parts.append(member.dense[at])
-        dense = np.concatenate(parts, axis=2)
-    else:
-        dense = np.zeros((0, 3, sum(m.num_replicas for m in members)), np.int64)
-    sources = {m.source for m in members if m.source}
-    return InputsSeries(
-        run=job,
-        replicas=[r for m in members for r in m.replicas],
-        devices=[d for m in members for d in m.devices],
-        source=sources.pop() if len(sources) == 1 else ",".join(sorted(sources)),
-        steps=steps,
-        batch_size=batch_size,
-        shape_events=events,
-        dense_steps=dense_steps,
-        dense=dense,
-        notes=notes,
-        workers=workers,
-    )
+
+def _merged_input(name, parts, in_force):
+    """One input's entry of a job's shape event, over every worker's event in force."""
+    dtypes, shapes, kinds, structure = [], [], [], []
+    for part, event in zip(parts, in_force, strict=True):
+        entries = (event or {}).get("inputs", [])
+        entry = next((e for e in entries if e["name"] == name), None)
+        count = len(part.replicas)
+        if entry is None:
+            dtypes += ["missing"] * count
+            shapes += [[]] * count
+            kinds += ["missing"] * count
+            structure += [[-1, -1, -1]] * count
+        else:
+            dtypes += entry["dtypes"]
+            shapes += entry["shapes"]
+            kinds += entry.get("kinds", ["dense"] * count)
+            structure += entry.get("structure", [[-1, -1, -1]] * count)
+    composite = any(k not in ("dense", "missing") for k in kinds)
+    dims = mismatch_dims(dtypes, shapes, kinds if composite else None)
+    merged = {
+        "name": name,
+        "dtypes": dtypes,
+        "shapes": shapes,
+        "mismatch": bool(dims),
+        "mismatch_dims": dims,
+    }
+    if composite:
+        merged.update(kinds=kinds, structure=structure)
+    return merged
 
 
 def worker_identity(series):
@@ -336,8 +452,3 @@ def worker_identity(series):
     if series is None or series.worker is None:
         return None
     return {"worker": series.worker, "replicas": series.replicas, "devices": series.devices}
-
-
-def merge_inputs(job, member_runs, workers, notes):
-    """The inputs family of a job from its workers' `RunData` (see `merge_input_series`)."""
-    return merge_input_series(job, [m.inputs for m in member_runs], workers, notes)

@@ -20,7 +20,7 @@ FAMILY = Family(
     attribute="rng",
     tags=schema.TAGS,
     read=read.from_samples,
-    merge=read.merge_rng,
+    merger=read.RngMerger,
     rules=Rules(find=rules.find, kinds=rules.FINDING_KINDS, group_message=rules.group_message),
     present=Presenter(
         body=present.body,

@@ -120,8 +120,8 @@ def from_samples(run, samples, notes, needed=None):
     )
 
 
-def merge_rng(job, member_runs, workers, notes):
-    """Every worker's random-stream fingerprints on one global replica axis.
+class RngMerger(jobs.Merger):
+    """Every worker's random-stream fingerprints on one global replica axis (`jobs.Merger`).
 
     A generator's stream fingerprint depends only on the numbers its next draw gives, so
     fingerprints written by different workers compare directly: the merged series puts them
@@ -130,43 +130,86 @@ def merge_rng(job, member_runs, workers, notes):
     are matched by name and must be the same on every worker (else noted, none merged); a
     generator is mirrored on the job when it is on every worker.
 
-    Returns:
-      An `RngSeries`, or None when no worker (or not every worker, or with other generators:
-      noted) recorded random streams.
+    Example:
+      >>> merger = RngMerger(expected_workers=2)
+      >>> for slot, member in enumerate(members):
+      ...     merger.add(slot, member, None)
+      >>> merger.result("job", [0, 1], workers, []).fingerprint.shape  # [steps, generators, R]
+      (3, 2, 4)
     """
-    series = jobs.members_with(
-        "rng", member_runs, workers, notes, "random streams", "observe the same generators"
-    )
-    if series is None:
-        return None
-    names = [g["name"] for g in series[0].generators]
-    if any([g["name"] for g in s.generators] != names for s in series):
-        notes.append(
-            "The workers recorded different random generators: the job view shows none "
-            "(observe the same generators on every worker); each worker's own run shows its own."
+
+    attribute = "rng"
+
+    def __init__(self, expected_workers=1):
+        super().__init__(expected_workers)
+        self.rows = jobs.StepArrays(expected_workers)
+        self.axis = jobs.ReplicaAxis()
+        self.layouts = {}  # slot -> (generators, replicas, devices)
+
+    def add(self, slot, member, since):
+        """Writes worker `slot`'s fingerprints and states from step `since` on (all: None).
+
+        Raises:
+          jobs.Irregular: if the worker's generators or replicas changed.
+        """
+        series = self.series_of(slot, member)
+        if series is None:
+            return
+        layout = (series.generators, series.replicas, series.devices)
+        if self.layouts.setdefault(slot, layout) != layout:
+            raise jobs.Irregular(f"worker slot {slot}: other generators")
+        columns = self.axis.add(slot, series.num_replicas)
+        generators, width = len(series.generators), series.state.shape[-1]
+        if not self.rows.arrays:
+            replicas = self.expected_workers * series.num_replicas
+            self.rows.declare("fingerprint", (generators, replicas), np.int64, 0, (1,))
+            self.rows.declare("state", (generators, replicas, width), np.int64, 0, (1,))
+        if self.rows.arrays["fingerprint"].shape[1] != generators:
+            return  # other generators than the first worker's: not merged (`result` notes it)
+        self._widen_state(width)
+        self.rows.widen(self.axis.total)
+        keep = series.steps >= since if since is not None else slice(None)
+        rows = self.rows.place(slot, series.steps[keep])
+        self.rows.write(slot, "fingerprint", rows, columns, series.fingerprint[keep])
+        state = self.rows.arrays["state"]
+        padded = np.zeros((*series.state[keep].shape[:-1], state.shape[-1]), np.int64)
+        padded[..., :width] = series.state[keep]
+        self.rows.write(slot, "state", rows, columns, padded)
+
+    def _widen_state(self, width):
+        """The state words axis at least `width` long (zeros beyond a worker's words)."""
+        if self.rows.arrays["state"].shape[-1] < width:
+            self.rows.lengthen("state", width)
+
+    def result(self, job, order, workers, notes):
+        """The job's `RngSeries`, or None when no worker (or not every worker, or with other
+        generators: noted) recorded random streams."""
+        if self.absent(workers, order, notes, "random streams", "observe the same generators"):
+            return None
+        layouts = [self.layouts[slot] for slot in order]
+        names = [g["name"] for g in layouts[0][0]]
+        if any([g["name"] for g in layout[0]] != names for layout in layouts):
+            notes.append(
+                "The workers recorded different random generators: the job view shows none "
+                "(observe the same generators on every worker); each worker's own run shows its "
+                "own."
+            )
+            return None
+        self.rows.drop_dead()
+        jobs.common_note(self.rows, order, notes, "rng")
+        rows, total, columns = self.rows.complete_rows(), self.axis.total, self.axis.order(order)
+        generators = []
+        for index, generator in enumerate(layouts[0][0]):
+            merged = dict(generator)
+            merged["mirrored"] = all(layout[0][index]["mirrored"] for layout in layouts)
+            generators.append(merged)
+        return RngSeries(
+            run=job,
+            replicas=[r for layout in layouts for r in layout[1]],
+            devices=[d for layout in layouts for d in layout[2]],
+            generators=generators,
+            steps=np.asarray(self.rows.steps[rows], np.int64),
+            fingerprint=self.rows.view("fingerprint", rows, total, columns),
+            state=self.rows.view("state", rows, total, columns),
+            notes=notes,
         )
-        return None
-    steps = jobs.common_steps(series, notes, "rng")
-    at = [np.searchsorted(s.steps, steps).astype(np.int64) for s in series]
-    width = max(s.state.shape[-1] for s in series)
-    states = [
-        np.pad(s.state[i], [(0, 0)] * 3 + [(0, width - s.state.shape[-1])])
-        for s, i in zip(series, at, strict=True)
-    ]
-    generators = []
-    for index, generator in enumerate(series[0].generators):
-        merged = dict(generator)
-        merged["mirrored"] = all(s.generators[index]["mirrored"] for s in series)
-        generators.append(merged)
-    return RngSeries(
-        run=job,
-        replicas=[r for s in series for r in s.replicas],
-        devices=[d for s in series for d in s.devices],
-        generators=generators,
-        steps=np.array(steps, np.int64),
-        fingerprint=np.concatenate(
-            [s.fingerprint[i] for s, i in zip(series, at, strict=True)], axis=2
-        ),
-        state=np.concatenate(states, axis=2),
-        notes=notes,
-    )

@@ -4,7 +4,7 @@ Submodules: `schema` (tags, tensor layouts), `read`, `rules`, `present`; `record
 (TensorFlow), loaded lazily by the probe only. Importing this package imports no TensorFlow.
 """
 
-from tb_replica_plugin.families.variables import present, read, rules, schema
+from tb_replica_plugin.families.variables import merge, present, read, rules, schema
 from tb_replica_plugin.registry import Family, Presenter, Rules
 
 
@@ -20,7 +20,7 @@ FAMILY = Family(
     attribute="variables",
     tags=schema.TAGS,
     read=read.from_samples,
-    merge=read.merge_variables,
+    merger=merge.VariablesMerger,
     rules=Rules(find=rules.find, kinds=rules.FINDING_KINDS, group_message=rules.group_message),
     present=Presenter(
         body=present.body,

@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 
-from tb_replica_plugin.core import jobs
 from tb_replica_plugin.families.variables import schema
 
 
@@ -265,6 +264,14 @@ def copy_pairs(variables, num_r):
       `(present, both, comparable)`, bool [V, R] each: replica r holds a copy; it and replica
       0 do; and both were hashed by the same algorithm (fingerprint version 1: "mix64").
     """
+    present, algorithm = copy_algorithms(variables, num_r)
+    both = present & present[:, :1]
+    return present, both, both & (algorithm == algorithm[:, :1])
+
+
+def copy_algorithms(variables, num_r):
+    """`(present bool [V, R], algorithm object [V, R])`: which replicas hold a copy of each
+    variable, and the hash algorithm of each ("mix64" where the placement names none)."""
     present = np.zeros((len(variables), num_r), dtype=bool)
     algorithm = np.full((len(variables), num_r), "mix64", dtype=object)
     for index, variable in enumerate(variables):
@@ -274,163 +281,173 @@ def copy_pairs(variables, num_r):
             if 0 <= column < num_r:
                 present[index, column] = True
                 algorithm[index, column] = str(name)
-    both = present & present[:, :1]
-    return present, both, both & (algorithm == algorithm[:, :1])
+    return present, algorithm
 
 
-# Copies compared at once by `share_first_rows` (8 MB per int64 temporary).
-_CHUNK_CELLS = 1 << 20
-
-
-def share_first_rows(hash_arr, comparable, row_of, rows_per_part):
-    """Joins parts' fingerprint rows, keeping one row for copies bit-identical to replica 0's.
-
-    A job's workers each write their replica 0's fingerprints, so a healthy job holds the same
-    rows once per worker. Here a copy whose hash equals global replica 0's (same algorithm) at
-    a step takes replica 0's row, as the writer does within a worker, and rows no copy refers to
-    any more are dropped: the drift of such a copy is 0 whatever its row.
-
-    Args:
-      hash_arr: int64 [S, V, R] on the joined replica axis; comparable: bool [V, R].
-      row_of: int64 [S, V, R]: each copy's row in the concatenation of `rows_per_part` (-1:
-        none).
-      rows_per_part: the parts' float64 [N_i, 4 + K] rows, in order.
+def document_layout(document):
+    """What a placement document says of its copies, for the drift arrays.
 
     Returns:
-      `(rows, remap)`: the kept rows and int64 [sum N_i + 1]: the new row of each old one (-1
-      for none; index -1, the last slot, maps -1 to -1), so `remap[old_row_of]` is the new
-      `row_of` of any array of old rows.
+      `{"variables", "devices", "replicas", "sizes", "present", "both", "comparable"}`: the
+      variables, devices and replica ids, float64 [V] element counts (`variable_sizes`) and
+      bool [V, R] each of `copy_pairs`.
     """
-    total = sum(len(r) for r in rows_per_part)
-    remap = np.arange(total + 1, dtype=np.int64)
-    remap[-1] = -1
-    # A few steps at a time: the temporaries stay small enough to be reused, not page-faulted.
-    chunk = max(1, _CHUNK_CELLS // max(int(np.prod(row_of.shape[1:])), 1))
-    for start in range(0, len(row_of), chunk):
-        rows_of, hashes = row_of[start : start + chunk], hash_arr[start : start + chunk]
-        first = np.broadcast_to(rows_of[:, :, :1], rows_of.shape)
-        same = (hashes == hashes[:, :, :1]) & comparable[None] & (first >= 0) & (rows_of >= 0)
-        remap[rows_of[same]] = first[same]  # replica 0's own row maps to itself
-    used = np.unique(remap[:-1])
-    new_row = np.full(total + 1, -1, dtype=np.int64)
-    new_row[used] = np.arange(len(used))
-    starts = np.cumsum([0] + [len(r) for r in rows_per_part])
-    kept = [
-        part[used[(used >= start) & (used < end)] - start]
-        for part, start, end in zip(rows_per_part, starts[:-1], starts[1:], strict=True)
-    ]
-    width = rows_per_part[0].shape[1] if rows_per_part else 0
-    rows = np.concatenate(kept) if kept else np.zeros((0, width))
-    return rows, new_row[remap]
-
-
-def assemble_series(
-    run, placement_events, steps, hash_arr, rows, row_of, exacts, notes, coverage=None
-):
-    """The `VariablesSeries` of decoded arrays (`build_variables_series`, `merge_variables`).
-
-    Drift is computed only for copies that are not bit-identical to replica 0's (normally none):
-    the others' is exactly 0 whatever their fingerprints. `coverage`: float64 [S, V] (default:
-    every check whole).
-    """
-    document = placement_events[-1][1]
     variables = list(document.get("variables", []))
     devices = [str(d) for d in document.get("devices", [])]
-    replicas = [int(r) for r in document.get("replicas", range(len(devices)))]
-    num_r = len(devices)
-    # Unknown dimensions: inf (the sketch was hashed, never the exact small-variable copy).
-    sizes = variable_sizes(variables)
-    present, both, comparable = copy_pairs(variables, num_r)
-    identical = (hash_arr == hash_arr[:, :, :1]) & comparable[None]
-    if (both & ~comparable).any():
-        notes.append(
-            "Some copies were hashed with a different algorithm than replica 0's (farmhash64 on "
-            "CPU devices, mix64 on others): their bit identity is unknown, their drift is "
-            "estimated from the sketches only."
-        )
+    present, both, comparable = copy_pairs(variables, len(devices))
+    return {
+        "variables": variables,
+        "devices": devices,
+        "replicas": [int(r) for r in document.get("replicas", range(len(devices)))],
+        # Unknown dimensions: inf (the sketch was hashed, never the exact small-variable copy).
+        "sizes": variable_sizes(variables),
+        "present": present,
+        "both": both,
+        "comparable": comparable,
+    }
 
-    def row(index):
-        return dense_fingerprints(rows, index)
 
-    squares0 = fingerprint_column(rows, row_of[:, :, 0], 3)  # replica 0's sum of squares
-    norm0 = np.sqrt(np.maximum(squares0, 0.0))[:, :, None]  # [S, V, 1]
-    at = np.nonzero(both[None] & ~identical)  # the copies whose drift must be estimated
-    copy, first = row(row_of[at]), row(row_of[at[0], at[1], 0])
+def drift_estimates(rows, row_of, identical, layout):
+    """The drift of every copy from replica 0's: 0 where bit-identical, estimated from the
+    fingerprints for the other copies present with replica 0's (normally none), NaN elsewhere.
+
+    Args:
+      rows, row_of: the fingerprints (`compact_fingerprints`), row_of int64 [S, V, R].
+      identical: bool [S, V, R]: copy r bit-identical to copy 0 (same algorithm).
+      layout: `document_layout` of the placement.
+
+    Returns:
+      `(l2, rel, lower)`, float64 [S, V, R] each: ||copy_r - copy_0||, that over ||copy_0||,
+      and a lower bound of max |copy_r - copy_0|. When no copy needs an estimate they are one
+      read-only array.
+    """
+    at = np.nonzero(layout["both"][None] & ~identical)  # the copies whose drift is estimated
+    if not len(at[0]):  # every copy bit-identical to replica 0's or absent (the norm)
+        zero = np.where(identical, 0.0, np.nan)
+        zero.flags.writeable = False
+        return zero, zero, zero
+    copy = dense_fingerprints(rows, row_of[at])
+    first = dense_fingerprints(rows, row_of[at[0], at[1], 0])
+    sizes = layout["sizes"][at[1]]
     with np.errstate(invalid="ignore"):
         difference = copy[:, 4:] - first[:, 4:]
         l2_at = np.sqrt(np.sum(np.square(difference), axis=-1))
         rel_at = _relative(l2_at, np.sqrt(np.maximum(first[:, 3], 0.0)))
         delta = np.abs(copy[:, :4] - first[:, :4])
         lower_at = np.maximum(delta[:, 0], delta[:, 1])
-        lower_at = np.maximum(lower_at, delta[:, 2] / np.maximum(sizes[at[1]], 1.0))
+        lower_at = np.maximum(lower_at, delta[:, 2] / np.maximum(sizes, 1.0))
         lower_at = np.nan_to_num(lower_at, nan=np.nan, posinf=np.inf)
-        small = sizes[at[1]] <= rows.shape[-1] - 4
+        small = sizes <= rows.shape[-1] - 4
         sketch_max = np.max(np.abs(difference), axis=-1, initial=0.0)
         lower_at = np.where(small, np.maximum(lower_at, sketch_max), lower_at)
-    if len(at[0]):
-        estimates = []
-        for values in (l2_at, rel_at, lower_at):
-            estimate = np.where(identical, 0.0, np.nan)
-            estimate[at] = values
-            estimates.append(estimate)
-        l2, rel, lower = estimates
-    else:  # every copy bit-identical to replica 0's or absent (the norm): one read-only array
-        l2 = rel = lower = np.where(identical, 0.0, np.nan)
-        l2.flags.writeable = False
+    estimates = []
+    for values in (l2_at, rel_at, lower_at):
+        estimate = np.where(identical, 0.0, np.nan)
+        estimate[at] = values
+        estimates.append(estimate)
+    return tuple(estimates)
+
+
+def exact_fields(steps, exacts, rows, row_of, rel, lower):
+    """The exact check's arrays where it ran, and the best drift (exact, else estimated).
+
+    Returns:
+      `{"exact", "exact_max_abs", "exact_l2", "exact_rel_l2", "rel_l2", "max_abs"}` (see
+      `VariablesSeries`); without any exact check one read-only NaN view for the three exact
+      arrays, and the estimates as best.
+    """
+    shape = row_of.shape
     exact = np.array([s in exacts for s in steps], dtype=bool)
-    if exact.any():
-        exact_max_abs = np.full(hash_arr.shape, np.nan)
-        exact_l2 = np.full(hash_arr.shape, np.nan)
-        for i, step in enumerate(steps):
-            if step in exacts:
-                exact_max_abs[i] = exacts[step][..., 0]
-                exact_l2[i] = exacts[step][..., 1]
-        exact_rel = np.where(np.isnan(exact_l2), np.nan, _relative(exact_l2, norm0))
-        rel_best = np.where(exact[:, None, None], exact_rel, rel)
-        max_abs_best = np.where(exact[:, None, None], exact_max_abs, lower)
-    else:  # no exact check (the default): one read-only NaN view, and the estimates as best
-        exact_max_abs = exact_l2 = exact_rel = np.broadcast_to(np.nan, hash_arr.shape)
-        rel_best, max_abs_best = rel, lower
-    if coverage is None:
-        coverage = np.ones((len(steps), len(variables)))
-    rotation = document.get("rotation") or None
+    if not exact.any():
+        nan = np.broadcast_to(np.nan, shape)
+        return {
+            "exact": exact,
+            "exact_max_abs": nan,
+            "exact_l2": nan,
+            "exact_rel_l2": nan,
+            "rel_l2": rel,
+            "max_abs": lower,
+        }
+    exact_max_abs, exact_l2 = np.full(shape, np.nan), np.full(shape, np.nan)
+    for i, step in enumerate(steps):
+        if step in exacts:
+            exact_max_abs[i] = exacts[step][..., 0]
+            exact_l2[i] = exacts[step][..., 1]
+    squares0 = fingerprint_column(rows, row_of[:, :, 0], 3)  # replica 0's sum of squares
+    norm0 = np.sqrt(np.maximum(squares0, 0.0))[:, :, None]  # [S, V, 1]
+    exact_rel = np.where(np.isnan(exact_l2), np.nan, _relative(exact_l2, norm0))
+    return {
+        "exact": exact,
+        "exact_max_abs": exact_max_abs,
+        "exact_l2": exact_l2,
+        "exact_rel_l2": exact_rel,
+        "rel_l2": np.where(exact[:, None, None], exact_rel, rel),
+        "max_abs": np.where(exact[:, None, None], exact_max_abs, lower),
+    }
+
+
+def layout_notes(layout, coverage, rotation):
+    """The notes of a series' copies and checks: copies hashed with another algorithm than
+    replica 0's, and logged steps that checked a rotating slice of the large variables."""
+    notes = []
+    if (layout["both"] & ~layout["comparable"]).any():
+        notes.append(
+            "Some copies were hashed with a different algorithm than replica 0's (farmhash64 on "
+            "CPU devices, mix64 on others): their bit identity is unknown, their drift is "
+            "estimated from the sketches only."
+        )
     if (coverage < 1.0).any():
         period = (rotation or {}).get("period", "P")
         whole = (rotation or {}).get("whole_elements", 4096)
         notes.append(
-            f"{int((coverage < 1.0).any(axis=1).sum())} of {len(steps)} logged step(s) checked "
-            f"a rotating slice of each variable larger than {whole:,} "
+            f"{int((coverage < 1.0).any(axis=1).sum())} of {len(coverage)} logged step(s) "
+            f"checked a rotating slice of each variable larger than {whole:,} "
             f"elements (every element once every {period} logged steps, and whole at each epoch "
             "end with ReplicaCallback): a drift confined to other elements shows up to "
             f"{period} logged steps late, and the drift at such a step is that of its slice."
         )
+    return notes
+
+
+def assemble_series(
+    run, placement_events, steps, hash_arr, rows, row_of, exacts, notes, coverage=None
+):
+    """The `VariablesSeries` of decoded arrays (`build_variables_series`).
+
+    Drift is computed only for copies that are not bit-identical to replica 0's (normally none):
+    the others' is exactly 0 whatever their fingerprints. `coverage`: float64 [S, V] (default:
+    every check whole).
+    """
+    document = placement_events[-1][1]
+    layout = document_layout(document)
+    identical = (hash_arr == hash_arr[:, :, :1]) & layout["comparable"][None]
+    l2, rel, lower = drift_estimates(rows, row_of, identical, layout)
+    if coverage is None:
+        coverage = np.ones((len(steps), len(layout["variables"])))
+    rotation = document.get("rotation") or None
+    notes.extend(layout_notes(layout, coverage, rotation))
     return VariablesSeries(
         run=run,
-        replicas=replicas,
-        devices=devices,
+        replicas=layout["replicas"],
+        devices=layout["devices"],
         source=str(document.get("source", "")),
         central_storage=bool(document.get("central", False)),
-        variables=variables,
+        variables=layout["variables"],
         placement_events=placement_events,
         steps=steps,
         hash=hash_arr,
-        present=present,
+        present=layout["present"],
         rows=rows,
         row_of=row_of,
         identical=identical,
-        hash_comparable=comparable,
+        hash_comparable=layout["comparable"],
         l2_estimate=l2,
         rel_l2_estimate=rel,
         max_abs_lower=lower,
-        exact=exact,
-        exact_max_abs=exact_max_abs,
-        exact_l2=exact_l2,
-        exact_rel_l2=exact_rel,
-        rel_l2=rel_best,
-        max_abs=max_abs_best,
         coverage=coverage,
         rotation=rotation,
         notes=notes,
+        **exact_fields(steps, exacts, rows, row_of, rel, lower),
     )
 
 
@@ -471,118 +488,3 @@ def from_samples(run, samples, notes, needed=None):
         notes.extend(series.notes)
         series.notes = notes
     return series
-
-
-def _at_steps(array, index):
-    """`array[index]`, or `array` itself when `index` takes every step in order."""
-    return array if index.size == len(array) else array[index]
-
-
-def merge_variables(job, member_runs, workers, notes):
-    """Cross-worker weight drift of a job from the per-copy fingerprints each worker wrote.
-
-    No weights cross workers: each worker fingerprinted its own copies on their devices (bitwise
-    hash, stats, linear sketch, the same projection on every worker); here those fingerprints are
-    put on one global replica axis, so the drift of every copy from global replica 0 (worker 0's
-    first copy) is computed as within one worker. The exact element-wise check (`exact=True`)
-    compares copies within a worker only; it stays in each worker's own run.
-
-    Returns:
-      A `VariablesSeries` over the steps every worker logged, or None when no worker recorded
-      variables (or their variable lists differ: noted).
-    """
-    series = jobs.members_with(
-        "variables",
-        member_runs,
-        workers,
-        notes,
-        "variables",
-        "no cross-worker weight drift; call observe_variables on every worker",
-    )
-    if series is None:
-        return None
-    versions = {
-        int(s.placement_events[-1][1].get("fingerprint", {}).get("version", 1)) for s in series
-    }
-    if len(versions) > 1:
-        notes.append(
-            f"The workers wrote fingerprints of different versions ({sorted(versions)}: "
-            "different versions of tb_replica_plugin): cross-worker weight drift is not computed "
-            "(use the same version on every worker)."
-        )
-        return None
-    if any(s.names != series[0].names for s in series):
-        notes.append(
-            "The workers recorded different variable lists: cross-worker weight drift is not "
-            "computed (pass the same variables on every worker)."
-        )
-        return None
-    steps = sorted(set.intersection(*(set(s.steps.tolist()) for s in series)))
-    offsets = np.cumsum([0] + [s.num_replicas for s in series])[:-1]
-    variables = []
-    for index, first in enumerate(series[0].variables):
-        entries = [s.variables[index] for s in series]
-        merged = dict(first)
-        merged["devices"] = [d for e in entries for d in e.get("devices", [])]
-        merged["hash"] = [
-            h for e in entries for h in (e.get("hash") or ["mix64"] * len(e.get("columns", [])))
-        ]
-        merged["columns"] = [
-            int(c) + int(offset) if c >= 0 else -1
-            for e, offset in zip(entries, offsets, strict=True)
-            for c in e.get("columns", [])
-        ]
-        merged["mirrored"] = all(e.get("mirrored", False) for e in entries)
-        variables.append(merged)
-    document = {
-        "variables": variables,
-        "devices": [d for s in series for d in s.devices],
-        "replicas": [r for s in series for r in s.replicas],
-        "source": series[0].source,
-        "fingerprint": series[0].placement_events[-1][1].get("fingerprint", {}),
-        "rotation": series[0].rotation,
-    }
-    at = [np.searchsorted(s.steps, steps) for s in series]
-    widths = {s.rows.shape[1] for s in series if len(s.rows)}
-    if len(widths) > 1:
-        notes.append(
-            "The workers wrote fingerprints of different widths: cross-worker weight drift is "
-            "not computed (use the same version of tb_replica_plugin on every worker)."
-        )
-        return None
-    # One global replica axis; the workers' rows joined (offsets into their concatenation),
-    # each row the job still needs held once, and shared with the workers' own series.
-    starts = np.cumsum([0] + [len(s.rows) for s in series])[:-1]
-    hash_arr = np.concatenate([_at_steps(s.hash, i) for s, i in zip(series, at, strict=True)], 2)
-    row_of = np.concatenate([_at_steps(s.row_of, i) for s, i in zip(series, at, strict=True)], 2)
-    # Each copy's row in the joined table (-1 stays -1): its worker's offset added in place (a
-    # new array would cost a page fault per 4 KB of a [steps, variables, 2048] array).
-    columns = np.cumsum([0] + [s.row_of.shape[2] for s in series])
-    np.add(row_of, np.repeat(starts, np.diff(columns)), out=row_of, where=row_of >= 0)
-    _, _, comparable = copy_pairs(variables, row_of.shape[2])
-    width = widths.pop() if widths else series[0].rows.shape[1]
-    parts = [s.rows.reshape(-1, width) for s in series]  # a worker without rows: [0, width]
-    rows, remap = share_first_rows(hash_arr, comparable, row_of, parts)
-    row_of = remap[row_of]
-    for s, i, offset, first, end in zip(series, at, starts, columns[:-1], columns[1:], strict=True):
-        s.rows = rows  # the same values, held once
-        if i.size == s.steps.size:  # the worker logged the job's steps: its columns of the job's
-            s.row_of = row_of[:, :, first:end]
-        else:
-            s.row_of = remap[np.where(s.row_of < 0, -1, s.row_of + offset)]
-    first_step = steps[0] if steps else 0
-    merged = assemble_series(
-        job,
-        [(first_step, document)],
-        np.array(steps, dtype=np.int64),
-        hash_arr.astype(np.int64, copy=False),
-        rows,
-        row_of,
-        {},
-        [],
-        np.min([s.coverage[i] for s, i in zip(series, at, strict=True)], axis=0),
-    )
-    if merged is not None:
-        notes.extend(merged.notes)
-        merged.notes = notes
-    return merged

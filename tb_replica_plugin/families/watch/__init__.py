@@ -20,7 +20,7 @@ FAMILY = Family(
     attribute="watch",
     tags=schema.TAGS,
     read=read.from_samples,
-    merge=read.merge_watch,
+    merger=read.WatchMerger,
     rules=Rules(find=rules.find, kinds=rules.FINDING_KINDS),
     present=Presenter(
         body=present.body,

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 
+from tb_replica_plugin.core import jobs
 from tb_replica_plugin.core.leaf_entries import parse_leaf_entries
 from tb_replica_plugin.families.watch import schema
 
@@ -181,11 +182,19 @@ def from_samples(run, samples, notes, needed=None):
     return WatchSeries(run=run, replicas=replicas, devices=devices, values=values, source=source)
 
 
-def merge_watch(job, member_runs, workers, notes):
-    """Multi-worker jobs: watched values are not merged across workers (read each worker's run)."""
-    if any(getattr(m, "watch", None) is not None for m in member_runs):
-        notes.append(
-            "Watched values of a multi-worker job are shown per worker run, not merged: open a "
-            "worker's run (<job>/worker_<i>) to see them."
-        )
-    return None
+class WatchMerger(jobs.Merger):
+    """Multi-worker jobs: watched values are not merged across workers (read each worker's
+    run); the job's notes say so when any worker watched some (`jobs.Merger`)."""
+
+    attribute = "watch"
+
+    def add(self, slot, member, since):
+        self.series_of(slot, member)
+
+    def result(self, job, order, workers, notes):
+        if any(self.seen.get(slot, False) for slot in order):
+            notes.append(
+                "Watched values of a multi-worker job are shown per worker run, not merged: open "
+                "a worker's run (<job>/worker_<i>) to see them."
+            )
+        return None

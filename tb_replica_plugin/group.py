@@ -1,0 +1,596 @@
+"""A run, or the worker runs of one job, read incrementally: `GroupState`.
+
+The one read path of the plugin's routes, of `tb-replica report` and of `load`: a state per
+*group* (a run, or the runs `<job>/worker_<i>` of one job, `reader.groups`) reads each of its runs
+through a tail of a source (`core.sources`) and keeps what its series need:
+
+- a run: its samples, from which `build_run` makes its series at each new data version;
+- a job: its families merged over workers in the job's arrays (each family's `Family.merger`,
+  one worker at a time: the job is held, not its workers), and per worker what re-reading its
+  last steps needs (`Member.context`). New data of a worker is read as what it appended: its
+  context and the new samples are parsed (`build_run`) and merged from the worker's last step
+  on. Data that cannot be taken so (a layout that changed, a step written out of order, a parse
+  that gives a note) makes the state read the group again from its start (`jobs.Irregular`);
+- either: the live families' samples (`Family.live`: status), read apart (`live`).
+
+No TensorFlow.
+"""
+
+import contextlib
+import itertools
+import os
+import threading
+
+import numpy as np
+
+from tb_replica_plugin import reader, registry
+from tb_replica_plugin.core.jobs import Irregular, worker_name
+
+_UIDS = itertools.count(1)  # one per GroupState: its versions are unique across states
+
+__all__ = [
+    "GroupState",
+    "Member",
+    "MemberRead",
+    "first_reads",
+    "merge_members",
+    "read_member",
+    "read_run_files",
+    "worker_order",
+]
+
+# Distinct steps of each tag kept to parse a worker's new data with (`Member.context`): the last
+# step may be written again, and the examples' window of a step starts after the step before.
+CONTEXT_STEPS = 2
+
+
+class MemberRead:
+    """What reading one run of a group gave (`read_member`).
+
+    Attributes:
+      run: the run.
+      data: `RunData` of its families that are not live, from its context and new samples
+        (None when there is neither).
+      live: `{tag: [(step, value)]}` of the live families' new samples.
+      samples: `{tag: [(step, value)]}` of the other families: the context and the new
+        samples, sorted by step.
+      notes: notes of its families' readers on that parse.
+      schema_notes: notes of its tags that this version cannot read (`reader.readable_tags`).
+      unreadable: those tags.
+      identity: `reader.worker_identity` of the run (None: not a worker of a job).
+      new: new samples of the families that are not live; first_new: their first step.
+    """
+
+    def __init__(self, run, data, live, samples, notes, identity, **fields):
+        self.run = run
+        self.data = data
+        self.live = live
+        self.samples = samples
+        self.notes = notes
+        self.identity = identity
+        self.schema_notes = fields.get("schema_notes", [])
+        self.unreadable = fields.get("unreadable", frozenset())
+        self.new = fields.get("new", 0)
+        self.first_new = fields.get("first_new")
+        self.complete = True  # `samples` are all the run's (not `trimmed`)
+
+
+def read_member(run, tail_read, context=None, identity_from_live=True):
+    """Reads one run's new values (`TailRead`): split by family kind, parsed with `context`.
+
+    Args:
+      run: the run name.
+      tail_read: the tail's `TailRead`.
+      context: `{tag: [(step, value)]}` kept from earlier reads (`Member.context`), parsed
+        before the new samples; None for a first read.
+      identity_from_live: also build the live families to tell the run's worker identity.
+
+    Returns:
+      A `MemberRead`.
+    """
+    schema_notes = []
+    readable = reader.readable_tags(tail_read.contents, schema_notes)
+    live, samples = {}, {tag: list(points) for tag, points in (context or {}).items()}
+    new = []
+    for tag, data in tail_read.samples.items():
+        if tag not in readable:
+            continue
+        points = [(int(d.step), np.asarray(d.numpy)) for d in data]
+        if reader.is_live_tag(tag):
+            live.setdefault(tag, []).extend(points)
+        else:
+            samples.setdefault(tag, []).extend(points)
+            new.extend(step for step, _ in points)
+    samples = {tag: sorted(points, key=lambda p: p[0]) for tag, points in samples.items()}
+    notes = []
+    data = reader.build_run(run, samples, notes, registry_names(live=False)) if samples else None
+    identity = reader.worker_identity(data) if data is not None else None
+    if identity is None and identity_from_live and live:
+        ordered = {tag: sorted(p, key=lambda x: x[0]) for tag, p in live.items()}
+        identity = reader.worker_identity(
+            reader.build_run(run, ordered, [], registry_names(live=True))
+        )
+    return MemberRead(
+        run,
+        data,
+        live,
+        samples,
+        notes,
+        identity,
+        schema_notes=schema_notes,
+        unreadable=frozenset(tail_read.contents) - readable,
+        new=len(new),
+        first_new=min(new) if new else None,
+    )
+
+
+def registry_names(live):
+    """The names of the registered families that are (or are not) live."""
+    return [f.name for f in registry.families() if f.live == live]
+
+
+class Member:
+    """One run of a group and what the group keeps of it.
+
+    Attributes:
+      run: the run; tail: its source tail.
+      slot: its place among the job's workers in the order they were first read (jobs).
+      identity: its worker identity (jobs).
+      notes: the notes of its first read (a job's, prefixed by its worker's name).
+      samples: a run's every non-live sample, `{tag: [(step, value)]}` in order of writing.
+      context: a job worker's samples at the last `CONTEXT_STEPS` steps of each tag.
+      last_step: the last step of its non-live samples (None before any).
+      live: its live families' samples, `{tag: [(step, value)]}`.
+      classic: its samples of the families merged by a `Family.merge` function (they read
+        every worker at once) and of their `merge_tags`.
+    """
+
+    def __init__(self, run, tail):
+        self.run = run
+        self.tail = tail
+        self.slot = None
+        self.identity = None
+        self.notes = []
+        self.samples = {}
+        self.built = None  # a run's `RunData` of its first read, while no sample came since
+        self.unreadable = frozenset()
+        self.context = {}
+        self.last_step = None
+        self.live = {}
+        self.classic = {}
+        self.needed = {}  # series of the families the classic ones need, from its last parse
+
+
+class _NotAJob(Exception):  # noqa: N818 - a condition: read the group's runs one by one
+    pass
+
+
+class GroupState:
+    """One group read incrementally (see the module docstring).
+
+    Attributes:
+      name: the group: a run, or a job of `reader.job_groups`.
+      runs: its runs (a job's worker runs, sorted by worker index).
+      mode: "run", "job" or "runs" (a candidate job whose runs are not all its workers: each
+        read as a run).
+      data_version, live_version: counters that change with new data of the families that are
+        not live, and of the live ones.
+      values_read: summary values read by its tails so far.
+      uid: unique to this state (a version is `(uid, data_version)`).
+      full_reads: reads of the group from its start (1, more after `jobs.Irregular`).
+
+    Example:
+      >>> state = GroupState("job", ["job/worker_0", "job/worker_1"], FileSource("logs"), "")
+      >>> state.refresh()
+      >>> state.data()["job"].inputs.batch_size.shape
+      (1000, 16)
+    """
+
+    def __init__(self, name, runs, source, experiment_id, job=None):
+        """Args:
+        name: the group name.
+        runs: its runs.
+        source: a `core.sources` source (its `tail(experiment_id, run)`).
+        experiment_id: the experiment id.
+        job: whether it is a candidate job (default: `name` is not among `runs`).
+        """
+        self.name = name
+        self.runs = worker_order(runs)
+        self._source = source
+        self._experiment_id = experiment_id
+        self._job = name not in runs if job is None else job
+        self._lock = threading.Lock()
+        self.uid = next(_UIDS)
+        self.full_reads = 0
+        self.data_version = 0
+        self.live_version = 0
+        self._cache = {}
+        self._reset("job" if self._job else "run")
+
+    def _reset(self, mode):
+        self.mode = mode
+        tail = self._source.tail
+        self.members = [Member(run, tail(self._experiment_id, run)) for run in self.runs]
+        self.mergers = {}
+        self._read = False
+        self.data_version += 1
+        self.live_version += 1
+        self._cache = {}
+
+    @property
+    def values_read(self):
+        return sum(member.tail.values_read for member in self.members)
+
+    def refresh(self, ctx=None, listing=None, first_reads=None):
+        """Reads what the group's runs appended since the last refresh.
+
+        Args:
+          ctx: the `RequestContext` (for a provider's tails).
+          listing: `{run: {tag: TensorTimeSeries}}` (`reader.list_runs`), for a provider's
+            tails (None: they list).
+          first_reads: for the first refresh, an iterable of each run's `MemberRead` in the
+            order of `runs` (read elsewhere: `reader.read_log_dir`'s processes); None: read here.
+        """
+        with self._lock:
+            try:
+                self._refresh(ctx, listing, first_reads)
+            except _NotAJob:
+                self._reset("runs")
+                self._refresh(ctx, listing, None)
+            except Irregular:
+                self._reset(self.mode)
+                self._refresh(ctx, listing, None)
+
+    def _refresh(self, ctx, listing, first_reads):
+        first = not self._read
+        reads = iter(first_reads) if first and first_reads is not None else None
+        changed = live = False
+        for member in self.members:
+            if reads is not None:
+                got = next(reads)
+            else:
+                tail_read = member.tail.read(ctx, (listing or {}).get(member.run))
+                if tail_read.reset or (not first and tail_read.files > 1):
+                    raise Irregular(f"{member.run}: read again")
+                context = member.context if self.mode == "job" and not first else None
+                got = read_member(member.run, tail_read, context, first)
+            live = self._take_live(member, got) or live
+            changed = self._take(member, got, first) or changed
+        self._read = True
+        self.full_reads += first
+        self.data_version += changed or first
+        self.live_version += live or first
+
+    @staticmethod
+    def _take_live(member, got):
+        for tag, points in got.live.items():
+            member.live.setdefault(tag, []).extend(points)
+        return bool(got.live)
+
+    def _take(self, member, got, first):
+        """Takes one run's read into the group; whether its data (not live) changed."""
+        if not first and got.unreadable != member.unreadable:
+            raise Irregular(f"{member.run}: a tag this version cannot read")
+        member.unreadable = got.unreadable
+        if self.mode != "job":
+            member.notes = got.schema_notes
+            for tag, points in got.samples.items():
+                member.samples.setdefault(tag, []).extend(points)
+            if first and got.data is not None:  # its series as parsed (the state's first)
+                got.data.notes[:0] = got.schema_notes
+                member.built = got.data
+            elif got.new:
+                member.built = None
+            return bool(got.new)
+        if first:
+            return self._first_job_read(member, got)
+        return self._job_read(member, got)
+
+    def _first_job_read(self, member, got):
+        if got.identity is None:
+            raise _NotAJob(member.run)
+        member.identity, member.notes = got.identity, got.schema_notes + got.notes
+        member.slot = sum(m.slot is not None for m in self.members)
+        if got.data is not None:
+            self._merge(member, got, None)
+        return True
+
+    def _job_read(self, member, got):
+        """A worker's new data, parsed with its context, merged from its last step on."""
+        if not got.new:
+            return False
+        if got.notes:
+            raise Irregular(f"{member.run}: {got.notes[0]}")
+        if member.last_step is not None and got.first_new < member.last_step:
+            raise Irregular(f"{member.run}: step {got.first_new} after {member.last_step}")
+        self._merge(member, got, member.last_step)
+        return True
+
+    def _merge(self, member, got, since):
+        """Adds a worker's parsed data to every family's merge; keeps its context."""
+        for family in registry.families():
+            if family.live:
+                continue
+            if family.merger is not None:
+                merger = self.mergers.get(family.name)
+                if merger is None:
+                    merger = self.mergers[family.name] = family.merger(self._expected_workers())
+                merger.add(member.slot, got.data, since)
+            elif family.merge is not None:
+                _keep_classic(member, family, got, since)
+        steps = [p[0] for points in got.samples.values() for p in points]
+        member.last_step = max(steps) if steps else member.last_step
+        member.context = _context(got.samples)
+
+    def _expected_workers(self):
+        infos = [m.identity["worker"] for m in self.members if m.identity]
+        return max([len(self.members), *(int(i.get("num_workers", 0)) for i in infos)])
+
+    # ------------------------------------------------------------------- answers
+
+    def data(self, include_live=False):
+        """`{name: RunData}` of the families that are not live (with `include_live`, all):
+        the run, the merged job, or each run of a candidate job that is not one.
+
+        Kept per data version (and live version, with `include_live`).
+        """
+        with self._lock:
+            key = ("data", self.data_version, include_live and self.live_version)
+            if key not in self._cache:
+                self._cache = {k: v for k, v in self._cache.items() if k[0] != "data"}
+                self._cache[key] = self._build(include_live)
+            return self._cache[key]
+
+    def live(self):
+        """`{name: RunData}` holding the live families only (kept per live version)."""
+        with self._lock:
+            key = ("live", self.live_version)
+            if key not in self._cache:
+                self._cache = {k: v for k, v in self._cache.items() if k[0] != "live"}
+                self._cache[key] = self._build_live()
+            return self._cache[key]
+
+    def _build(self, include_live):
+        if self.mode == "job":
+            found = {self.name: self._job_data()}
+        else:
+            found = {m.run: self._run_data(m) for m in self.members if m.samples or m.live}
+        if include_live:
+            for name, live in self._build_live().items():
+                if name in found:
+                    _with_live(found[name], live)
+        return found
+
+    @staticmethod
+    def _run_data(member):
+        if member.built is not None:
+            return member.built
+        notes = list(member.notes)
+        samples = {tag: sorted(p, key=lambda x: x[0]) for tag, p in member.samples.items()}
+        return reader.build_run(member.run, samples, notes, registry_names(live=False))
+
+    def _ordered(self):
+        """The job's members in worker order (worker index, then run name)."""
+        members = [m for m in self.members if m.identity is not None]
+        return sorted(members, key=lambda m: (m.identity["worker"]["worker"], m.run))
+
+    def _workers(self, members):
+        workers = []
+        for member in members:
+            info = member.identity["worker"]
+            workers.append(
+                {
+                    "run": member.run,
+                    "name": worker_name(info),
+                    "task_type": info["task_type"],
+                    "task_index": info["task_index"],
+                    "worker": info["worker"],
+                    "replicas": list(member.identity["replicas"]),
+                    "devices": list(member.identity["devices"]),
+                }
+            )
+        return workers
+
+    def _job_data(self):
+        members = self._ordered()
+        workers = self._workers(members)
+        notes = job_notes(members, workers)
+        order = [m.slot for m in members]
+        series = {}
+        for family in registry.families():
+            if family.live:
+                continue
+            if family.merger is not None:
+                merger = self.mergers.get(family.name) or family.merger(self._expected_workers())
+                series[family.attribute] = merger.result(self.name, order, workers, notes)
+            elif family.merge is not None:
+                stubs = [_classic_member(m, family) for m in members]
+                series[family.attribute] = family.merge(self.name, stubs, workers, notes)
+        return reader.RunData(self.name, notes=notes, workers=workers, **series)
+
+    def _build_live(self):
+        names = registry_names(live=True)
+        built = {}
+        for member in self.members:
+            samples = {tag: sorted(p, key=lambda x: x[0]) for tag, p in member.live.items()}
+            built[member.run] = reader.build_run(member.run, samples, [], names)
+        if self.mode != "job":
+            return {run: data for run, data in built.items() if self._has_live(data)}
+        members = self._ordered()
+        workers = self._workers(members)
+        notes = [
+            f"{worker['name']}: {note}"
+            for member, worker in zip(members, workers, strict=True)
+            for note in built[member.run].notes
+        ]
+        series = {}
+        for family in registry.families():
+            if family.live and family.merge is not None:
+                runs = [built[m.run] for m in members]
+                series[family.attribute] = family.merge(self.name, runs, workers, notes)
+        if all(value is None for value in series.values()):
+            return {}
+        return {self.name: reader.RunData(self.name, notes=notes, workers=workers, **series)}
+
+    @staticmethod
+    def _has_live(run_data):
+        live = [f.attribute for f in registry.families() if f.live]
+        return any(run_data.series.get(attribute) is not None for attribute in live)
+
+
+def job_notes(members, workers):
+    """The notes a job starts with: each worker's own (prefixed), a missing worker, and workers
+    of different cluster specs."""
+    notes = []
+    for member, worker in zip(members, workers, strict=True):
+        notes.extend(f"{worker['name']}: {note}" for note in member.notes)
+    infos = [m.identity["worker"] for m in members]
+    expected = max(info["num_workers"] for info in infos) if infos else 0
+    if len(members) < expected:
+        seen = {info["worker"] for info in infos}
+        missing = sorted(set(range(expected)) - seen)
+        notes.append(
+            f"Only {len(members)} of the job's {expected} workers wrote data (workers "
+            f"{missing} are missing): give every worker the same log dir or copy their runs in."
+        )
+    if len({info["job"] for info in infos}) > 1:
+        notes.append(
+            "These worker runs come from jobs with different cluster specs (the log dir was "
+            "reused); write each job to its own log dir."
+        )
+    return notes
+
+
+def worker_order(runs):
+    """A job's runs sorted by task (chief first, then worker index), others by name."""
+
+    def key(run):
+        from tb_replica_plugin.core.jobs import WORKER_RUN
+
+        match = WORKER_RUN.match(run)
+        if match is None:
+            return (2, 0, run)
+        return (match.group("task_type") != "chief", int(match.group("task_index")), run)
+
+    return sorted(runs, key=key)
+
+
+def _context(samples):
+    """`{tag: [(step, value)]}`: each tag's samples at its last `CONTEXT_STEPS` distinct steps."""
+    context = {}
+    for tag, points in samples.items():
+        steps = sorted({p[0] for p in points})[-CONTEXT_STEPS:]
+        if steps:
+            context[tag] = [p for p in points if p[0] >= steps[0]]
+    return context
+
+
+def _classic_tags(family):
+    return set(family.tags) | set(family.merge_tags)
+
+
+def _keep_classic(member, family, got, since):
+    """Keeps a worker's samples of a family merged by a whole-job `Family.merge` function."""
+    tags = _classic_tags(family)
+    for tag in list(member.classic):
+        if tag in tags and since is not None:
+            member.classic[tag] = [p for p in member.classic[tag] if p[0] < since]
+    for tag, points in got.samples.items():
+        if tag in tags or reader.tag_matches(tag, family.tags):
+            kept = [p for p in points if since is None or p[0] >= since]
+            member.classic.setdefault(tag, []).extend(kept)
+    for name in family.needs:
+        need = registry.family(name)
+        member.needed[name] = got.data.series.get(need.attribute)
+
+
+def _classic_member(member, family):
+    """A worker's `RunData` for a whole-job `Family.merge`: its samples of that family, its
+    series built from them (notes of that build dropped: its first read had them)."""
+    samples = {tag: sorted(p, key=lambda x: x[0]) for tag, p in member.classic.items()}
+    series = family.read(member.run, samples, [], dict(member.needed))
+    return reader.RunData(member.run, samples=samples, **{family.attribute: series})
+
+
+def _with_live(run_data, live):
+    """Adds the live families' series and notes of `live` to `run_data`."""
+    for family in registry.families():
+        if family.live:
+            run_data.series[family.attribute] = live.series.get(family.attribute)
+    run_data.notes.extend(note for note in live.notes if note not in run_data.notes)
+
+
+@contextlib.contextmanager
+def first_reads(logdir, runs, processes):
+    """The first reads of `runs` (in that order) for `GroupState.refresh(first_reads=...)`.
+
+    Yields:
+      None with `processes` <= 1 (each state reads its runs itself), else an iterator of
+      their `MemberRead`s, read and parsed by a pool of new processes
+      (`core.processes.reading_pool`), each keeping of its samples only the context and the
+      whole-job families' (`trimmed`).
+    """
+    from tb_replica_plugin.core import processes as processes_lib
+
+    if processes <= 1 or len(runs) <= 1:
+        processes_lib.use_deferred_event_reader()
+        yield None
+        return
+    with processes_lib.reading_pool(min(processes, len(runs))) as pool:
+        yield pool.map(read_run_files, [logdir] * len(runs), runs)
+
+
+def read_run_files(logdir, run):
+    """`MemberRead` of a run's event files, read whole (a pool process's work), trimmed."""
+    from tb_replica_plugin import metadata
+    from tb_replica_plugin.core.event_files import RunTail
+
+    directory = logdir if run == "." else os.path.join(logdir, run)
+    got = read_member(run, RunTail(directory, metadata.PLUGIN_NAME).read())
+    return trimmed(got)
+
+
+def trimmed(got):
+    """`got` keeping of its samples only what a state takes from a first read besides its
+    series: each tag's context and the whole-job families' samples (for the report, which
+    reads once)."""
+    classic = set()
+    for family in registry.families():
+        if family.merger is None and family.merge is not None and not family.live:
+            classic |= _classic_tags(family)
+    kept = _context(got.samples)
+    for tag, points in got.samples.items():
+        if tag in classic or any(reader.tag_matches(tag, [c]) for c in classic):
+            kept[tag] = points
+    got.samples = kept
+    got.complete = False
+    return got
+
+
+def merge_members(job, member_runs):
+    """The job's `RunData` from its workers' `RunData` (whole, any order): each added to the
+    families' merges in worker order (`reader.merge_job`).
+
+    Raises:
+      ValueError: if a run is not a worker of a job (`reader.worker_identity` is None).
+    """
+    identities = {id(m): reader.worker_identity(m) for m in member_runs}
+    if any(identity is None for identity in identities.values()):
+        raise ValueError("every run of a job must be a worker (its shapes or start events)")
+    members = sorted(member_runs, key=lambda m: (identities[id(m)]["worker"]["worker"], m.run))
+    state = GroupState(job, [m.run for m in members], _NoSource(), "", job=True)
+    reads = [
+        MemberRead(m.run, m, {}, dict(m.samples), list(m.notes), identities[id(m)], new=1)
+        for m in members
+    ]
+    state.runs = [m.run for m in members]
+    state.members = [Member(run, None) for run in state.runs]
+    state.refresh(first_reads=reads)
+    return state.data()[job]
+
+
+class _NoSource:
+    """The source of a state fed only first reads (`merge_members`)."""
+
+    def tail(self, experiment_id, run):
+        return None
