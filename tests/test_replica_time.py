@@ -5,6 +5,7 @@ TensorBoard's own writer, read by `load` and served by the plugin in-process. No
 """
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -360,3 +361,23 @@ def test_a_run_written_without_ready_times_serves_the_old_body(tmp_path):
     _, body = get_json(client, "/step_time?run=old")
     assert body["ready"] is None and body["steps"] == [] and body["workers"] == []
     assert json.loads(json.dumps(body)) == body
+
+
+def test_a_job_growing_ready_times_answers_as_a_fresh_read(logdir, tmp_path):
+    """New steps of the workers' ready times are merged in place (the job is not read again)."""
+    import shutil
+
+    from test_store import get_json, serve
+
+    from benchmarks import live_job
+
+    shutil.copytree(os.path.join(logdir, "job"), str(tmp_path / "job"))
+    client, _, plugin, _ = serve(str(tmp_path))
+    paths = ["/step_time?run=job&replica_blocks=2", "/findings?run=job"]
+    [get_json(client, path) for path in paths]
+    live_job.append_steps(str(tmp_path / "job"), 2, heartbeat=False)
+    after = [get_json(client, path) for path in paths]
+    assert after[0][1]["ready"]["steps"][-2:] == [31, 32]
+    assert plugin.store.computed["read"] == 1 and plugin.store.computed["refresh"] == 1
+    fresh, _, _, _ = serve(str(tmp_path))
+    assert after == [get_json(fresh, path) for path in paths]
