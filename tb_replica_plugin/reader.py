@@ -112,6 +112,12 @@ class RunData:
         self.workers = [] if workers is None else workers
         self.worker_runs = {} if worker_runs is None else worker_runs
 
+    def __setstate__(self, state):
+        """Unpickled (a reading pool's process sent it): the properties are installed first,
+        as `__init__` does, since this process may have made no `RunData` yet."""
+        _series_properties()
+        self.__dict__.update(state)
+
     def __repr__(self):
         present = [a for a, s in self.series.items() if s is not None]
         return f"RunData(run={self.run!r}, families={present}, workers={len(self.workers)})"

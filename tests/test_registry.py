@@ -189,3 +189,21 @@ def test_the_core_imports_no_family():
                 )
     assert imported == set()
     assert "through the\nrecorders' public hooks" in probe.__doc__
+
+
+def test_run_data_unpickled_in_a_new_process_has_its_family_properties():
+    """A reading pool's process sends `RunData` back: the process that unpickles it may not have
+    made one yet (its properties come from the registry at the first `RunData`)."""
+    import pickle
+    import subprocess
+    import sys
+
+    sent = pickle.dumps(reader.RunData("run", notes=["a note"]))
+    code = (
+        "import pickle, sys; data = pickle.loads(sys.stdin.buffer.read()); "
+        "print(data.inputs is data.series['inputs'], data.notes)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], input=sent, capture_output=True, timeout=120, check=True
+    )
+    assert done.stdout.decode().split() == ["True", "['a", "note']"]
