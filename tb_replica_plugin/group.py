@@ -252,6 +252,8 @@ class GroupState:
                 tail_read = member.tail.read(ctx, (listing or {}).get(member.run))
                 if tail_read.reset or (not first and tail_read.files > 1):
                     raise Irregular(f"{member.run}: read again")
+                if not first and not tail_read.samples:
+                    continue  # nothing appended (a tag's first value brings its metadata)
                 context = member.context if self.mode == "job" and not first else None
                 got = read_member(member.run, tail_read, context, first)
             live = self._take_live(member, got) or live

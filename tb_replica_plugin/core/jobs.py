@@ -103,6 +103,10 @@ class ReplicaAxis:
         ).astype(np.int64)
 
 
+# A job's arrays get `rows // HEADROOM` spare rows when they first grow past their capacity.
+HEADROOM = 8
+
+
 class StepArrays:
     """A family's per-step job arrays: one row per step some worker logged, in step order.
 
@@ -111,9 +115,9 @@ class StepArrays:
     complete rows (the steps every worker logged). A step a slot logs below
     the last row without a row of its own can never be complete (the slot that wrote the later
     row did not log it, and steps only grow), so it gets none; a row some slot has passed
-    without writing is *dead* and `drop_dead` drops it. Rows and the replica axis grow by
-    doubling, so a worker's new steps are written in place; arrays handed out before keep their
-    values, except a slot's rewritten last step (see `GroupState`).
+    without writing is *dead* and `drop_dead` drops it. Rows (with room, `HEADROOM`) and the
+    replica axis grow by doubling, so a worker's new steps are written in place; arrays handed
+    out before keep their values, except a slot's rewritten last step (see `GroupState`).
 
     Attributes:
       steps: int64 [rows] (a view): the step of each row.
@@ -260,7 +264,9 @@ class StepArrays:
             return
         needed = self.size + steps.size
         if needed > len(self._steps):
-            capacity = max(needed, 2 * len(self._steps), 16)
+            # Doubling, with an eighth of room at the first fill: a job read whole then growing
+            # by a few steps per look does not copy its arrays at its first new steps.
+            capacity = max(needed + needed // HEADROOM, 2 * len(self._steps), 16)
             self._steps = _grown(self._steps, capacity, 0)
             self._present = _grown(self._present, capacity, False)
             for name, spec in self._specs.items():
