@@ -7,7 +7,10 @@ worker run listed and the server idle; by default idle again after the plugin ha
 compute settled runs ahead, which `--cold` turns off), and times what the tab asks:
 `/overview`, then the run view of the job (`/findings` and every family route with the tab's
 arguments for its replicas, `plugin.run_view_query`; 6 at a time and gzip accepted, like a
-browser). Then `tb-replica report --json` on the same log dir. Prints one JSON line.
+browser). With `--live_steps N`, every worker then appends N logged steps and a heartbeat each
+(`benchmarks.live_job`, as a running job does) and the run view is timed again once TensorBoard
+has reloaded. Then `tb-replica report --json` on the same log dir. Prints one JSON line (and
+each loader's figures on stderr as they come).
 
 The job: worker 0 is written by the real write path, a Keras `fit` with `ReplicaCallback`
 (every family: inputs, step time, gradients, rng from a Dropout layer, examples, variables; the
@@ -23,9 +26,9 @@ this client's decompression and JSON parsing included: `first_parse_s` / `cached
 its CPU seconds over the requests, a browser's own parsing differs) and
 `first_load_cpu_s` / `cached_load_cpu_s` (CPU seconds of the tensorboard processes meanwhile),
 `tensorboard_load_s` / `tensorboard_load_cpu_s` (until loaded and idle, what the plugin
-computed ahead included), `peak_rss_mb` (high-water mark of the tensorboard process and its
-data server), and for the
-report `report_s`, `report_cpu_s` and `report_peak_rss_mb`. A loader that fails (TensorBoard
+computed ahead included), `refresh_load_s` / `refresh_load_cpu_s` (the run view after the new
+steps), `peak_rss_mb` (high-water mark of the tensorboard process and its data server), and for
+the report `report_s`, `report_cpu_s` and `report_peak_rss_mb`. A loader that fails (TensorBoard
 exits, e.g. killed when out of memory, or a request fails) gives the figures it reached and
 `error`; a failed report gives `report_error`.
 """
@@ -56,6 +59,7 @@ RUN_VIEW = (
     "/variables?run={run}&max_points={max_points}&top={top}&replica_blocks={replica_blocks}",
 )
 JOB = "job"
+RELOAD_S = 5  # TensorBoard's --reload_interval (its default)
 
 
 def write_worker0(logdir, workers, replicas, steps):
@@ -300,13 +304,24 @@ def _run_view(url):
     return overview["runs"][0], [body for body, _ in answers], parse_s + sum(s for _, s in answers)
 
 
-def measure_tensorboard(logdir, workers, load_fast, timeout, warm=True):
+def measure_tensorboard(
+    logdir, workers, load_fast, timeout, warm=True, live_steps=0, known=None, keep_all=True
+):
     """The figures of one loader: load, first and cached run view, peak RSS.
 
     `warm`: the plugin computes settled runs ahead (its default); once TensorBoard is idle, the
     load waits two of the plugin's `WARM_SECONDS` (the versions seen twice) and until it is
     idle again, so `tensorboard_load_s` includes that work. False sets `TB_REPLICA_WARM=0`: the
     first load computes the job.
+
+    `live_steps`: after the cached run view, every worker appends that many logged steps (and a
+    heartbeat each, `live_job.append_steps`; `known` is its cache of the workers' last steps);
+    once TensorBoard has reloaded (`RELOAD_S`) and is idle, the run view again: `refresh_load_s`
+    / `refresh_load_cpu_s`, and `refresh_steps_served` (the inputs' steps it shows).
+
+    `keep_all`: TensorBoard keeps every sample of the plugin's tensors
+    (`--samples_per_plugin replicas=0`); False: its default sample (the plugin reads the event
+    files itself either way).
     """
     from tb_replica_plugin import plugin
 
@@ -316,14 +331,15 @@ def measure_tensorboard(logdir, workers, load_fast, timeout, warm=True):
         tensorboard,
         *("--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)),
         f"--load_fast={'true' if load_fast else 'false'}",
-        *("--samples_per_plugin", "replicas=0"),
+        *(("--samples_per_plugin", "replicas=0") if keep_all else ()),
+        *("--reload_interval", str(RELOAD_S)),
     ]
     env = {**os.environ, plugin.WARM_ENV: "1" if warm else "0"}
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
     )
     url = f"http://127.0.0.1:{port}"
-    figures = {"warm": warm}
+    figures = {"warm": warm, "keep_all_samples": keep_all}
     try:
         start = time.perf_counter()
         settle_s = 2 * plugin.WARM_SECONDS + 1 if warm else 0.0
@@ -337,11 +353,13 @@ def measure_tensorboard(logdir, workers, load_fast, timeout, warm=True):
             figures[f"{name}_load_s"] = round(time.perf_counter() - wall, 3)
             figures[f"{name}_parse_s"] = round(parse_s, 6)  # a tiny job parses in well under 1 ms
             figures[f"{name}_load_cpu_s"] = round(_cpu_s(process.pid) - cpu, 3)
-        figures["peak_rss_mb"] = round(_peak_rss_mb(process.pid), 1)
         figures["replicas_served"] = len(entry["replicas"])
         figures["workers_served"] = len(entry["workers"])
         figures["steps_served"] = len(bodies[1]["steps"])
         figures["findings"] = entry["findings"]
+        if live_steps:
+            figures.update(_refresh(url, process, logdir, live_steps, known, timeout))
+        figures["peak_rss_mb"] = round(_peak_rss_mb(process.pid), 1)
         return figures
     except (OSError, RuntimeError, TimeoutError) as error:  # a failure is a figure too
         process.poll()
@@ -354,6 +372,25 @@ def measure_tensorboard(logdir, workers, load_fast, timeout, warm=True):
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def _refresh(url, process, logdir, steps, known, timeout):
+    """Every worker appends `steps` logged steps; the run view once TensorBoard has them."""
+    from benchmarks import live_job
+
+    start = time.perf_counter()
+    appended = live_job.append_steps(os.path.join(logdir, JOB), steps, known=known)
+    figures = {"live_steps": steps, "appended_values": appended}
+    figures["append_s"] = round(time.perf_counter() - start, 2)
+    time.sleep(RELOAD_S + 1)  # TensorBoard's loader reads them at its next reload
+    _wait_idle(process, time.monotonic() + timeout)
+    cpu, wall = _cpu_s(process.pid), time.perf_counter()
+    _, bodies, parse_s = _run_view(url)
+    figures["refresh_load_s"] = round(time.perf_counter() - wall, 3)
+    figures["refresh_parse_s"] = round(parse_s, 6)
+    figures["refresh_load_cpu_s"] = round(_cpu_s(process.pid) - cpu, 3)
+    figures["refresh_steps_served"] = len(bodies[1]["steps"])
+    return figures
 
 
 def measure_report(logdir):
@@ -402,6 +439,18 @@ def main(argv=None):
         help="TB_REPLICA_WARM=0: the tab's first load computes the job (no work ahead)",
     )
     parser.add_argument(
+        "--sampled",
+        action="store_true",
+        help="no --samples_per_plugin replicas=0: TensorBoard keeps its default sample of the "
+        "plugin's tensors (the plugin reads the event files itself)",
+    )
+    parser.add_argument(
+        "--live_steps",
+        type=int,
+        default=0,
+        help="after the cached load, every worker appends this many steps: the refresh's figures",
+    )
+    parser.add_argument(
         "--logdir",
         help="keep the job here and reuse it when already written (default: a temporary dir)",
     )
@@ -431,6 +480,7 @@ def main(argv=None):
                 1,
             ),
         }
+        known = {}  # the workers' last steps, parsed once (`live_job.append_steps`)
         for loader in filter(None, args.loaders.split(",")):  # "": the report alone
             figures = measure_tensorboard(
                 logdir,
@@ -438,8 +488,12 @@ def main(argv=None):
                 load_fast=loader == "rust",
                 timeout=args.timeout,
                 warm=not args.cold,
+                live_steps=args.live_steps,
+                known=known,
+                keep_all=not args.sampled,
             )
             result[loader] = figures
+            print(json.dumps({loader: figures}), file=sys.stderr, flush=True)  # kept if later fails
         result.update(measure_report(logdir))
     print(json.dumps(result))
     return result

@@ -52,7 +52,7 @@ def last_step_values(run_dir):
     return last, [v for v in values if counts[v.tag] > 1], heartbeat
 
 
-def append_steps(job_dir, count, heartbeat=True, now=None):
+def append_steps(job_dir, count, heartbeat=True, now=None, known=None):
     """Appends `count` logged steps (and a heartbeat each) to every worker run of a job.
 
     Args:
@@ -60,6 +60,9 @@ def append_steps(job_dir, count, heartbeat=True, now=None):
       count: steps to append after each worker's last logged step.
       heartbeat: also append a status heartbeat at each new step.
       now: the wall time of the new steps (seconds; default: now).
+      known: a dict kept by the caller across calls: `{run_dir: last_step_values(run_dir)}`,
+        filled at the first call and moved on by each (a large job's files are then parsed
+        once, not at every call).
 
     Returns:
       The summary values appended, in all.
@@ -69,9 +72,13 @@ def append_steps(job_dir, count, heartbeat=True, now=None):
     from tensorboard.util import tensor_util
 
     now = time.time() if now is None else now
+    known = {} if known is None else known
     appended = 0
     for run_dir in worker_runs(job_dir):
-        step, values, beat = last_step_values(run_dir)
+        if run_dir not in known:
+            known[run_dir] = last_step_values(run_dir)
+        step, values, beat = known[run_dir]
+        known[run_dir] = (step + count, values, beat)
         with open(event_files(run_dir)[-1], "ab") as handle:
             writer = record_writer.RecordWriter(handle)
             for offset in range(1, count + 1):

@@ -98,15 +98,24 @@ def test_every_benchmark_runs_and_prints_its_figures():
 def test_job_scale_serves_the_whole_job_on_both_loaders():
     """`benchmarks.job_scale` at a tiny size (run on its own, not by `python -m benchmarks`)."""
     stdout = _run_benchmark(
-        "benchmarks.job_scale", "--workers", "2", "--replicas", "2", "--steps", "4"
+        "benchmarks.job_scale",
+        "--workers",
+        "2",
+        "--replicas",
+        "2",
+        "--steps",
+        "4",
+        "--live_steps",
+        "2",
     )
     result = json.loads(stdout.strip().splitlines()[-1])
     assert (result["workers"], result["replicas"], result["steps"]) == (2, 2, 4)
-    for loader in ("python", "rust"):
+    for loader, steps in (("python", 4), ("rust", 6)):  # the job grows by 2 steps per loader
         figures = result[loader]
         # The job as the tab sees it: 2 workers of 2 replicas, every logged step.
         assert figures["workers_served"] == 2 and figures["replicas_served"] == 4
-        assert figures["steps_served"] == 4
+        assert figures["steps_served"] == steps
+        assert figures["refresh_steps_served"] == steps + 2 and figures["refresh_load_s"] > 0
         assert set(figures["findings"]) == {"error", "warning", "info"}
         assert figures["first_load_s"] > 0 and figures["cached_load_s"] > 0
         assert figures["first_parse_s"] > 0 and figures["cached_parse_s"] > 0
