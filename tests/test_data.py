@@ -12,6 +12,7 @@ import subprocess
 import numpy as np
 import tensorflow as tf
 from conftest import VENV_BIN, TensorBoardServer, http_get, mirrored, small_model
+from tensorboard.compat.proto import types_pb2
 
 import tb_replica_plugin
 from demo import scenarios
@@ -78,6 +79,65 @@ def test_shared_examples_match_a_hand_count_eagerly(tmp_path):
     assert finding.value == round(4 / 12, 6)
     loose = examples_rules.find_data(series, analysis.Thresholds(max_duplicate_share=0.5))
     assert loose == []
+    # The overlap is written in int32, schema version 2.
+    (value,) = written_values(str(tmp_path), "data/overlap")[:1]
+    assert value.tensor.dtype == types_pb2.DT_INT32
+    assert json.loads(value.metadata.plugin_data.content) == {"kind": "data_overlap", "version": 2}
+
+
+def written_values(logdir, tag):
+    """The `Summary.Value`s of `tag` in the event files under `logdir`, in order."""
+    from tensorboard.backend.event_processing import event_file_loader
+
+    found = []
+    for directory, _, names in sorted(os.walk(logdir)):
+        for name in sorted(n for n in names if "tfevents" in n):
+            loader = event_file_loader.EventFileLoader(os.path.join(directory, name))
+            found.extend(v for event in loader.Load() for v in event.summary.value if v.tag == tag)
+    return found
+
+
+def write_examples_run(run_dir, overlap_dtype, version):
+    """A run of one logged step of the examples family, its overlap in `overlap_dtype` with
+    schema `version` (1: int64, as written before version 2's int32), without TensorFlow."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    from tensorboard.util import tensor_util
+
+    from tb_replica_plugin.families.examples import schema
+
+    examples = np.array([[4, 4, 1, 1, 11, 12, 13], [4, 3, 1, 1, 11, 14, 15]], np.int64)
+    overlap = np.array([[[4, 1], [1, 3]], [[4, 1], [1, 3]], [[1, 1], [1, 1]]], overlap_dtype)
+    writer = EventFileWriter(run_dir)
+    for tag, kind, value, written in (
+        (schema.TAG_DATA_EXAMPLES, schema.KIND_DATA_EXAMPLES, examples, 1),
+        (schema.TAG_DATA_OVERLAP, schema.KIND_DATA_OVERLAP, overlap, version),
+    ):
+        content = json.dumps({"kind": kind, "version": written}).encode()
+        metadata = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(
+                plugin_name="replicas", content=content
+            ),
+            data_class=summary_pb2.DATA_CLASS_TENSOR,
+        )
+        event = event_pb2.Event(step=0, wall_time=1.0)
+        event.summary.value.add(
+            tag=tag, metadata=metadata, tensor=tensor_util.make_tensor_proto(value)
+        )
+        writer.add_event(event)
+    writer.close()
+
+
+def test_overlap_of_schema_version_1_int64_reads_as_version_2(tmp_path):
+    """Runs written before the overlap became int32 read to the same series."""
+    write_examples_run(str(tmp_path / "old"), np.int64, 1)
+    write_examples_run(str(tmp_path / "new"), np.int32, 2)
+    report = tb_replica_plugin.load(str(tmp_path))
+    old, new = report.runs["old"].data, report.runs["new"].data
+    assert old.shared.dtype == new.shared.dtype == np.int64
+    assert old.shared.tolist() == new.shared.tolist() == [[[4, 1], [1, 3]]]
+    assert old.window_steps.tolist() == new.window_steps.tolist() == [1]
+    assert report.runs["old"].notes == report.runs["new"].notes == []
 
 
 def test_examples_every_samples_every_nth_and_every_logged_step(tmp_path):

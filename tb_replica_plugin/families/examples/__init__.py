@@ -31,6 +31,7 @@ FAMILY = Family(
         report_text=present.report_text,
     ),
     write_side=write_side,
+    versions=schema.VERSIONS,
     needs=("inputs",),
     route="/data",
     text_order=20,

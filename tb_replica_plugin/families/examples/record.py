@@ -321,7 +321,11 @@ class Recorder(RecorderBase):
             condition, schema.TAG_DATA_EXAMPLES, lambda: examples, step, schema.KIND_DATA_EXAMPLES
         )
         probe.write(
-            condition, schema.TAG_DATA_OVERLAP, lambda: overlap, step, schema.KIND_DATA_OVERLAP
+            condition,
+            schema.TAG_DATA_OVERLAP,
+            lambda: _int32(overlap),
+            step,
+            schema.KIND_DATA_OVERLAP,
         )
 
     def write_window(self):
@@ -339,6 +343,11 @@ class Recorder(RecorderBase):
                 True,
             )
         counters.assign(tf.tensor_scatter_nd_update(counters, [[_WIN_COUNT]], [0]))
+
+
+def _int32(counts):
+    """int64 counts as the int32 the overlap is written in (version 2), saturating."""
+    return tf.cast(tf.minimum(counts, tf.constant(2**31 - 1, tf.int64)), tf.int32)
 
 
 class Recording:
