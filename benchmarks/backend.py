@@ -149,7 +149,7 @@ def main(argv=None):
 
     def replicas_requests(cold=True):
         if cold:
-            plugin.store.cache.clear()  # the run opened for the first time: nothing cached
+            plugin.store.forget()  # the run opened for the first time: nothing read or cached
         replicas_get("/runs")
         replicas_get("/inputs", "run=synthetic")
         replicas_get("/findings", "run=synthetic")

@@ -199,7 +199,7 @@ def measure_serving(workers, steps, repeats):
         multiplexer.Reload()
 
     def cold():
-        plugin.store.cache.clear()
+        plugin.store.forget()
         get("/overview")
 
     def after_heartbeat():

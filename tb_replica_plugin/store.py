@@ -96,8 +96,9 @@ class RunStore:
       listing_reuse_s: how long (seconds) a listing of the provider's runs answers later
         requests (`list_runs`; 0: each request lists).
       computed: `collections.Counter` of computations by kind (`"read"`: a run or job read from
-        its start, `"refresh"`: a look that found new data, `"summary"`: findings and `/runs`
-        entries computed, `"body"`: a route body built, `"warm"`: a run or job computed ahead).
+        its start, `"refresh"`: a look that found new data, `"live"`: a look that found new
+        samples of the live families, `"summary"`: findings and `/runs` entries computed,
+        `"body"`: a route body built, `"warm"`: a run or job computed ahead).
 
     Example:
       >>> store = RunStore(provider)
@@ -191,11 +192,19 @@ class RunStore:
             if state is None or state.runs != group.worker_order(members):
                 state = group.GroupState(name, members, self._source, experiment_id)
                 self._states[key] = state
-        reads, data = state.full_reads, state.data_version
+        reads, data, live = state.full_reads, state.data_version, state.live_version
         state.refresh(ctx, runs)
         self._count("read", state.full_reads - reads)
         self._count("refresh", state.full_reads == reads and state.data_version != data)
+        self._count("live", state.live_version != live)
         return state
+
+    def forget(self):
+        """Drops every state and cached answer: the next requests read as a new TensorBoard's
+        (benchmarks of a first load)."""
+        with self._lock:
+            self._states = {}
+        self.cache.clear()
 
     @staticmethod
     def version(state, live=False):
