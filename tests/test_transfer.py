@@ -6,9 +6,10 @@ Real `MirroredStrategy` on 2 logical CPU replicas, real Keras `fit`:
   cross-device transfer more with `ReplicaCallback()` than without: replica 1's packed vector
   (replica 0's device is the host's), for an MLP and for a model with BatchNormalization and
   Dropout (every family of the default: inputs, outputs, gradients, rng, examples, variables);
-- a replica that sleeps 40 ms more per step than the other (a branch on the replica id) has the
-  larger median ready time in `step_time/replicas`, and the other waits for it; its twin without
-  the sleep does not;
+- a replica that sleeps 20 ms more per step than the other on the same batch (a branch on the
+  replica id) has the larger median ready time in `step_time/replicas`, the other waits for it,
+  and `load` (the report's and the tab's reader) finds it a `slow_replica`; its twin without the
+  sleep has neither;
 - the window statistics (`window_stats`) are numpy's medians and maxima over the window's steps;
 - a custom loop's `probe.step()` records every family at one step per step, and calls outside a
   scope follow the step axis's rule.
@@ -27,8 +28,9 @@ from benchmarks import step_counts
 from tb_replica_plugin import ReplicaCallback, ReplicaProbe
 from tb_replica_plugin.families.step_time import schema as step_time_schema
 from tb_replica_plugin.families.step_time.record import window_stats
+from tb_replica_plugin.report import load
 
-SLEEP_S = 0.04  # what the slow replica adds to each step
+SLEEP_S = 0.02  # what the slow replica adds to each step
 
 
 def _events(run_dir, prefix=""):
@@ -158,15 +160,32 @@ def test_a_slow_replica_has_the_larger_ready_time_and_the_other_waits_for_it(tmp
     for _, rows in slow:
         assert rows.shape == (step_time_schema.REPLICA_TIME_ROWS, 2) and rows.dtype == np.float64
         assert rows[step_time_schema.WINDOW_STEPS].tolist() == [12.0, 12.0]
-        # Replica 1 sleeps 40 ms more before its forward pass: its vector arrives later.
+        # Replica 1 sleeps 20 ms more before its forward pass: its vector arrives later.
         assert rows[ready, 1] - rows[ready, 0] > SLEEP_S / 2
         assert rows[step_time_schema.READY_MAX, 1] >= rows[ready, 1] > SLEEP_S
         # Replica 0 waits for it at the all-reduce; it waits for nobody.
         assert rows[wait, 0] > SLEEP_S / 2 and rows[wait, 1] < SLEEP_S / 4
+    # Read back as the report and the tab read it: replica 1 is the slow replica, by the ratio
+    # of its median ready time (over both windows) to replica 0's.
+    (finding,) = _slow_replica_findings(str(tmp_path / "slow"))
+    own, base = (float(np.median([rows[ready, r] for _, rows in slow])) for r in (1, 0))
+    assert (finding.replicas, finding.severity, finding.threshold) == ([1], "warning", 1.25)
+    assert finding.value == round(own / base, 3) and finding.value >= 1.25
+    assert own - base > SLEEP_S / 2
+    assert (finding.first_step, finding.last_step, finding.count) == (11, 23, 2)
+    assert finding.name.endswith("device:CPU:1")
+    assert finding.message.startswith(f"Replica 1 (CPU:1) is slow: it is ready {own:.3f} s")
     twin = _fit_ready_times(str(tmp_path / "twin"), slow=None)[step_time_schema.TAG_REPLICA_TIME]
     for _, rows in twin:
         assert abs(rows[ready, 1] - rows[ready, 0]) < SLEEP_S / 2
         assert (rows[ready] < SLEEP_S).all()
+    assert _slow_replica_findings(str(tmp_path / "twin")) == []
+
+
+def _slow_replica_findings(logdir):
+    """The `slow_replica` findings of the callback's run, as `tb-replica report` finds them."""
+    report = load(logdir)
+    return [f for f in report.findings["replicas"] if f.kind == "slow_replica"]
 
 
 def test_ready_times_are_written_in_the_step_at_logged_steps(tmp_path):

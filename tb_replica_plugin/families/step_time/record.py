@@ -132,7 +132,7 @@ class Recorder(RecorderBase):
         """Step timing of a multi-worker job: arrival time, period, window mean (in-graph)."""
         probe = self.probe
         timing = self.state["timing"]
-        last_time, _, win_time, win_steps = tf.unstack(timing.read_value())
+        last_time, _, win_time, win_steps, _ = tf.unstack(timing.read_value())
         period = now - last_time
         steps = win_steps + 1.0
         mean = (now - win_time) / steps
