@@ -44,7 +44,8 @@ PROFILE_FROM = 4
 def train_function_graph(metadata):
     """The function graph of Keras's train function: of those whose arguments include the
     iterator (tf.data's own functions too), the largest one that all-reduces (a
-    `CollectiveReduceV2` in a partition), else the largest.
+    `CollectiveReduceV2` in a partition), else the largest; when that one has no partitions,
+    the largest partitioned function of the metadata that all-reduces.
 
     Raises:
       RuntimeError: when no function takes an iterator (the train function was instantiated
@@ -67,8 +68,18 @@ def train_function_graph(metadata):
             for node in partition.node
         )
 
+    def size(function):
+        return sum(len(p.node) for p in function.partition_graphs)
+
     reducing = [function for function in found if reduces(function)] or found
-    return max(reducing, key=lambda f: sum(len(p.node) for p in f.partition_graphs))
+    chosen = max(reducing, key=size)
+    if not chosen.partition_graphs:
+        # A large step (MobileNetV2 with the callback) is recorded as two entries: the function
+        # taking the iterator, without partitions, and its partitioned graph, without a
+        # pre-optimization graph: then the largest partitioned function that all-reduces.
+        partitioned = [function for function in metadata.function_graphs if reduces(function)]
+        chosen = max(partitioned, key=size) if partitioned else chosen
+    return chosen
 
 
 def graph_counts(function):
