@@ -155,6 +155,10 @@ class Lifecycle:
         return (current if self._host_in_call else completed, completed)
 
     def recorded_step(self):
-        """The current step of the step axis (`core.steps`: the latest record's; the start - 1
-        before any), None before the probe is built. Safe from another thread."""
-        return self._axis.current()
+        """The step training is at: the later of the step axis's current step (`core.steps`:
+        the latest record's; the start - 1 before any) and the step the host entered
+        (`host_steps`: a step whose call has not returned, so none of its records may have
+        arrived: a crash or a hang in it is at that step). None before the probe is built.
+        Safe from another thread."""
+        known = [s for s in (self._axis.current(), self.host_steps[0]) if s is not None]
+        return max(known) if known else None
