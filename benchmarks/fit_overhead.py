@@ -1,6 +1,6 @@
 """What a user pays for ReplicaCallback in Keras `fit`, against no callback and Keras's TensorBoard.
 
-Two models, each under four variants:
+Three models, each under four variants:
 
 - `mlp`: the performance issue's MLP (64 → 256 → 256 → 1, Adam, MSE) on 4 logical CPU replicas
   (MirroredStrategy), global batch 256, 100 steps per epoch: a step so small (about 9 ms of CPU)
@@ -10,6 +10,11 @@ Two models, each under four variants:
   and sparse categorical cross-entropy, 2 logical CPU replicas, global batch 16, 20 steps per
   epoch of synthetic images made in the process (no download): a step dominated by compute
   (0.28 s of CPU on a 2-core machine) and a model with many variables.
+- `guide`: the model of the keras.io guide "Multi-GPU distributed training with TensorFlow"
+  (`get_compiled_model`: 784 → 256 → 256 → 10, Adam, sparse categorical cross-entropy from
+  logits, sparse categorical accuracy; a densely-connected network, not a convnet) on 2 logical
+  CPU replicas, the guide's global batch of 32, 100 steps per epoch of synthetic MNIST-shaped data
+  (784 floats in [0, 1], labels 0-9 as float32, as the guide's; no download).
 
 Variants: `no_callback`; `replica_callback_default` (`ReplicaCallback(log_dir)`);
 `replica_callback_every_step` (`ReplicaCallback(log_dir, update_freq=1)`: every family every
@@ -59,9 +64,12 @@ printed beside it.
 Printed: one JSON document (progress goes to stderr): per model its sizes and, per variant, the
 median of each figure over the pairs (`median`), every value (`raw`, in pair order) and the ratio
 of each figure to `no_callback` (`ratio_to_no_callback`: the median over pairs of variant /
-`no_callback` of the same pair). `targets` lists the ratios the project aims for.
+`no_callback` of the same pair); and `step_counts`, what `ReplicaCallback()` adds to one step,
+counted in a child of its own (`benchmarks.step_counts`: the nodes and cross-device transfers of
+the step's partitioned graph, and the kernels a profiler trace shows per step; deterministic, so
+one run; `--no-counts` skips it). `targets` lists the ratios the project aims for.
 
-    python -m benchmarks.fit_overhead                    # full size: 5 pairs, both models
+    python -m benchmarks.fit_overhead                    # full size: 5 pairs, every model
     python -m benchmarks.fit_overhead --models mlp --pairs 7
     python -m benchmarks.fit_overhead --keras tf_keras   # the same under tf_keras 2.21
     python -m benchmarks.fit_overhead --variants replica_callback_default \\
@@ -135,8 +143,12 @@ FIGURES = (
 )
 # The performance issue's targets (CPU time, ratio to no_callback); other figures have none yet.
 TARGETS = [
-    {"figure": "steady_cpu_per_step", "variant": "replica_callback_default", "max_ratio": 1.02},
-    {"figure": "steady_cpu_per_step", "variant": "replica_callback_every_step", "max_ratio": 1.15},
+    {"model": "mlp", "figure": "second_fit_cpu_s", "max_ratio": 1.03},
+    {"model": "mlp", "figure": "first_batch_cpu_s", "max_ratio": 1.3},
+    {"model": "cnn", "figure": "steady_cpu_per_step", "max_ratio": 1.02},
+    {"model": "guide", "figure": "steady_cpu_per_step", "max_ratio": 1.05},
+    {"model": "mlp", "count": "transfers_per_replica", "max": 1},
+    {"model": "cnn", "count": "transfers_per_replica", "max": 1},
 ]
 FULL_SIZES = {
     "mlp": {"replicas": 4, "global_batch": common.GLOBAL_BATCH, "steps_per_epoch": 100},
@@ -145,10 +157,13 @@ FULL_SIZES = {
     # 54 s). Fewer steps per epoch would shorten a child but weigh each epoch's end work (the
     # drift check of 262 variables) more in the steady figure.
     "cnn": {"replicas": 2, "global_batch": 16, "steps_per_epoch": 20, "image_size": 64},
+    "guide": {"replicas": 2, "global_batch": 32, "steps_per_epoch": 100},
 }
+MODELS = ("mlp", "cnn", "guide")
 QUICK_SIZES = {
     "mlp": {"replicas": 4, "global_batch": common.GLOBAL_BATCH, "steps_per_epoch": 2},
     "cnn": {"replicas": 2, "global_batch": 8, "steps_per_epoch": 2, "image_size": 32},
+    "guide": {"replicas": 2, "global_batch": 32, "steps_per_epoch": 2},
 }
 
 
@@ -202,6 +217,56 @@ def _cnn(strategy, keras, sizes):
     return model, dataset
 
 
+def _guide(strategy, keras, sizes):
+    """The keras.io multi-GPU guide's `get_compiled_model`, on synthetic MNIST-shaped data."""
+    import numpy as np
+    import tensorflow as tf
+
+    batch = sizes["global_batch"]
+    count = batch * sizes["steps_per_epoch"]
+    rng = np.random.default_rng(0)
+    x = (rng.integers(0, 256, size=(count, 784)) / 255).astype("float32")
+    y = rng.integers(0, 10, size=(count,)).astype("float32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache().prefetch(2)
+    with strategy.scope():
+        inputs = keras.Input(shape=(784,))
+        hidden = keras.layers.Dense(256, activation="relu")(inputs)
+        hidden = keras.layers.Dense(256, activation="relu")(hidden)
+        outputs = keras.layers.Dense(10)(hidden)
+        model = keras.Model(inputs, outputs)
+        model.compile(
+            optimizer=keras.optimizers.Adam(),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=[keras.metrics.SparseCategoricalAccuracy()],
+        )
+    return model, dataset
+
+
+def build_model(name, strategy, keras, sizes):
+    """`(model, dataset)` of benchmark model `name` ("mlp", "cnn", "guide") with `sizes`."""
+    if name == "mlp":
+        dataset = common.mlp_dataset(sizes["steps_per_epoch"])
+        return common.mlp_model(strategy, keras_module=keras), dataset
+    if name == "cnn":
+        return _cnn(strategy, keras, sizes)
+    return _guide(strategy, keras, sizes)
+
+
+def keras_module(flavour):
+    """The Keras of `flavour` ("keras3", or "tf_keras": `tf.keras` with TF_USE_LEGACY_KERAS=1
+    set before TensorFlow's import)."""
+    import tensorflow as tf
+
+    if flavour == "tf_keras":
+        import tf_keras
+
+        assert tf.keras.Model is tf_keras.Model, "tf.keras is not tf_keras: TF_USE_LEGACY_KERAS"
+        return tf.keras
+    import keras
+
+    return keras
+
+
 def _child(args):
     sizes = json.loads(args.sizes)
     import tensorflow as tf
@@ -209,22 +274,10 @@ def _child(args):
     from demo.scenarios import configure_devices
 
     devices = configure_devices(sizes["replicas"])
-    if args.keras == "tf_keras":
-        import tf_keras
-
-        keras = tf.keras  # tf_keras, since TF_USE_LEGACY_KERAS=1 came before TensorFlow's import
-        keras_version = tf_keras.__version__
-        assert keras.Model is tf_keras.Model, "tf.keras is not tf_keras: TF_USE_LEGACY_KERAS unset"
-    else:
-        import keras
-
-        keras_version = keras.__version__
+    keras = keras_module(args.keras)
+    keras_version = getattr(keras, "__version__", "?")
     strategy = tf.distribute.MirroredStrategy(devices)
-    if args.model == "mlp":
-        dataset = common.mlp_dataset(sizes["steps_per_epoch"])
-        model = common.mlp_model(strategy, keras_module=keras)
-    else:
-        model, dataset = _cnn(strategy, keras, sizes)
+    model, dataset = build_model(args.model, strategy, keras, sizes)
     callbacks = VARIANTS[args.variant](keras, args.log_dir)
     marks = _timing_callback(keras)
 
@@ -310,6 +363,28 @@ def _run_child(model, variant, sizes, args, env):
         shutil.rmtree(log_dir, ignore_errors=True)
 
 
+def _step_counts(model, sizes, args, env):
+    """`benchmarks.step_counts` of `model`, in a child of its own (one strategy per process)."""
+    command = [sys.executable, "-m", "benchmarks.step_counts", "--model", model]
+    command += ["--keras", args.keras, "--sizes", json.dumps(sizes)]
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.child_timeout
+    )
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"step_counts of {model} failed ({done.returncode})")
+    counts = json.loads(done.stdout[done.stdout.index("{") :])
+    added = counts["added"]
+    print(
+        f"{model} step counts (ReplicaCallback() added): {added['transfers']} cross-device "
+        f"transfers ({added['transfers_per_replica']} per sending replica), {added['nodes']} "
+        f"nodes of the partitioned step, {added['ops_per_step']} ops run per step",
+        file=sys.stderr,
+        flush=True,
+    )
+    return counts
+
+
 def _aggregate(runs, variants):
     """`runs`: {variant: [child result per pair]} → medians, raw values, per-pair ratios."""
     out = {}
@@ -341,7 +416,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--models", nargs="+", choices=("mlp", "cnn"), default=["mlp", "cnn"])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--pairs", type=int, default=5, help="children per variant (alternated)")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs after the first")
     parser.add_argument("--second-epochs", type=int, default=3, help="epochs of the second fit")
@@ -368,10 +443,13 @@ def main(argv=None):
         "no_callback and replica_callback_every_step only (unless --cnn-variants): checks that "
         "it runs",
     )
+    parser.add_argument(
+        "--no-counts", action="store_true", help="skip the step counts (benchmarks.step_counts)"
+    )
     parser.add_argument("--child-timeout", type=float, default=1800)
     # One child: not for direct use.
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--model", choices=("mlp", "cnn"), help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     parser.add_argument("--sizes", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", help=argparse.SUPPRESS)
@@ -396,7 +474,13 @@ def main(argv=None):
     if args.quick and args.cnn_variants is None:
         args.cnn_variants = ["replica_callback_every_step"]
     variants = _variant_list(parser, args.variants)
-    model_variants = {"mlp": variants, "cnn": _variant_list(parser, args.cnn_variants or variants)}
+    model_variants = {
+        "mlp": variants,
+        "cnn": _variant_list(parser, args.cnn_variants or variants),
+        "guide": variants,
+    }
+    # The counts are deterministic: one child per model (--quick: the MLP's only).
+    counted = [] if args.no_counts else (["mlp"] if args.quick else list(args.models))
 
     env, dropped = _child_env(args.keras)
     load_start, started = os.getloadavg(), time.perf_counter()
@@ -417,7 +501,9 @@ def main(argv=None):
                     flush=True,
                 )
         steps_per_epoch = sizes[model]["steps_per_epoch"]
+        counts = _step_counts(model, sizes[model], args, env) if model in counted else None
         models[model] = {
+            "step_counts": counts,
             "sizes": {
                 **sizes[model],
                 "first_fit_epochs": 1 + args.epochs,

@@ -96,8 +96,9 @@ class ReplicaProbe(*recording_mixins(), ProbeCore):
     Methods:
       observe_inputs, observe_gradients, observe_rng, observe_examples, observe_variables: one
       per stat family (see each); watch: any tensor per replica (dense, ragged or sparse leaves,
-      e.g. what `strategy.run` returns); set_step, flush, write_window, close: the step axis and
-      the event file; faults, raise_faults: fail fast on a replica fault.
+      e.g. what `strategy.run` returns); step: one training step as one transfer per replica,
+      timed (each replica's ready time); set_step, next_step, flush, write_window, close: the
+      step axis and the event file; faults, raise_faults: fail fast on a replica fault.
     """
 
     def __init__(

@@ -35,7 +35,11 @@ def test_every_benchmark_runs_and_prints_its_figures():
         "status_overhead",
     }
     fit = results["fit_overhead"]
-    assert set(fit["models"]) == {"mlp", "cnn"}
+    assert set(fit["models"]) == {"mlp", "cnn", "guide"}
+    # The counts of the MLP's step (deterministic): one transfer per sending replica.
+    counts = fit["models"]["mlp"]["step_counts"]
+    assert counts["added"]["transfers_per_replica"] == 1.0 and counts["added"]["transfers"] == 3
+    assert counts["added"]["ops_per_step"] > 0
     assert fit["pairs"] == 1
     figures = set(fit["figures"])
     assert {
@@ -59,7 +63,9 @@ def test_every_benchmark_runs_and_prints_its_figures():
     cnn = fit["models"]["cnn"]["variants"]
     assert set(cnn) == {"no_callback", "replica_callback_every_step"}
     assert fit["models"]["cnn"]["sizes"]["image_size"] == 32
-    for variants in (mlp, cnn):
+    guide = fit["models"]["guide"]["variants"]
+    assert set(guide) == set(mlp)
+    for variants in (mlp, cnn, guide):
         assert all(v["ratio_to_no_callback"].keys() == figures for v in variants.values())
         assert all(v["median"][f] > 0 for v in variants.values() for f in figures)
         assert all(len(v["raw"][f]) == 1 for v in variants.values() for f in figures)

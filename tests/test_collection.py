@@ -317,7 +317,7 @@ def test_update_freq_and_flush_secs_accepted_as_given(tmp_path):
 def test_shapes_json_formats_every_replica_in_one_layout_or_replica_by_replica():
     from tb_replica_plugin.families.inputs.record import InputsStats
 
-    uniform = InputsStats(
+    uniform = InputsStats.of_leaves(
         ["x", "w"], [[tf.zeros([4, 3]), tf.zeros([3, 3])], [tf.constant(1.0), tf.constant(2.0)]]
     )
     assert uniform.shapes_json({"source": "fit"}).numpy().decode() == (
@@ -327,7 +327,7 @@ def test_shapes_json_formats_every_replica_in_one_layout_or_replica_by_replica()
     )
     assert uniform.batch_size.numpy().tolist() == [4, 3]
     # Ranks that differ across replicas: formatted replica by replica, the same layout.
-    mixed = InputsStats(["x"], [[tf.zeros([4, 3]), tf.zeros([2])]])
+    mixed = InputsStats.of_leaves(["x"], [[tf.zeros([4, 3]), tf.zeros([2])]])
     document = json.loads(mixed.shapes_json({}).numpy())
     assert document == {
         "inputs": [{"name": "x", "dtypes": ["float32"] * 2, "shapes": [[4, 3], [2]]}]

@@ -359,13 +359,10 @@ def test_gradient_failure_warns_once_and_training_goes_on(tmp_path):
     probe.close()
 
 
-def test_nonfinite_counts_of_every_replica_at_once_are_each_replicas_own():
-    """The fault branch counts every replica's NaN/Inf in one set of ops (same shapes on every
-    replica) or replica by replica (shapes differ): the same exact counts either way."""
-    from tb_replica_plugin.families.gradients.record import (
-        nonfinite_counts,
-        nonfinite_counts_across,
-    )
+def test_nonfinite_counts_of_each_replica():
+    """The fault branch's exact NaN/Inf counts of a replica (rows `schema.NONFINITE_ROWS`), and
+    without a loss the loss rows are 0."""
+    from tb_replica_plugin.families.gradients.replica import nonfinite_counts
 
     nan, inf = float("nan"), float("inf")
     values = [
@@ -375,19 +372,12 @@ def test_nonfinite_counts_of_every_replica_at_once_are_each_replicas_own():
     ]
     losses = [tf.constant(nan), tf.constant(inf), tf.constant(1.0)]
     expected = [[2, 0, 4], [2, 0, 1], [1, 0, 0], [0, 1, 0]]  # rows: grad NaN, Inf, loss NaN, Inf
-    joined = nonfinite_counts_across(values, losses, True)
-    assert joined.numpy().tolist() == expected
     each = tf.stack(
         [nonfinite_counts(v, loss, True) for v, loss in zip(values, losses, strict=True)], 1
     )
     assert each.numpy().tolist() == expected
-    assert nonfinite_counts_across(values, losses, False).numpy().tolist() == [
-        *expected[:2],
-        [0, 0, 0],
-        [0, 0, 0],
-    ]
-    values[1] = [tf.constant([nan, 1.0, nan]), values[1][1]]  # a shape differs: replica by replica
-    assert nonfinite_counts_across(values, losses, True).numpy()[0].tolist() == [2, 2, 4]
+    without_loss = tf.stack([nonfinite_counts(v, None, False) for v in values], 1)
+    assert without_loss.numpy().tolist() == [*expected[:2], [0, 0, 0], [0, 0, 0]]
 
 
 def test_ratio_to_median_leaves_the_replica_out():

@@ -127,15 +127,19 @@ def test_without_halt_on_training_runs_on_and_the_capture_is_kept(tmp_path):
 
 def _events(logdir):
     """`{(step, tag): value}` of every summary a run directory holds at a training step (wall
-    times left out, and the status family's summaries, written at wall-clock steps)."""
+    times left out, and the status family's summaries, written at wall-clock steps); the step
+    time's values, which are times, as the number of steps their window holds."""
     import glob
 
     values = {}
     for path in sorted(glob.glob(os.path.join(logdir, "replicas", "events.*"))):
         for event in tf.compat.v1.train.summary_iterator(path):
             for value in event.summary.value:
-                if not value.tag.startswith("status/"):
-                    values[(event.step, value.tag)] = tf.make_ndarray(value.tensor)
+                array = tf.make_ndarray(value.tensor)
+                if value.tag.startswith("step_time/"):
+                    values[(event.step, value.tag)] = array[-1]  # steps in its window
+                elif not value.tag.startswith("status/"):
+                    values[(event.step, value.tag)] = array
     return values
 
 
@@ -197,40 +201,48 @@ def test_run_if_keeps_a_function_branch_out_of_the_lowering():
 
 
 def test_each_replicas_nonfinite_counts_are_taken_in_an_if_on_its_device():
-    """On CPU replicas the fault branch's counts of each replica come from a functional `If` on
-    that replica's device, taking only its own tensors: its NaN/Inf counts where its flag is
-    False, zeros where it is True (the host then gets one int32 [4] per replica, no gradient)."""
-    from tb_replica_plugin.families.gradients import record as gradients_record
+    """Each replica's fault branch is a functional `If` on that replica's device, taking only its
+    own tensors: its NaN/Inf counts where its packed sums of squares and loss are not finite,
+    zeros where they are (the host gets them in the replica's one vector, no gradient)."""
+    from tb_replica_plugin.core import transfer as transfer_lib
+    from tb_replica_plugin.families.gradients import replica
 
     devices = ["/device:CPU:0", "/device:CPU:1"]
     nan, inf = float("nan"), float("inf")
+    key, counts_key = ("gradients", "sq_loss"), ("gradients", "counts")
 
     @tf.function
-    def counts(grads, losses, healthy):
-        return tf.stack(
-            [
-                gradients_record._counts_where_unhealthy(  # noqa: SLF001
-                    [grads[r]], losses[r], healthy[r], True, devices, r
-                )
-                for r in range(2)
-            ],
-            axis=1,
-        )
+    def vectors(grads, losses):
+        transfer = transfer_lib.Transfer(devices)
+        for index, packet in enumerate(transfer.packets):
+            with tf.device(packet.device):
+                values = replica.replica_values([grads[index]], losses[index])
+                packet.floats(key, replica.packed_floats(values, True))
 
-    grads = (tf.constant([nan, 1.0, inf, inf]), tf.constant([2.0, nan, 4.0, 5.0]))
+            def counts(values=values):
+                return replica.nonfinite_counts(values.values, values.loss, True)
+
+            packet.on_fault(counts_key, counts, 4, tf.int64, guard=[key])
+        slots, _ = transfer_lib.common_layout(transfer)
+        return [packet.vector(slots) for packet in transfer.packets]
+
+    grads = (tf.constant([nan, 1.0, inf, inf]), tf.constant([2.0, 3.0, 4.0, 5.0]))
     losses = (tf.constant(inf), tf.constant(1.0))
-    # Replica 1 says healthy: its branch is not taken, so its NaN is not counted (a real flag
-    # is False wherever a NaN is; this shows which branch ran).
-    result = counts(grads, losses, (tf.constant(False), tf.constant(True)))
-    assert result.numpy().tolist() == [[1, 0], [2, 0], [0, 0], [1, 0]]
-    graph = counts.get_concrete_function(grads, losses, (tf.constant(False),) * 2).graph
+    words = [v.numpy() for v in vectors(grads, losses)]
+    # Each vector: 2 float words (sum of squares, loss), then the 4 counts.
+    assert [w[2:].tolist() for w in words] == [[1, 2, 0, 1], [0, 0, 0, 0]]
+    assert np.isnan(words[0][:1].view(np.float64)).all()
+    assert words[1][:2].view(np.float64).tolist() == [27.0, 1.0]  # l2_loss: 54 / 2
+    graph = vectors.get_concrete_function(grads, losses).graph
     ifs = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
     assert [tf.DeviceSpec.from_string(op.device).device_index for op in ifs] == [0, 1]
     assert [op.get_attr("_lower_using_switch_merge") for op in ifs] == [False, False]
-    # Each takes its own replica's gradient and loss (after its predicate), nothing else.
-    inputs = [[t.op.name for t in op.inputs[1:]] for op in ifs]
-    assert inputs == [["grads", "losses"], ["grads_1", "losses_1"]]
-    assert [[t.dtype for t in op.outputs] for op in ifs] == [[tf.int32]] * 2
+    # Each takes its own replica's gradient and loss (after its predicate), and its own packed
+    # floats (its guard reads them), cast on its device: nothing else.
+    producers = [sorted(t.op.name for t in op.inputs[1:]) for op in ifs]
+    assert producers == [["Cast", "grads", "losses"], ["Cast_1", "grads_1", "losses_1"]]
+    casts = [graph.get_operation_by_name(name) for name in ("Cast", "Cast_1")]
+    assert [tf.DeviceSpec.from_string(op.device).device_index for op in casts] == [0, 1]
 
 
 def test_halt_on_rejects_unknown_kinds():

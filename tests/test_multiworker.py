@@ -92,6 +92,19 @@ def test_tf_keras_fit_job(report):
     assert report.findings["mw_fit_tf_keras/replicas"] == []
     # update_freq=1: a step time at every step, on every worker.
     assert job.step_time.steps.tolist() == list(range(16))
+    # And each replica's ready time (fit's steps are timed step scopes): every step a window of
+    # one step, merged on the job's global replica axis with the worker of each replica.
+    ready = job.step_time.ready
+    assert (ready.replicas, ready.workers) == ([0, 1], ["worker_0", "worker_1"])
+    assert ready.devices == [DEVICE.format(0), DEVICE.format(1)]
+    assert ready.steps.tolist() == list(range(16))
+    assert ready.ready_median.shape == ready.ready_max.shape == (16, 2)
+    assert (ready.window_steps == 1).all()
+    # One replica per worker: the median is the step's own time, nobody to wait for.
+    assert np.array_equal(ready.ready_median, ready.ready_max)
+    assert (ready.ready_median >= 0).all() and (ready.ready_median < 5).all()
+    assert (np.median(ready.ready_median, axis=0) > 0).all()
+    assert (ready.wait_median == 0).all()
 
 
 def test_clean_job_has_zero_cross_worker_drift(report):
@@ -322,6 +335,14 @@ def test_routes_show_the_job(server):
     assert status == 200 and own["replicas"] == [1] and own["workers"] == []
     assert get_json(server, PLUGIN + "/step_time?run=nope")[0] == 404
     assert get_json(server, PLUGIN + "/step_time")[0] == 400
+    # Each worker's replica's ready times, on the job's replica axis.
+    _, fit = get_json(server, PLUGIN + "/step_time?run=mw_fit_tf_keras/replicas")
+    ready = fit["ready"]
+    assert (ready["replicas"], ready["workers"]) == ([0, 1], ["worker_0", "worker_1"])
+    assert ready["steps"] == list(range(16)) and ready["warm_up"] is True
+    assert np.array(ready["median"]).shape == (16, 2) and np.array(ready["wait"]).shape == (16, 2)
+    assert all(t > 0 for t in ready["median_ready"]) and ready["median_wait"] == [0, 0]
+    assert [w["name"] for w in fit["workers"]] == ["worker_0", "worker_1"]
     # A single-worker run has no step times.
     _, single = get_json(server, PLUGIN + "/step_time?run=balanced/replicas")
     assert single["steps"] == [] and single["workers"] == []
@@ -341,6 +362,11 @@ def test_report_json_and_text(report):
     text = report.to_text()
     assert "multi-worker job: 2 workers" in text
     assert "worker_1 (replicas 1): busy" in text
+    fit = runs["mw_fit_tf_keras/replicas"]["replica_time"]
+    assert (fit["replicas"], fit["workers"]) == ([0, 1], ["worker_0", "worker_1"])
+    assert fit["windows"] == 15 and fit["slow_replicas"] == []  # the first (warm-up) left out
+    assert all(t > 0 for t in fit["median_ready"]) and fit["median_wait"] == [0, 0]
+    assert "    replica 1 (CPU:0 on worker_1): ready " in text
 
 
 def test_report_read_by_two_processes_is_the_same(demo_logs):

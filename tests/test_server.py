@@ -118,8 +118,11 @@ def test_gradients_route_fit_17_8(server):
     assert body["nonfinite"] == []
     _, runs = get_json(server, PLUGIN + "/runs")
     families = {r["run"]: r["families"] for r in runs["runs"]}
-    assert families["fit_17_8/replicas"][:2] == ["inputs", "gradients"]
+    # fit's steps are timed (each replica's ready time: step_time); a custom loop without
+    # `probe.step()` has none.
+    assert families["fit_17_8/replicas"][:3] == ["inputs", "step_time", "gradients"]
     assert "gradients" not in families["loop_15_7/replicas"]
+    assert "step_time" not in families["loop_15_7/replicas"]
 
 
 @pytest.mark.parametrize(

@@ -348,10 +348,14 @@ def test_a_job_keeps_the_kind_and_structure_of_its_workers_ragged_inputs():
     assert merged.batch_size.tolist() == [[4, 3]]
 
 
-def test_joined_stats_of_every_replica_equal_the_per_replica_stats():
+def test_packed_stats_equal_the_exact_stats_where_every_value_is_finite():
+    """What each replica sends every step (sum, min, max, L2 norm of a dense numeric leaf, in
+    its own float dtype) gives its stats where every value is finite (to float32's precision for
+    a float32 leaf); where one is not, the fault branch's exact stats (`leaf_stats`) are taken:
+    together, the stats of every replica."""
     import tensorflow as tf
 
-    from tb_replica_plugin.families.watch import record
+    from tb_replica_plugin.families.watch import stats
 
     x = np.arange(12, dtype="float32").reshape(3, 4)
     x[1, 2], x[2, 0] = np.nan, np.inf
@@ -362,13 +366,24 @@ def test_joined_stats_of_every_replica_equal_the_per_replica_stats():
         [tf.constant(3.0), tf.constant(float("nan"))],  # scalars: nrows 1
     ]
     for values in cases:
-        assert record._vectorizable(values)
-        joined = record.dense_leaf_stats(values).numpy()
-        each = np.stack([record.leaf_stats(v).numpy() for v in values], axis=1)
-        np.testing.assert_allclose(joined, each, rtol=1e-12, equal_nan=True)
-    # Replica 0 of the first case: min 0, max 11 (Inf and NaN left out), 1 NaN, 1 Inf, 12 values.
-    first = record.dense_leaf_stats(cases[0]).numpy()[:, 0]
+        assert stats.packable(values)
+        exact = np.stack([stats.leaf_stats(v).numpy() for v in values], axis=1)
+        packed = tf.stack([tf.cast(tf.stack(stats.packed_values(v)), tf.float64) for v in values])
+        broken = tf.logical_not(tf.math.is_finite(packed[:, 0]))  # the sum
+        sizes = tf.constant([[float(np.size(v)) for v in values]], tf.float64)
+        nrows = tf.constant([[float(v.shape[0]) if v.shape.rank else 1.0 for v in values]])
+        nrows = tf.cast(nrows, tf.float64)
+        # The fault branch's rows, taken where `broken`: the exact stats of every replica.
+        host = stats.host_stats(packed, sizes, nrows, tf.constant(exact.T), broken).numpy()[0]
+        np.testing.assert_allclose(host, exact, rtol=1e-6, equal_nan=True)
+        # The packed values alone where every value is finite.
+        finite = ~broken.numpy()
+        alone = stats.host_stats(packed, sizes, nrows, None, broken).numpy()[0]
+        np.testing.assert_allclose(alone[:, finite], exact[:, finite], rtol=1e-6, equal_nan=True)
+    # Replica 0 of the first case (from the fault branch): min 0, max 11 (Inf and NaN left
+    # out), 1 NaN, 1 Inf, 12 values, 3 rows.
+    first = stats.leaf_stats(cases[0][0]).numpy()
     assert first[[0, 1, 4, 5, 6, 7]].tolist() == [0.0, 11.0, 1.0, 1.0, 12.0, 3.0]
     ragged = [tf.ragged.constant([[1.0], [2.0, 3.0]]), tf.ragged.constant([[4.0]])]
-    assert not record._vectorizable(ragged)
-    assert not record._vectorizable([tf.constant([1.0]), tf.constant([1], tf.int32)])
+    assert not stats.packable(ragged)
+    assert not stats.packable([tf.constant(["a"])])

@@ -75,7 +75,7 @@ def run_end(how, error=None, step=None, findings=(), context=()):
 
 class Lifecycle:
     """`ProbeCore`'s begin, end and host steps of a stretch of training (a mixin: it uses the
-    probe's `_lock`, `_core`, `_disabled_reason`, `_recorders`, `_host_steps`, `flush`,
+    probe's `_lock`, `_core`, `_disabled_reason`, `_recorders`, `_axis`, `flush`,
     `_flush_writer` and `warn_failed`)."""
 
     def begin_run(self, how):
@@ -123,27 +123,42 @@ class Lifecycle:
             self._lock.release()
         self.flush()
 
-    def mark_step(self, begun=None, completed=None):
-        """Host side: the step the host began (before the step function's call) or saw complete
-        (after it returned), for what knows its steps (the callback's train function); the status
-        family's heartbeat reads them (`host_steps`)."""
-        last_begun, last_completed = self._host_steps
-        self._host_steps = (
-            last_begun if begun is None else begun,
-            last_completed if completed is None else completed,
-        )
+    def _init_lifecycle(self):
+        self._host_origin = None  # the step the host's count starts from (`set_step`)
+        self._host_returned = 0  # steps of the step function's calls that returned since
+        self._host_in_call = False
+
+    def _set_host_origin(self, step):
+        self._host_origin, self._host_returned, self._host_in_call = step, 0, False
+
+    def mark_call(self, returned=None):
+        """Host side, for what calls the step function itself (the callback's train function):
+        before a call (`returned=None`), and after it returned `returned` steps. The host's
+        view of where training is (`host_steps`) counts these calls from the step `set_step`
+        set: no step number is kept here, and nothing is read from the device."""
+        if returned is None:
+            self._host_in_call = True
+        else:
+            self._host_returned += int(returned)
+            self._host_in_call = False
 
     @property
     def host_steps(self):
-        """`(last step begun, last step completed)` as `mark_step` set them (None: unknown)."""
-        return self._host_steps
+        """`(step being run or next to run, last step completed)` as the host counts the step
+        function's calls (`mark_call`), `(None, None)` for a probe whose owner does not mark
+        them (custom loops)."""
+        origin = self._host_origin
+        if origin is None:
+            return (None, None)
+        current = origin + self._host_returned
+        completed = current - 1 if self._host_returned else None
+        return (current if self._host_in_call else completed, completed)
 
     def recorded_step(self):
-        """The last step any family recorded (host side: their in-graph step counters, or the
-        step the host began), None before any. Safe from another thread."""
-        steps = [self._host_steps[0]]
-        for recorder in list(self._recorders.values()):
-            step = recorder.next_step()
-            steps.append(None if step is None else step - 1)
-        known = [step for step in steps if step is not None]
+        """The step training is at: the later of the step axis's current step (`core.steps`:
+        the latest record's; the start - 1 before any) and the step the host entered
+        (`host_steps`: a step whose call has not returned, so none of its records may have
+        arrived: a crash or a hang in it is at that step). None before the probe is built.
+        Safe from another thread."""
+        known = [s for s in (self._axis.current(), self.host_steps[0]) if s is not None]
         return max(known) if known else None

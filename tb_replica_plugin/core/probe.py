@@ -32,6 +32,8 @@ from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.flusher import FLUSHER
 from tb_replica_plugin.core.lifecycle import Lifecycle
 from tb_replica_plugin.core.recorder import host_variable, recorder_classes, run_if
+from tb_replica_plugin.core.shipping import Shipping
+from tb_replica_plugin.core.steps import StepAxis
 
 logger = logging.getLogger("tb_replica_plugin.probe")
 
@@ -100,7 +102,7 @@ def check_flush_secs(flush_secs):
         raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
 
 
-class ProbeCore(Lifecycle):
+class ProbeCore(Shipping, Lifecycle):
     """Writer, recording gate, step decision, warn-once and family dispatch of `ReplicaProbe`.
 
     See `tb_replica_plugin.ReplicaProbe` for the arguments.
@@ -138,7 +140,9 @@ class ProbeCore(Lifecycle):
         self._lock = threading.RLock()  # host-side writer use (main and flush threads)
         self._next_flush = 0.0
         self._dir_identity = None
-        self._host_steps = (None, None)  # `Lifecycle.mark_step`
+        self._axis = StepAxis()  # the one step every family records at (`core.steps`)
+        self._init_lifecycle()
+        self._init_shipping()
         self._recorders = {name: cls(self) for name, cls in recorder_classes()}
 
     # ------------------------------------------------------------------ set-up
@@ -173,6 +177,11 @@ class ProbeCore(Lifecycle):
     @property
     def num_replicas(self):
         return len(self._static["devices"])
+
+    @property
+    def step_axis(self):
+        """The probe's step axis (`core.steps.StepAxis`)."""
+        return self._axis
 
     @property
     def branches_as_functions(self):
@@ -247,6 +256,7 @@ class ProbeCore(Lifecycle):
                     # `ReplicaCallback` sets it to the last step of each epoch.
                     "log_at": host_variable(tf.constant(-1, tf.int64), name="probe_log_at"),
                 }
+            self._axis.create(self._axis.start)
             for recorder in self._recorders.values():
                 recorder.create_state()
         self._next_flush = time.monotonic() + self.flush_secs
@@ -257,38 +267,51 @@ class ProbeCore(Lifecycle):
     # ------------------------------------------------------------ the step decision
 
     def recording(self):
-        """The recording gate (bool tensor): False once recording stopped."""
-        return self._core["recording"].read_value()
+        """The recording gate (bool tensor): False once recording stopped (read once per step)."""
+        return self._decision("recording", None, self._core["recording"].read_value)
 
     def logged(self, step):
         """Whether `step` writes the dense series in-graph (bool tensor): every `update_freq`
         steps; never with `update_freq=None` (the host writes the window then)."""
         if self.update_freq is None:
             return tf.constant(False)
-        return tf.equal(step % self.update_freq, 0)
+        return self._decision("logged", step, lambda: tf.equal(step % self.update_freq, 0))
 
     def sampled(self, step):
         """Whether `step` runs the sampled work (bool tensor): every `examples_every` steps, every
         logged step, and the step set by `sample_last_of`."""
-        sampled = tf.equal(step % self.examples_every, 0)
-        if self.update_freq is not None and self.update_freq != self.examples_every:
-            sampled = tf.logical_or(sampled, tf.equal(step % self.update_freq, 0))
-        return tf.logical_or(sampled, tf.equal(step, self._core["log_at"].read_value()))
 
-    def sample_last_of(self, first, steps):
-        """Host side: also sample the step `first + steps - 1` (the callback's epoch ends)."""
+        def compute():
+            sampled = tf.equal(step % self.examples_every, 0)
+            if self.update_freq is not None and self.update_freq != self.examples_every:
+                sampled = tf.logical_or(sampled, tf.equal(step % self.update_freq, 0))
+            return tf.logical_or(sampled, tf.equal(step, self._core["log_at"].read_value()))
+
+        return self._decision("sampled", step, compute)
+
+    def sample_last_of(self, steps):
+        """Host side: also sample the last of the next `steps` steps (the callback's epoch
+        ends: the step the host writes the window at)."""
         if self._core is not None and not self._disabled_reason:
-            self._core["log_at"].assign(int(first) + int(steps) - 1)
+            self._core["log_at"].assign(self._axis.current() + int(steps))
 
     def set_step(self, step):
-        """Sets the step the next call of every family without `step=` records at.
+        """Sets the step the next step scope, and the next call of every family without
+        `step=`, records at (`core.steps`).
 
         Args:
-          step: an int (or int tensor); each family counts its own calls up from it.
+          step: an int (or int tensor).
         """
         if self.build():
-            for recorder in self._recorders.values():
-                recorder.set_step(step)
+            self._axis.set(int(step))
+            self._set_host_origin(int(step))
+
+    def next_step(self):
+        """The step the next step scope records at (host side), None before the probe is built
+        or after it is closed."""
+        if self._core is None:
+            return None
+        return self._axis.current() + 1
 
     # -------------------------------------------------------------- dispatch helpers
 
@@ -376,14 +399,18 @@ class ProbeCore(Lifecycle):
         return self._lock
 
     def write(self, condition, tag, value_fn, step, kind):
-        """Queues one summary in the writer when `condition` holds (in-graph or eagerly).
+        """Queues one summary in the writer when `condition` holds and recording is on
+        (in-graph or eagerly).
 
         `tf.summary.write` inside `writer.as_default()` would add a flush op to the step's graph
         on exit, and so an I/O error (full disk, removed directory) would fail the training step.
-        The raw `WriteSummary` op only queues the event; host-side flushes write the file.
+        The raw `WriteSummary` op only queues the event; host-side flushes write the file. The
+        recording gate is read only where `condition` holds (a cond in the taken branch), so a
+        write costs a step that does not write nothing but its condition.
         """
         serialized = metadata.create_summary_metadata(kind).SerializeToString()
         resource = self._writer._resource  # noqa: SLF001 - the writer's resource handle
+        gate = self._core["recording"]
 
         def write():
             with tf.device("/cpu:0"):
@@ -395,7 +422,7 @@ class ProbeCore(Lifecycle):
                     summary_metadata=serialized,
                 )
 
-        run_if(condition, write)
+        run_if(condition, lambda: run_if(gate.read_value(), write))
 
     def write_now(self, tag, value_fn, step, kind):
         """Host side: queues one summary now (outside any graph)."""

@@ -6,7 +6,7 @@ and, for the public API, a `Recording` mixin whose `observe_*` methods become me
 
 - `create_state()` when it builds (outside any graph, before the first step is traced: variables
   created inside a `tf.function`'s first trace make TensorFlow trace it a second time);
-- `set_step(step)` when the step axis is set;
+- `delivered(delivery)` after each transfer was delivered (`core.transfer`: the step time);
 - `write_window()` when the dense series' pending window must be written (epoch ends, `flush`,
   `close`): host-side writes of what was kept in the state;
 - `begun(how)`, `before_flush(now)` and `ended(ending)` around a stretch of training: when it
@@ -14,7 +14,9 @@ and, for the public API, a `Recording` mixin whose `observe_*` methods become me
   record; the others do nothing);
 - `close()` when the probe closes.
 
-Everything a recorder does in-graph goes through its probe: `probe.write(...)` queues a summary,
+Everything a recorder does in-graph goes through its probe: it puts its per-replica values in the
+step's transfer (`probe.transfer()`, `core.transfer`) with a host handler, which records at
+`probe.step_of(...)` (the one step axis, `core.steps`); `probe.write(...)` queues a summary;
 `probe.logged(step)` / `probe.sampled(step)` are the one step-level decision every family shares;
 `run_if(condition, body)` runs work only where such a decision holds.
 """
@@ -114,7 +116,6 @@ class Recorder:
     def __init__(self, probe):
         self.probe = probe
         self.state = {}
-        self._start_step = 0
 
     def variable(self, name, initial, dtype=None, shape=None):
         """Creates one state variable on the host CPU (called from `create_state`).
@@ -137,32 +138,12 @@ class Recorder:
     def create_state(self):
         """Creates the family's variables (host side, once). Default: none."""
 
-    def set_step(self, step):
-        """The step the next call without `step=` records at (host side).
-
-        Kept for `create_state`, and written to slot 0 of the family's int64 `counters` state
-        when it has one (the convention: slot 0 is the family's next step).
-        """
-        self._start_step = step
-        counters = self.state.get("counters")
-        if counters is not None:
-            counters.assign(tf.tensor_scatter_nd_update(counters, [[0]], [tf.cast(step, tf.int64)]))
+    def delivered(self, delivery):
+        """Called after every transfer was delivered, in the step's graph (cross-replica
+        context, on the host; `delivery`: a `core.transfer.Delivery`). Default: nothing."""
 
     def write_window(self):
         """Writes what the in-graph steps kept but did not write (host side). Default: nothing."""
-
-    def next_step(self):
-        """The step the family's next call without `step=` records at (host side; slot 0 of its
-        int64 `counters`, the largest for a family with one row per name), None without state.
-
-        Read by the status family's heartbeat from its own thread: a host variable read.
-        """
-        counters = self.state.get("counters")
-        if counters is None:
-            return None
-        with tf.init_scope():  # also when the probe is built inside a step's first trace
-            values = counters.numpy()
-        return int(values[0]) if values.ndim == 1 else int(values[:, 0].max())
 
     def fault_state(self):
         """Host side: the every-step fault state (`core.halt.FaultState`) of a family that
@@ -188,8 +169,7 @@ class Recorder:
 
 def write_sides():
     """`[(family name, Recorder class, Recording mixin or None)]` of every registered family with
-    a write side (`Family.write_side`), in registry order; step_time, recorded by inputs, has
-    none."""
+    a write side (`Family.write_side`), in registry order."""
     sides = []
     for family in registry.families():
         if family.write_side is not None:

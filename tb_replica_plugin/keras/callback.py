@@ -60,8 +60,9 @@ from tb_replica_plugin.probe import (
     check_update_freq,
 )
 
-# Set on the model at the end of an instrumented fit: the step the next fit starts from.
-NEXT_STEP_ATTR = "_tb_replica_next_step"
+# Set on the model by an instrumented fit: its probe's step axis (`core.steps`), where the next
+# fit of the model, with this callback or another, continues the steps.
+STEP_AXIS_ATTR = "_tb_replica_step_axis"
 # Set on the model while a ReplicaCallback's hooks are installed: that callback.
 INSTALLED_ATTR = "_tb_replica_installed_by"
 
@@ -222,11 +223,9 @@ class ReplicaCallback(*compat.callback_bases()):
         self._armed = False  # set_model ran: the next make_train_function is this fit's
         self._training = False
         self._traced = None  # (what it depends on, the instrumented train function)
-        self._whole_checked_at = None  # the step of this fit's last full drift check
         self._outputs_capture = None
         self._batches = LossCapture()  # the step's named batch, for the culprit capture
         self.stopped_by = []  # the findings that stopped the last fit (halt_on)
-        self._host_step = 0  # the step the train function runs next (the status heartbeat's)
         self._steps_per_call = 1
 
     @property
@@ -274,10 +273,10 @@ class ReplicaCallback(*compat.callback_bases()):
         try:
             first_step = self._initial_step()
             self._probe.set_step(first_step)
+            self.model.__dict__[STEP_AXIS_ATTR] = self._probe.step_axis
             self._probe.begin_run("fit")
-            self._host_step = first_step
             self._steps_per_call = compat.steps_per_execution(self.model)
-            self._whole_checked_at = first_step - 1  # no full check in this fit yet
+            self._probe.recorder("variables").whole_checked_at = first_step - 1  # none this fit
         except Exception as error:  # noqa: BLE001 - never break the training it watches
             warnings.warn(
                 "tb_replica_plugin: ReplicaCallback could not start recording, training goes "
@@ -341,7 +340,7 @@ class ReplicaCallback(*compat.callback_bases()):
         """Restores the model and writes what was recorded: at train end, or when a step raised
         `error` (recorded as how the fit ended, at the step it was raised at).
 
-        Also keeps where the steps stopped, so that the next fit continues the step axis.
+        The next fit continues the steps from the probe's step axis (`STEP_AXIS_ATTR`).
         """
         self._training = False
         try:
@@ -351,12 +350,6 @@ class ReplicaCallback(*compat.callback_bases()):
                 step = self._probe.host_steps[0] if error is not None else None
                 context = traceback.extract_stack()[:-2] if error is not None else ()
                 self._probe.end_run("fit", error, step, self.stopped_by, context)
-                try:
-                    next_step = self._probe.next_step()
-                    if next_step is not None:
-                        setattr(model, NEXT_STEP_ATTR, next_step)
-                except Exception:  # noqa: BLE001 - only keeps the step axis of a next fit
-                    pass
 
     # ------------------------------------------------------------------ helpers
 
@@ -372,21 +365,30 @@ class ReplicaCallback(*compat.callback_bases()):
             exact, budget = False, self.variables_budget  # and the steps' slices rotate
         else:
             return  # every logged step checks every element
-        last, spacing = self._whole_checked_at, self.variables_budget
-        self._whole_checked_at = observe_at_epoch_end(
-            self._probe, self.model, exact, budget, spacing=spacing, last=last, final=final
+        recorder = self._probe.recorder("variables")
+        recorder.whole_checked_at = observe_at_epoch_end(
+            self._probe,
+            self.model,
+            exact,
+            budget,
+            spacing=self.variables_budget,
+            last=recorder.whole_checked_at,
+            final=final,
         )
 
     def _initial_step(self):
         """Where this fit's steps start: a second `fit` of the same model continues the axis.
 
         The optimizer's `iterations` (so that a model restored from a checkpoint continues
-        too), but never below where the last instrumented fit of this model stopped: Keras 3's
-        loss-scale optimizer does not count the overflow steps it skips, so under mixed precision
-        `iterations` falls behind the steps `fit` ran.
+        too), but never below the step after the last one the model's last instrumented fit
+        recorded (its probe's step axis): Keras 3's loss-scale optimizer does not count the
+        overflow steps it skips, so under mixed precision `iterations` falls behind the steps
+        `fit` ran.
         """
         iterations = compat.optimizer_iterations(self.model) or 0
-        return max(iterations, getattr(self.model, NEXT_STEP_ATTR, 0))
+        axis = self.model.__dict__.get(STEP_AXIS_ATTR)
+        current = axis.current() if axis is not None else None
+        return max(iterations, 0 if current is None else current + 1)
 
     def _traced_key(self, model):
         """What the kept train function depends on besides the model: a recompiled model (new
@@ -497,8 +499,7 @@ class ReplicaCallback(*compat.callback_bases()):
         """`instrumented`, restoring the model and flushing when an exception escapes a step."""
 
         def train_function(*args, **kwargs):
-            step = self._host_step
-            self._probe.mark_step(begun=step)
+            self._probe.mark_call()
             try:
                 result = instrumented(*args, **kwargs)
             except (StopIteration, tf.errors.OutOfRangeError):
@@ -506,8 +507,7 @@ class ReplicaCallback(*compat.callback_bases()):
             except BaseException as error:  # KeyboardInterrupt too; it goes on unchanged
                 self._finish(model, error)
                 raise
-            self._probe.mark_step(completed=step)
-            self._host_step = step + self._steps_per_call
+            self._probe.mark_call(returned=self._steps_per_call)
             return result
 
         return train_function
@@ -526,25 +526,28 @@ class ReplicaCallback(*compat.callback_bases()):
         batches = self._batches
 
         def train_step(data):
-            try:
-                batch = inputs_record.name_fit_batch(data)
-            except Exception as error:  # noqa: BLE001 - never break the training it watches
-                probe.warn_failed("inputs", error)
-            else:
-                batches.put(batch)
-                for observe in observers:
-                    observe(batch)
-            logs = original(data)
-            if outputs is not None:
-                watch_outputs(probe, outputs)
-            if per_step_variables:
-                # Replica context: a merge_call, then the check under a tf.cond (every N steps).
+            # One step: every family's values of each replica leave its device once, at the
+            # end, as one vector (`ReplicaProbe.step`), and each replica's ready time is taken.
+            with probe.step():
                 try:
-                    variables = fit_variables(model)
-                except Exception as error:  # noqa: BLE001 - never break the training
-                    probe.warn_variables_failed(error)
+                    batch = inputs_record.name_fit_batch(data)
+                except Exception as error:  # noqa: BLE001 - never break the training it watches
+                    probe.warn_failed("inputs", error)
                 else:
-                    probe.observe_variables(variables, exact=exact, budget=budget)
+                    batches.put(batch)
+                    for observe in observers:
+                        observe(batch)
+                logs = original(data)
+                if outputs is not None:
+                    watch_outputs(probe, outputs)
+                if per_step_variables:
+                    # Replica context: a merge_call, the check under a tf.cond (every N steps).
+                    try:
+                        variables = fit_variables(model)
+                    except Exception as error:  # noqa: BLE001 - never break the training
+                        probe.warn_variables_failed(error)
+                    else:
+                        probe.observe_variables(variables, exact=exact, budget=budget)
             return logs
 
         return train_step

@@ -1,22 +1,26 @@
 """The toy family write side: one int32 count per replica, written at every logged step.
 
-A family's whole write side: a `Recorder` (its state, created before any trace) whose `observe`
-is called in replica context; the probe (`probe.recorder("toy")`) creates it from the registry.
+A family's whole write side: a `Recorder` whose `observe` is called in replica context; the probe
+(`probe.recorder("toy")`) creates it from the registry. Its cross-replica part puts each replica's
+count in the step's transfer (`probe.transfer()`: one vector per replica and step, whatever the
+families) and registers what the host does with them once delivered, at the step of the step
+axis (`probe.step_of`).
 """
+
+import functools
 
 import tensorflow as tf
 
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from toy_family import schema
 
+_COUNT = ("toy", "count")
+
 
 class Recorder(RecorderBase):
     """Counts observed per replica, written every `update_freq` steps."""
 
     name = "toy"
-
-    def create_state(self):
-        self.variable("step", int(self._start_step), tf.int64)
 
     def observe(self, count):
         """Records this replica's `count` (an int scalar) at the next step (replica context)."""
@@ -30,8 +34,19 @@ class Recorder(RecorderBase):
 
     def _merge(self, strategy, count):
         probe = self.probe
-        counts = tf.cast(tf.stack(probe.local_values(strategy, count)), tf.int32)
-        step = self.state["step"].read_value()
+        transfer = probe.transfer()
+        for packet, value in zip(
+            transfer.packets, probe.local_values(strategy, count), strict=True
+        ):
+            with tf.device(packet.device):  # the reshape on the replica's device: no copy
+                packet.ints(_COUNT, tf.reshape(value, [1]))
+        transfer.on_host(self.name, functools.partial(self._deliver))
+        probe.ship(transfer)
+
+    def _deliver(self, delivery):
+        probe = self.probe
+        counts = tf.cast(delivery.value(_COUNT)[:, 0], tf.int32)
+        step = probe.step_of(delivery, self.name)
         probe.write(
             tf.logical_and(probe.logged(step), probe.recording()),
             schema.TAG_TOY_COUNTS,
@@ -39,4 +54,3 @@ class Recorder(RecorderBase):
             step,
             schema.KIND_TOY_COUNTS,
         )
-        self.state["step"].assign_add(1)

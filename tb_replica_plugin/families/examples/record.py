@@ -214,9 +214,11 @@ class OverlapStats:
         return self
 
 
-# Slots of the family's packed int64 counters: next step, step of the last sample, sampled steps
-# since the last write.
-_STEP, _LAST_STEP, _WIN_COUNT = range(3)
+# Slots of the family's packed int64 counters: step of the last sample, sampled steps since the
+# last write.
+_LAST_STEP, _WIN_COUNT = range(2)
+# The family's value in a step's transfer: each replica's batch, read at sampled steps only.
+_BATCH = ("examples", "batch")
 
 
 class Recorder(RecorderBase):
@@ -227,7 +229,7 @@ class Recorder(RecorderBase):
     def create_state(self):
         num = self.probe.num_replicas
         width = 4 + SKETCH_SIZE
-        self.variable("counters", [int(self._start_step), -1, 0], tf.int64)
+        self.variable("counters", [-1, 0], tf.int64)
         self.variable("last_examples", tf.zeros([num, width], tf.int64))
         self.variable("last_overlap", tf.zeros([3, num, num], tf.int64))
         self.variable("win_dup", tf.zeros([num], tf.int64))
@@ -236,21 +238,33 @@ class Recorder(RecorderBase):
 
     def sample_last_of(self, steps):
         """Host side: also sample the last of the next `steps` steps (an epoch's last)."""
-        counters = self.state.get("counters")
-        if counters is not None:
-            self.probe.sample_last_of(int(counters.numpy()[_STEP]), steps)
+        if self.state:
+            self.probe.sample_last_of(steps)
 
     def merge(self, strategy, leaves, *, step):
+        """Cross-replica part of `observe_examples`: every replica's batch handed to the host's
+        part (`_deliver`), which reads it at sampled steps only."""
         probe = self.probe
+        transfer = None
         try:
             per_replica = [probe.local_values(strategy, leaf, composite=True) for leaf in leaves]
+            transfer = probe.transfer()
+            for replica, packet in enumerate(transfer.packets):
+                packet.keep(_BATCH, [leaf[replica] for leaf in per_replica])
+            transfer.on_host(self.name, functools.partial(self._deliver, step=step))
+        except Exception as error:  # noqa: BLE001
+            if transfer is not None:
+                transfer.drop(self.name)
+            probe.warn_failed("data", error)
+            return
+        probe.ship(transfer)
+
+    def _deliver(self, delivery, *, step):
+        probe = self.probe
+        try:
+            per_replica = [list(leaves) for leaves in zip(*delivery.kept(_BATCH), strict=True)]
             devices = probe.static["devices"]
-            counters = self.state["counters"]
-            if step is None:
-                step_value = counters.read_value()[_STEP]
-                counters.assign_add(tf.constant([1, 0, 0], tf.int64))
-            else:
-                step_value = tf.cast(step, tf.int64)
+            step_value = probe.step_of(delivery, self.name, step)
 
             def sample():
                 joined = fingerprints_across(per_replica)
@@ -310,10 +324,7 @@ class Recorder(RecorderBase):
             ("win_steps", win_steps),
         ):
             state[name].assign(value)
-        # The step slot may have moved on in this step (the counter is advanced before the cond).
-        state["counters"].assign(
-            tf.stack([state["counters"].read_value()[_STEP], step_value, count])
-        )
+        state["counters"].assign(tf.stack([step_value, count]))
 
     def _write(self, examples, overlap, step, condition):
         probe = self.probe
@@ -368,8 +379,8 @@ class Recording:
         Args:
           batch: the (nested) structure of input tensors; every leaf with a leading batch
             dimension is part of an example's fingerprint.
-          step: the step to record at; when omitted the probe counts `observe_examples` calls
-            from 0 (or from `set_step`).
+          step: the step to record at; when omitted, the step of the step axis (see
+            `observe_inputs`).
 
         Example:
           ```python

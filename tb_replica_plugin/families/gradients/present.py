@@ -17,7 +17,7 @@ from tb_replica_plugin.core.downsample import (
     nanmedian,
     pool_replicas,
 )
-from tb_replica_plugin.families.gradients import read, rules
+from tb_replica_plugin.families.gradients import read, rules, schema
 
 ARGS = {
     "max_points": args.parse_max_points,
@@ -26,6 +26,15 @@ ARGS = {
     "batch_replica": args.parse_optional_int("batch_replica"),
     "replica_blocks": args.parse_replica_blocks,
 }
+
+
+def _nonfinite_event(step, counts):
+    """One `gradients/nonfinite` event as JSON: its step and each row (`schema.NONFINITE_ROWS`)
+    per replica."""
+    event = {"step": int(step)}
+    for row, name in enumerate(schema.NONFINITE_ROWS):
+        event[name] = counts[row].tolist()
+    return event
 
 
 def gradients_body(series, max_points, step=None, replica_blocks=None):
@@ -86,13 +95,7 @@ def gradients_body(series, max_points, step=None, replica_blocks=None):
         "layer_norms": layer_norms,
         "layer_ratio": layer_ratio,
         "nonfinite": [
-            {
-                "step": int(event_step),
-                "grad_nan": counts[0].tolist(),
-                "grad_inf": counts[1].tolist(),
-                "loss_nan": counts[2].tolist(),
-                "loss_inf": counts[3].tolist(),
-            }
+            _nonfinite_event(event_step, counts)
             for event_step, counts in zip(series.nonfinite_steps, series.nonfinite, strict=True)
         ],
         "batches": [captured.to_json() for captured in series.batches],
@@ -171,13 +174,7 @@ def gradients_json(series):
         "loss": json_floats(series.loss),
         "variable_norms": json_floats(series.variable_norms),
         "nonfinite": [
-            {
-                "step": int(step),
-                "grad_nan": counts[0].tolist(),
-                "grad_inf": counts[1].tolist(),
-                "loss_nan": counts[2].tolist(),
-                "loss_inf": counts[3].tolist(),
-            }
+            _nonfinite_event(step, counts)
             for step, counts in zip(series.nonfinite_steps, series.nonfinite, strict=True)
         ],
         "batches": [captured.to_json() for captured in series.batches],
@@ -221,7 +218,8 @@ def gradients_text(series, max_events=20):
             :max_events
         ]:
             parts = [
-                f"replica {replica} {counts[0, i]}/{counts[1, i]}, {counts[2, i]}/{counts[3, i]}"
+                f"replica {replica} {counts[schema.GRAD_NAN, i]}/{counts[schema.GRAD_INF, i]}, "
+                f"{counts[schema.LOSS_NAN, i]}/{counts[schema.LOSS_INF, i]}"
                 for i, replica in enumerate(series.replicas)
                 if counts[:, i].sum()
             ]

@@ -1,44 +1,44 @@
 """Gradients family, write side: local (pre all-reduce) gradient norms, loss, NaN/Inf per replica.
 
-`replica_stats` runs on one replica's device, in replica context (or under `tf.device` of that
-replica in cross-replica context), on the gradients that replica computed. It reduces them to a
-few scalars per variable, so only `V + 2` floats and 4 ints per replica ever leave the device:
+Each replica reduces its own gradients on its device (`replica.replica_values`: one sum of squares
+per variable, and its loss), and those `V + 1` floats go into the step's one transfer
+(`core.transfer`); the exact NaN/Inf counts are taken in the replica's fault branch, on its
+device, only where they are not finite (`replica.nonfinite_counts`). On the host the recorder
+(`Recorder._deliver`, in named steps):
 
-- the sum of squares of every variable's gradient (`sq`, float32 [V]), from which the per-variable
-  norms and the global norm (`sqrt(sum(sq))`) follow;
-- the loss (float32 scalar);
-- NaN/Inf counts (int32 [4]: NaN in gradients, Inf in gradients, loss NaN, loss Inf).
-
-The counts are cheap to skip: the global squared norm is finite exactly when no gradient holds a
-NaN or an Inf (or the squares overflow float32, beyond ~1.8e19 per element), so each replica
-only computes that flag (with the loss check); the exact counts are computed only where a flag
-is False: on CPU replicas in one `If` per replica on its device (its gradients stay there), on
-accelerators in one `tf.cond` on the host over every replica (`nonfinite_counts_across`). A step
-without NaN/Inf costs the V reductions (one `l2_loss` each) and one scalar `is_finite` per
-replica.
+1. writes the variables' names and shapes when they change (`gradients/variables`);
+2. at a step where some replica's values are not finite, writes that replica's counts
+   (`gradients/nonfinite`), captures the culprit batches and updates the fault state `halt_on`
+   reads (`_check_faults`, under a `tf.cond`: a clean step pays its predicate);
+3. writes the norms and loss at logged steps (`gradients/norms`), or keeps the last step's values
+   for the host's window write (`_keep_or_write_norms`).
 """
 
 import functools
 import hashlib
 import json
 
-import numpy as np
 import tensorflow as tf
 
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.halt import FaultState
 from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.core.recorder import cond_value, run_if
-from tb_replica_plugin.families.gradients import capture, schema
+from tb_replica_plugin.core.recorder import run_if
+from tb_replica_plugin.families.gradients import capture, replica, schema
+from tb_replica_plugin.families.gradients.replica import (  # noqa: F401 - the family's helpers
+    nonfinite_counts,
+    replica_values,
+)
 
 # What the recorded gradient norms are the norms of (stored in the `gradients/variables` event).
 SCALING_REPLICA_LOSS = "replica_loss"  # the gradient of the replica's own loss (fit, Keras losses)
 SCALING_AS_GIVEN = "as_given"  # the gradients as given, divided by `scale`
 
-
-# Rows of the int32 [4, R] non-finite counts.
-NONFINITE_ROWS = ("grad_nan", "grad_inf", "loss_nan", "loss_inf")
+# Keys of the family's values in a step's transfer.
+_FLOATS = ("gradients", "sq_loss")
+_COUNTS = ("gradients", "counts")
+_BATCH = ("gradients", "batch")
 
 
 def variable_name(variable, index):
@@ -91,209 +91,23 @@ def pair_gradients(grads, variables):
     return [g for g, _ in kept], [v for _, v in kept]
 
 
-def _dense_values(grad):
-    """The values whose squares sum to the squared norm of `grad` (IndexedSlices combined)."""
-    if isinstance(grad, tf.IndexedSlices):
-        # Rows repeated in the indices add up in the dense gradient: combine them first.
-        unique, position = tf.unique(grad.indices)
-        return tf.math.unsorted_segment_sum(grad.values, position, tf.size(unique))
-    return grad
-
-
-def _as_float32(value):
-    value = tf.convert_to_tensor(value)
-    return value if value.dtype == tf.float32 else tf.cast(value, tf.float32)
-
-
-def _as_float32_factor(value):
-    """A float32 factor: a Python number stays a numpy float32 constant (no op to trace or run at
-    every step); anything else (e.g. a dynamic loss scale) becomes a float32 tensor."""
-    if isinstance(value, (int, float)):
-        return np.float32(value)
-    return _as_float32(value)
-
-
-def _squared_factor(scale):
-    """`2 / scale**2` in float32, what a sum of `l2_loss` values is multiplied by: the float32
-    ops' result, a constant for a Python number (`_as_float32_factor`)."""
-    inverse = np.float32(1.0) / _as_float32_factor(scale)
-    return np.float32(2.0) * (inverse * inverse)
-
-
-def replica_stats(grads, loss=None, scale=1.0, loss_scale=None):
-    """The every-step stats of one replica's gradients, computed where they are (no copy).
+def dense_rows(floats, count, has_loss, scaling):
+    """The dense `[2 + V, R]` float32 tensor of `gradients/norms` from the packed values.
 
     Args:
-      grads: this replica's gradients (tensors or `tf.IndexedSlices`, no None).
-      loss: this replica's loss (scalar tensor), or None when unknown.
-      scale: factor the recorded gradients are divided by (float or scalar tensor), e.g. the
-        loss scale of a `LossScaleOptimizer`.
-      loss_scale: factor the recorded loss is divided by (default: `scale`).
+      floats: float64 [R, ...], every replica's packed values (`replica.packed_floats`).
+      count: V.
+      has_loss: whether the loss follows the sums of squares.
+      scaling: the `replica.HostScaling`.
 
     Returns:
-      A tuple `(sq, loss, healthy, values)`: float32 [V] sums of squares of each gradient divided
-      by `scale**2`, the float32 loss divided by `loss_scale` (NaN when `loss` is None), a bool
-      scalar (the squared global norm and the loss are finite), and the float32 dense gradient
-      values (`IndexedSlices` combined) that `nonfinite_counts` counts in when `healthy` is
-      False.
+      float32 [2 + V, R]: global norm, loss (NaN without one), then the norm of each variable's
+      gradient: as float32 ops on the scaled float32 values give them.
     """
-    values = [_as_float32(_dense_values(g)) for g in grads]
-    if values:
-        # One op per variable: l2_loss(v) = sum(v * v) / 2, the same sum (halving is exact).
-        sq = tf.stack([tf.nn.l2_loss(v) for v in values]) * _squared_factor(scale)
-    else:
-        sq = tf.zeros([0], tf.float32)
-    if loss is None:
-        loss_value = tf.constant(float("nan"), tf.float32)
-        healthy = tf.math.is_finite(tf.reduce_sum(sq))
-    else:
-        loss_divisor = _as_float32_factor(scale if loss_scale is None else loss_scale)
-        loss_value = _as_float32(loss)
-        if loss_value.shape.rank != 0:
-            loss_value = tf.reshape(loss_value, [-1])[0]
-        loss_value = loss_value / loss_divisor
-        healthy = tf.math.is_finite(tf.reduce_sum(sq) + loss_value)
-    return sq, loss_value, healthy, values
-
-
-def stop_flag(stats, loss_only):
-    """float32 1.0 when a replica has a fault that stops the job (`Recorder.sync_faults`), else 0.
-
-    Args:
-      stats: the replica's `replica_stats`.
-      loss_only: under a loss-scale optimizer (with a loss) only a NaN/Inf loss stops: its
-        gradient overflows are expected. Otherwise any NaN/Inf in gradients or loss.
-    """
-    _, loss_value, healthy, _ = stats
-    stop = tf.logical_not(tf.math.is_finite(loss_value) if loss_only else healthy)
-    return tf.cast(stop, tf.float32)
-
-
-def nonfinite_counts(values, loss_value, has_loss):
-    """int32 [4] exact NaN/Inf counts of one replica (rows `NONFINITE_ROWS`).
-
-    Only computed (by the probe, under a `tf.cond`) at a step where some replica's `healthy`
-    flag is False: a finite sum of squares means no gradient element is NaN or Inf.
-
-    Args:
-      values: the replica's float32 gradient values (from `replica_stats`).
-      loss_value: its float32 loss (from `replica_stats`).
-      has_loss: whether a loss was given (else the loss rows are 0).
-    """
-    if values:
-        # One vector of every gradient element (one shape constant for every reshape), then both
-        # counts from one reduction: the branch runs only at a faulty step, but it is traced with
-        # every step function, so it is kept to a few ops.
-        flat_shape = tf.constant([-1])
-        flat = tf.concat([tf.reshape(v, flat_shape) for v in values], axis=0)
-        kinds = tf.stack([tf.math.is_nan(flat), tf.math.is_inf(flat)])
-        counts = tf.reduce_sum(tf.cast(kinds, tf.int32), axis=1)
-    else:
-        counts = tf.zeros([2], tf.int32)
-    if has_loss:
-        loss_kinds = tf.stack([tf.math.is_nan(loss_value), tf.math.is_inf(loss_value)])
-        loss_counts = tf.cast(loss_kinds, tf.int32)
-    else:
-        loss_counts = tf.zeros([2], tf.int32)
-    return tf.concat([counts, loss_counts], axis=0)
-
-
-def nonfinite_counts_across(values, losses, has_loss, devices=None):
-    """int32 [4, R]: `nonfinite_counts` of every replica in one set of ops (cross-replica context).
-
-    Where every replica's gradients have the same static shapes (the usual case: one model), each
-    variable's R gradients are stacked and the counts taken from one [R, elements] matrix on the
-    host CPU: about a third of the ops of one set per replica. The branch runs only at a faulty
-    step, so the copy to the host is rare; it is traced with every step function, so its op count
-    is what a user pays. Otherwise each replica's counts are taken on its own device. The probe
-    uses it where the fault branch is lowered (accelerators); on CPU replicas each replica's
-    counts come from its own `If` instead (`_counts_where_unhealthy`).
-
-    Args:
-      values: `[R][V]` the replicas' float32 gradient values (from `replica_stats`).
-      losses: `[R]` their float32 losses (from `replica_stats`).
-      has_loss: whether a loss was given (else the loss rows are 0).
-      devices: the replicas' devices, where each replica's counts are taken when the shapes
-        differ (default: where `tf.device` says).
-
-    Returns:
-      One column per replica, the rows of `NONFINITE_ROWS`.
-
-    Example:
-      >>> nan = float("nan")
-      >>> nonfinite_counts_across([[tf.constant([nan, 1.0])], [tf.constant([2.0, nan])]],
-      ...                         [tf.constant(1.0), tf.constant(nan)], True).numpy()
-      array([[1, 1],
-             [0, 0],
-             [0, 1],
-             [0, 0]], dtype=int32)
-    """
-    count = len(values)
-    shapes = [[v.shape for v in replica] for replica in values]
-    joinable = (
-        count > 1
-        and values[0]
-        and all(shape.is_fully_defined() for shape in shapes[0])
-        and all(replica == shapes[0] for replica in shapes)
-    )
-    if not joinable:
-        per_replica = []
-        for replica in range(count):
-            with tf.device(devices[replica] if devices else None):
-                per_replica.append(nonfinite_counts(values[replica], losses[replica], has_loss))
-        return tf.stack(per_replica, axis=1)
-    with tf.device("/cpu:0"):
-        # [R, elements]: each variable's gradients stacked over replicas, then flattened.
-        flat = tf.concat(
-            [tf.reshape(tf.stack(column), [count, -1]) for column in zip(*values, strict=True)],
-            axis=1,
-        )
-        kinds = tf.stack([tf.math.is_nan(flat), tf.math.is_inf(flat)])  # [2, R, elements]
-        counts = tf.reduce_sum(tf.cast(kinds, tf.int32), axis=2)  # [2, R]
-        if has_loss:
-            loss = tf.stack(losses)
-            loss_counts = tf.cast(tf.stack([tf.math.is_nan(loss), tf.math.is_inf(loss)]), tf.int32)
-        else:
-            loss_counts = tf.zeros([2, count], tf.int32)
-        return tf.concat([counts, loss_counts], axis=0)
-
-
-def _counts_where_unhealthy(values, loss_value, healthy, has_loss, devices, replica):
-    """One replica's `nonfinite_counts` where its `healthy` flag is False (else zeros), in a
-    functional `If` on its device: a healthy replica's counts are zeros (a finite sum of squares
-    and loss hold no NaN or Inf)."""
-    with tf.device(devices[replica] if replica < len(devices) else None):
-        return cond_value(
-            tf.logical_not(healthy),
-            lambda: nonfinite_counts(values, loss_value, has_loss),
-            lambda: tf.zeros([len(NONFINITE_ROWS)], tf.int32),
-            as_function=True,
-        )
-
-
-def raw_rows(per_replica_sq, per_replica_loss):
-    """float32 `[1 + V, R]`: the loss row, then the sums of squares (cross-replica context).
-
-    What the probe keeps at every step for a host-side write (two ops); `dense_rows` turns it
-    into the written rows.
-    """
-    return tf.concat(
-        [tf.expand_dims(tf.stack(per_replica_loss), 0), tf.stack(per_replica_sq, axis=1)], 0
-    )
-
-
-def dense_rows(raw):
-    """The dense `[2 + V, R]` tensor of `gradients/norms` from `raw_rows`.
-
-    Args:
-      raw: float32 [1 + V, R] from `raw_rows`.
-
-    Returns:
-      float32 [2 + V, R]: global norm, loss, then the norm of each variable's gradient.
-    """
-    sq = raw[1:]  # [V, R]
+    sq, loss = replica.scaled_rows(floats, count, has_loss, scaling)
+    sq = tf.transpose(sq)  # [V, R]
     global_norm = tf.sqrt(tf.reduce_sum(sq, axis=0, keepdims=True))
-    return tf.concat([global_norm, raw[:1], tf.sqrt(sq)], axis=0)
+    return tf.concat([global_norm, loss[None, :], tf.sqrt(sq)], axis=0)
 
 
 def variables_document(names, shapes, static_fields):
@@ -304,9 +118,49 @@ def variables_document(names, shapes, static_fields):
     return text, int.from_bytes(digest, "little")
 
 
-# Slots of the packed int64 counters (one assign per step): next step, names written, names
-# fingerprint, step of `last`, `last` not written yet.
-_STEP, _HAS_NAMES, _NAMES_FP, _LAST_STEP, _PENDING = range(5)
+class _Call:
+    """One call of `observe`: its tensors and what is known of it when tracing."""
+
+    def __init__(self, grads, variables, loss, batch_pairs, **static):
+        self.grads = grads
+        self.loss = loss
+        self.names = variable_names(variables)
+        self.shapes = [variable_shape(v) for v in variables]
+        self.batch_names = [name for name, _ in batch_pairs]
+        self.batch_leaves = [leaf for _, leaf in batch_pairs]
+        self.step = static["step"]
+        self.grad_scale = static["grad_scale"]
+        self.loss_scale = static["loss_scale"]
+        self.scaling_word = static["scaling"]
+        self.loss_scaled = bool(static["loss_scaled"])
+        self.has_loss = loss is not None
+        self.scaling = replica.host_scaling(self.grad_scale, self.loss_scale)
+        self.distributed = isinstance(loss, tf.distribute.DistributedValues) or any(
+            isinstance(g, tf.distribute.DistributedValues) for g in grads
+        )
+
+    @property
+    def loss_only(self):
+        """Only a NaN/Inf loss stops a job: a loss-scale optimizer's overflows are expected."""
+        return self.loss_scaled and self.has_loss
+
+    def document(self, probe):
+        """`(text, fingerprint)` of this call's `gradients/variables` event."""
+        static = probe.static
+        return variables_document(
+            self.names,
+            self.shapes,
+            {
+                "loss": self.has_loss,
+                "scaling": self.scaling_word,
+                "loss_scaled": self.loss_scaled,
+                "replicas": static["replicas"],
+                "devices": static["devices"],
+                "source": probe.source,
+            },
+        )
+
+
 # Slots of the int64 fault state, assigned only at steps with a fault (so never on clean steps):
 # steps with a fault, first such step, last such step, captured steps, and whether the last
 # fault was on a local replica (1) or only on another worker's (0, `sync_faults`).
@@ -320,10 +174,13 @@ class Recorder(RecorderBase):
     name = "gradients"
 
     def create_state(self):
-        self.variable("counters", [int(self._start_step), 0, 0, -1, 0], tf.int64)
-        # Last raw rows (loss, sums of squares), for host-side writes (update_freq=None).
-        self.variable("last", tf.zeros([0, 0]), shape=tf.TensorShape(None))
+        # The last step's packed values (float64 [R, ...]) and its step (-1: written), for the
+        # host's window write (`update_freq=None`).
+        self.variable("last", tf.zeros([0, 0], tf.float64), shape=tf.TensorShape(None))
+        self.variable("pending", -1, tf.int64)
         self.variable("fault", [0, -1, -2, 0, 0, 0], tf.int64)
+        self._last_layout = None  # (V, has_loss, scaling) of `last`
+        self._document = None  # the fingerprint of the last `gradients/variables` written
 
     # Culprit capture and the job-wide fault flag (set by the probe's owner before tracing).
     capture_limit = capture.DEFAULT_CAPTURE_LIMIT
@@ -355,6 +212,8 @@ class Recorder(RecorderBase):
     def warn(self, error):
         self.probe.warn_failed("gradients", error)
 
+    # ------------------------------------------------------------ replica side
+
     def observe(
         self,
         grads,
@@ -383,81 +242,95 @@ class Recorder(RecorderBase):
                     "no_gradients", "tb_replica_plugin: observe_gradients got no gradients."
                 )
                 return
-            names = variable_names(variables)
-            shapes = [variable_shape(v) for v in variables]
-            pairs = [
-                (name, leaf)
-                for name, leaf in (flatten_with_names(batch) if self.capture_limit > 0 else [])
-                if not isinstance(leaf, (tf.SparseTensor, tf.RaggedTensor))
-            ]
-            batch_names = [name for name, _ in pairs]
-            batch_leaves = [leaf for _, leaf in pairs]
-            merge = functools.partial(
-                self._merge,
-                names=names,
-                shapes=shapes,
+            call = _Call(
+                grads,
+                variables,
+                loss,
+                self._batch_pairs(batch),
                 step=step,
-                has_loss=loss is not None,
+                grad_scale=grad_scale,
+                loss_scale=loss_scale,
                 scaling=scaling,
-                loss_scaled=bool(loss_scaled),
-                batch_names=batch_names,
+                loss_scaled=loss_scaled,
             )
-            distributed = isinstance(loss, tf.distribute.DistributedValues) or any(
-                isinstance(g, tf.distribute.DistributedValues) for g in grads
-            )
-            replica_context = distribute.replica_context_of(probe.strategy)
-            if replica_context is not None and not distributed:
-                # Stats on this replica's device; they (and the gradients, for the exact
-                # NaN/Inf counts at a step that has some) go through merge_call, no copy.
-                stats = replica_stats(grads, loss, grad_scale, loss_scale)
-                bad = None
-                if self.sync_faults:
-                    flag = stop_flag(stats, loss_scaled and loss is not None)
-                    bad = replica_context.all_reduce(tf.distribute.ReduceOp.SUM, flag)
-                replica_context.merge_call(
-                    merge, args=stats, kwargs={"batch_leaves": batch_leaves, "job_bad": bad}
-                )
+            context = distribute.replica_context_of(probe.strategy)
+            if context is not None and not call.distributed:
+                self._observe_in_replica(context, call)
             else:
-                self._observe_across(grads, loss, grad_scale, loss_scale, batch_leaves, merge)
+                self._observe_across(call)
         except Exception as error:  # noqa: BLE001 - must never break training
             self.warn(error)
 
-    def _observe_across(self, grads, loss, grad_scale, loss_scale, batch_leaves, merge):
-        """The cross-replica part of `observe`: each replica's stats on its device, then write.
+    def _batch_pairs(self, batch):
+        """The dense leaves of `batch` to capture at a fault (none without a capture)."""
+        if batch is None or self.capture_limit <= 0:
+            return []
+        return [
+            (name, leaf)
+            for name, leaf in flatten_with_names(batch)
+            if not isinstance(leaf, (tf.SparseTensor, tf.RaggedTensor))
+        ]
 
-        Args:
-          grads: the gradients (no None) as `strategy.run` returned them: `PerReplica` values,
-            or plain tensors on a worker of one replica.
-          loss: a `PerReplica` loss, one tensor for every replica (e.g. a loss reduced with
-            `strategy.reduce`: recorded as every replica's loss), or None.
-          grad_scale, loss_scale: the divisors of `replica_stats`.
-          batch_leaves: the `PerReplica` leaves of the batch to capture (or plain tensors:
-            warned once and not captured).
-          merge: the `functools.partial` of `_merge` (its keywords are `_write`'s).
+    def _observe_in_replica(self, context, call):
+        """Replica context: this replica's values on its device, then one `merge_call` (no
+        computation: the tensors are only regrouped)."""
+        values = replica_values(call.grads, call.loss, call.grad_scale, call.loss_scale)
+        bad = None
+        if self.sync_faults:
+            flag = replica.stop_flag(values, call.has_loss, call.loss_only)
+            bad = context.all_reduce(tf.distribute.ReduceOp.SUM, flag)
+        # The first replica's `call` (the same on every replica) rides with the function.
+        merge = functools.partial(self._merge, call=call)
+        context.merge_call(merge, args=(values, call.batch_leaves, bad))
+
+    def _merge(self, strategy, values, batch_leaves, bad, *, call):
+        """Cross-replica part of `_observe_in_replica`: every replica's values into the step's
+        transfer."""
+        try:
+
+            def local(value):
+                return [tf.convert_to_tensor(t) for t in strategy.experimental_local_results(value)]
+
+            def columns(items):  # [R][n] of a list of per-replica values
+                return [list(r) for r in zip(*[local(v) for v in items], strict=True)]
+
+            loss = local(values.loss)
+            sq, grads = columns(values.sq), columns(values.values)
+            scales = columns(values.scales) if values.scales else [[] for _ in loss]
+            per_replica = [
+                replica.ReplicaGradients(sq[r], loss[r], scales[r], grads[r])
+                for r in range(len(loss))
+            ]
+            per_leaf = [local(leaf) for leaf in batch_leaves]  # [L][R], no copy
+            batch = [list(r) for r in zip(*per_leaf, strict=True)] if per_leaf else None
+            self._send(call, per_replica, batch, None if bad is None else local(bad)[0])
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self.warn(error)
+
+    def _observe_across(self, call):
+        """Cross-replica context: each replica's values on its device, then the transfer.
 
         Raises:
           ValueError: if the gradients or the loss are not of this probe's replica count.
         """
         probe = self.probe
         strategy = probe.strategy
-        per_grad = [strategy.experimental_local_results(g) for g in grads]
+        per_grad = [strategy.experimental_local_results(g) for g in call.grads]
         count = len(per_grad[0])
         probe.check_replicas(count, "gradients")
         # A loss that is not per replica (one scalar) is every replica's, as `strategy.run`
         # gives one tensor to every replica.
-        losses = [None] * count if loss is None else probe.local_values(strategy, loss)
+        losses = [None] * count if call.loss is None else probe.local_values(strategy, call.loss)
         devices = probe.static["devices"]
-        stats, flags = [], []
-        loss_only = merge.keywords["loss_scaled"] and loss is not None
-        for replica in range(count):
-            with tf.device(devices[replica]):
-                stats.append(
-                    replica_stats(
-                        [g[replica] for g in per_grad], losses[replica], grad_scale, loss_scale
-                    )
-                )
-                flags.append(stop_flag(stats[-1], loss_only) if self.sync_faults else None)
-        per_leaf = [strategy.experimental_local_results(leaf) for leaf in batch_leaves]
+        per_replica, flags = [], []
+        for index in range(count):
+            with tf.device(devices[index]):
+                grads = [g[index] for g in per_grad]
+                values = replica_values(grads, losses[index], call.grad_scale, call.loss_scale)
+                per_replica.append(values)
+                if self.sync_faults:
+                    flags.append(replica.stop_flag(values, call.has_loss, call.loss_only))
+        per_leaf = [strategy.experimental_local_results(leaf) for leaf in call.batch_leaves]
         if any(len(leaf) != count for leaf in per_leaf):
             probe.warn_once(
                 "capture_batch",
@@ -466,15 +339,9 @@ class Recorder(RecorderBase):
                 "capture it. Gradients are recorded without it.",
             )
             per_leaf = []
-        self._write(
-            [s[0] for s in stats],
-            [s[1] for s in stats],
-            [s[2] for s in stats],
-            [s[3] for s in stats],
-            batch=[list(r) for r in zip(*per_leaf, strict=True)] if per_leaf else None,
-            job_bad=self._job_count(strategy, flags) if self.sync_faults else None,
-            **merge.keywords,
-        )
+        batch = [list(r) for r in zip(*per_leaf, strict=True)] if per_leaf else None
+        bad = self._job_count(strategy, flags) if self.sync_faults else None
+        self._send(call, per_replica, batch, bad)
 
     def _job_count(self, strategy, flags):
         """Cross-replica context: the job's count of replicas with a stopping fault at this
@@ -493,134 +360,111 @@ class Recorder(RecorderBase):
         )
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    def _merge(
-        self, strategy, sq, loss, healthy, values, batch_leaves=(), job_bad=None, **keywords
-    ):
-        """Cross-replica part: gather the small stats, write."""
+    def _send(self, call, per_replica, batch, job_bad):
+        """Puts every replica's values in the step's transfer: its floats, its fault branch's
+        counts, its batch (read by the host only at a faulty step); then ships it."""
+        probe = self.probe
+        probe.check_replicas(len(per_replica), "gradients")
+        transfer = probe.transfer()
         try:
+            for index, packet in enumerate(transfer.packets):
+                values = per_replica[index]
+                with tf.device(packet.device):
+                    packet.floats(_FLOATS, replica.packed_floats(values, call.has_loss))
 
-            def local(value):
-                return [tf.convert_to_tensor(t) for t in strategy.experimental_local_results(value)]
+                def counts(values=values):
+                    return nonfinite_counts(values.values, values.loss, call.has_loss)
 
-            per_variable = [local(v) for v in values]  # [V][R]; V >= 1
-            per_replica = [list(v) for v in zip(*per_variable, strict=True)]
-            per_leaf = [local(leaf) for leaf in batch_leaves]  # [L][R], no copy
-            batch = [list(r) for r in zip(*per_leaf, strict=True)] if per_leaf else None
-            self._write(
-                local(sq),
-                local(loss),
-                local(healthy),
-                per_replica,
-                batch=batch,
-                job_bad=None if job_bad is None else local(job_bad)[0],
-                **keywords,
-            )
+                size = len(schema.NONFINITE_ROWS)
+                packet.on_fault(_COUNTS, counts, size, tf.int64, guard=[_FLOATS])
+                if batch is not None:
+                    packet.keep(_BATCH, batch[index])
+            deliver = functools.partial(self._deliver, call=call, job_bad=job_bad)
+            transfer.on_host(self.name, deliver)
+        except Exception:
+            transfer.drop(self.name)
+            raise
+        probe.ship(transfer)
+
+    # ---------------------------------------------------------------- host side
+
+    def _deliver(self, delivery, *, call, job_bad):
+        """The host's part, in named steps (the module docstring)."""
+        try:
+            probe = self.probe
+            step = probe.step_of(delivery, self.name, call.step)
+            self._write_document(call, delivery)
+            with tf.device("/cpu:0"):
+                floats = delivery.value(_FLOATS)  # float64 [R, V (+ 1) (+ scales)]
+                healthy = tf.math.is_finite(tf.reduce_sum(floats, axis=1))  # [R]
+            self._check_faults(delivery, call, healthy, job_bad, step)
+            self._keep_or_write_norms(call, floats, step)
         except Exception as error:  # noqa: BLE001 - must never break training
             self.warn(error)
 
-    def _write(
-        self,
-        sq,
-        loss,
-        healthy,
-        values,
-        *,
-        names,
-        shapes,
-        step,
-        has_loss,
-        scaling,
-        loss_scaled,
-        batch_names=(),
-        batch=None,
-        job_bad=None,
-    ):
+    def _write_document(self, call, delivery):
+        """Step 1: the `gradients/variables` event, written by the host when a step observing
+        other variables (names, shapes, scaling) is traced, at the step it records at as the
+        host knows it (the next step of the axis; `step=` when a number): no op in the step."""
         probe = self.probe
-        static = probe.static
-        probe.check_replicas(len(sq), "gradients")
-        state = self.state
-        counters = tf.unstack(state["counters"].read_value())  # one op, not one slice each
-        if step is None:
-            step_value = counters[_STEP]
-            next_step = step_value + 1
+        text, fingerprint = call.document(probe)
+        if fingerprint == self._document or probe.disabled_reason:
+            return
+        if isinstance(call.step, int):
+            step = call.step
+        elif delivery.step is not None:
+            step = probe.next_step()
         else:
-            step_value = tf.cast(step, tf.int64)
-            next_step = counters[_STEP]
-        text, fingerprint = variables_document(
-            names,
-            shapes,
-            {
-                "loss": bool(has_loss),
-                "scaling": scaling,
-                "loss_scaled": loss_scaled,
-                "replicas": static["replicas"],
-                "devices": static["devices"],
-                "source": probe.source,
-            },
-        )
-        names_changed = tf.logical_or(
-            tf.equal(counters[_HAS_NAMES], 0), tf.not_equal(counters[_NAMES_FP], fingerprint)
-        )
-        recording = probe.recording()
-        probe.write(
-            tf.logical_and(names_changed, recording),
-            schema.TAG_GRAD_VARIABLES,
-            lambda: tf.constant(text),
-            step_value,
-            schema.KIND_GRAD_VARIABLES,
-        )
-        devices = static["devices"]
-
-        local_fault = tf.logical_not(tf.reduce_all(tf.stack(healthy)))
-        any_fault = local_fault if job_bad is None else tf.logical_or(local_fault, job_bad > 0)
-        per_replica_counts = None
-        if probe.branches_as_functions:
-            # CPU replicas: each replica's counts in an `If` on its own device, so its gradients
-            # and loss stay there and one int32 [4] per replica reaches the host at each step
-            # (as inputs of the host's `If` they would each be a transfer at every step).
-            per_replica_counts = tf.stack(
-                [
-                    _counts_where_unhealthy(values[r], loss[r], healthy[r], has_loss, devices, r)
-                    for r in range(len(values))
-                ],
-                axis=1,
+            step = probe.step_axis.next_for(self.name)
+        with probe.host_lock:
+            probe.write_now(
+                schema.TAG_GRAD_VARIABLES,
+                lambda: tf.constant(text),
+                step,
+                schema.KIND_GRAD_VARIABLES,
             )
+        self._document = fingerprint
+
+    def _check_faults(self, delivery, call, healthy, job_bad, step):
+        """Step 2: at a step where some replica's values are not finite (on this worker, or on
+        another one with `sync_faults`), its NaN/Inf counts from its fault branch, the culprit
+        batches and the fault state."""
+        probe = self.probe
+        local_fault = tf.logical_not(tf.reduce_all(healthy))
+        any_fault = local_fault if job_bad is None else tf.logical_or(local_fault, job_bad > 0)
+        batch = delivery.kept(_BATCH)  # None when not captured
 
         def write_nonfinite():
-            # Only at a step where some replica's squared norm or loss is not finite (on this
-            # worker, or on another one with `sync_faults`). Accelerators: the counts of every
-            # replica in this host branch, so the gradients move only at such a step.
-            counts = (
-                nonfinite_counts_across(values, loss, has_loss, devices)
-                if per_replica_counts is None
-                else per_replica_counts
-            )  # [4, R]
+            recording = probe.recording()
+            counts = tf.cast(tf.transpose(delivery.value(_COUNTS)), tf.int32)  # [4, R]
             probe.write(
-                tf.logical_and(tf.reduce_any(counts > 0), recording),
+                tf.reduce_any(counts > 0),
                 schema.TAG_GRAD_NONFINITE,
                 lambda: counts,
-                step_value,
+                step,
                 schema.KIND_GRAD_NONFINITE,
             )
             job = tf.constant(False) if job_bad is None else job_bad > 0
-            self._update_fault(step_value, local_fault, job, healthy, batch_names, batch, recording)
+            self._update_fault(step, local_fault, job, healthy, call.batch_names, batch, recording)
 
         run_if(any_fault, write_nonfinite, as_function=probe.branches_as_functions)
+
+    def _keep_or_write_norms(self, call, floats, step):
+        """Step 3: the norms at logged steps, or the step's values kept for the host's write."""
+        probe = self.probe
+        layout = (len(call.names), call.has_loss, call.scaling)
         if probe.update_freq is None:
-            # Every step keeps its raw stats (2 ops); the norms are taken at the host write.
-            state["last"].assign(raw_rows(sq, loss))
-            last_step, pending = step_value, tf.constant(1, tf.int64)
-        else:
-            probe.write(
-                tf.logical_and(probe.logged(step_value), recording),
-                schema.TAG_GRAD_NORMS,
-                lambda: dense_rows(raw_rows(sq, loss)),
-                step_value,
-                schema.KIND_GRAD_NORMS,
-            )
-            last_step, pending = counters[_LAST_STEP], counters[_PENDING]
-        state["counters"].assign(
-            tf.stack([next_step, tf.constant(1, tf.int64), fingerprint, last_step, pending])
+            # Every step keeps its packed values; the norms at the host's write.
+            self._last_layout = layout
+            self.state["last"].assign(floats)
+            self.state["pending"].assign(step)
+            return
+        probe.write(
+            probe.logged(step),
+            schema.TAG_GRAD_NORMS,
+            lambda: dense_rows(floats, *layout),
+            step,
+            schema.KIND_GRAD_NORMS,
         )
 
     def _update_fault(self, step, local_fault, job, healthy, batch_names, batch, recording):
@@ -649,7 +493,7 @@ class Recorder(RecorderBase):
                 stacked = capture.capture_blocks(
                     replicas, batch_names, batch, self.capture_bytes, devices
                 )
-                unhealthy = tf.reshape(tf.where(tf.logical_not(tf.stack(healthy))), [-1])
+                unhealthy = tf.reshape(tf.where(tf.logical_not(healthy)), [-1])
                 return tf.reshape(tf.gather(stacked, unhealthy), [-1])
 
             try:
@@ -672,20 +516,20 @@ class Recorder(RecorderBase):
         )
 
     def write_window(self):
-        counters = self.state.get("counters")
-        if counters is None:
+        pending = self.state.get("pending")
+        if pending is None or self._last_layout is None:
             return
-        values = counters.numpy()
-        if not values[_PENDING]:
+        step = int(pending.numpy())
+        if step < 0:
             return
-        last = self.state["last"]
+        last, layout = self.state["last"], self._last_layout
         self.probe.write_now(
             schema.TAG_GRAD_NORMS,
-            lambda: dense_rows(last.read_value()),
-            int(values[_LAST_STEP]),
+            lambda: dense_rows(last.read_value(), *layout),
+            step,
             schema.KIND_GRAD_NORMS,
         )
-        counters.assign(tf.tensor_scatter_nd_update(counters, [[_PENDING]], [0]))
+        pending.assign(-1)
 
 
 class Recording:
@@ -700,12 +544,13 @@ class Recording:
         loss), or plain tensors where this worker has one replica. With `halt_on` in a
         multi-worker job it all-reduces one fault flag per replica, so every worker must call it
         at every step (docs/halting.md). Per replica, on its own device, it reduces the
-        gradients to one sum of squares per variable and NaN/Inf counts; only those scalars are
-        gathered. Written: the norms and loss every `update_freq` steps (`gradients/norms`), and
+        gradients to one sum of squares per variable; only those scalars and the loss travel,
+        in the replica's one vector of the step. Written: the norms and loss every
+        `update_freq` steps (`gradients/norms`), and
         at EVERY step where a replica's gradients or loss hold a NaN or an Inf, an event naming
         the replica (`gradients/nonfinite`). The exact NaN/Inf counts are computed only at such
-        steps (a `tf.cond` on the squared global norm being finite). A failure warns once and
-        never stops training.
+        steps (the replica's fault branch, on its device, where its squared norms or loss are not
+        finite). A failure warns once and never stops training.
 
         Args:
           grads: this replica's gradients, one per variable (tensors, `tf.IndexedSlices` or
@@ -716,9 +561,9 @@ class Recording:
             axis=None)`): as `strategy.run` does with a tensor that is not per replica, that
             value is recorded as every replica's loss (divided by `scale`), and a NaN/Inf in
             it counts on every replica (the reduced value cannot say whose it was).
-          step: the step to record at (int or int tensor). When omitted, this family counts its
-            own calls from 0 (or from `set_step`), so `observe_inputs` and `observe_gradients`
-            called once per step record the same step numbers.
+          step: the step to record at (int or int tensor). When omitted, the step of the step
+            axis (see `observe_inputs`), so `observe_inputs` and `observe_gradients` called once
+            per step record the same step numbers.
           scale: the recorded gradients and loss are divided by this (float or scalar tensor).
             E.g. with `loss = tf.nn.compute_average_loss(per_example, global_batch_size=B)` over
             R replicas, `scale=1 / R` records the gradient of each replica's own mean loss, which

@@ -8,10 +8,12 @@ Imported by the writer and the reader; no imports.
 # named by the last TAG_GRAD_VARIABLES event).
 TAG_GRAD_NORMS = "gradients/norms"
 # Sparse, written only at steps where some replica's gradients or loss hold NaN or Inf: int32
-# tensor [4, R]: rows (NaN values in gradients, Inf values in gradients, loss is NaN, loss is Inf).
+# tensor [4, R], rows NONFINITE_ROWS: NaN values in gradients, Inf values in gradients, loss is
+# NaN, loss is Inf.
 TAG_GRAD_NONFINITE = "gradients/nonfinite"
-# Sparse, written at the first observed step and whenever the observed variables change: a scalar
-# string tensor holding JSON {"variables", "shapes", "loss", "scaling", "replicas", "source"}.
+# Sparse, written at the first observed step and whenever the observed variables change (by the
+# host, when the step observing them is traced): a scalar string tensor holding JSON
+# {"variables", "shapes", "loss", "scaling", "replicas", "source"}.
 TAG_GRAD_VARIABLES = "gradients/variables"
 
 # Sparse, written at the first step of a run of steps where some replica's gradients or loss turn
@@ -20,6 +22,14 @@ TAG_GRAD_VARIABLES = "gradients/variables"
 # "leaves"} then, per input leaf, the serialized TensorProto of its full shape (int64) and of its
 # kept rows (the first rows that fit the leaf's share of `capture_bytes`).
 TAG_GRAD_BATCH = "gradients/batch"
+
+# Rows of TAG_GRAD_NORMS before the per-variable norms.
+NORM_GLOBAL, NORM_LOSS = 0, 1
+NORM_VARIABLES = 2  # the first variable's row
+
+# Rows of TAG_GRAD_NONFINITE.
+NONFINITE_ROWS = ("grad_nan", "grad_inf", "loss_nan", "loss_inf")
+GRAD_NAN, GRAD_INF, LOSS_NAN, LOSS_INF = range(len(NONFINITE_ROWS))
 
 KIND_GRAD_NORMS = "grad_norms"
 KIND_GRAD_NONFINITE = "grad_nonfinite"

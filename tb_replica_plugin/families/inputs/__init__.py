@@ -1,7 +1,5 @@
 """The inputs family: per-replica batch sizes and input shapes.
 
-Its write side also records step_time on multi-worker jobs.
-
 Submodules: `schema` (tags, tensor layouts), `read`, `rules`, `present`; `record` is the write side
 (TensorFlow), loaded lazily by the probe only. Importing this package imports no TensorFlow.
 """

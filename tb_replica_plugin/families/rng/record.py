@@ -251,9 +251,11 @@ def local_streams(infos, width):
     return tf.stack(rows)
 
 
-# Slots of the family's packed int64 counters: next step, step of `last`, steps since the last
-# write, id of the last written generators document.
-_STEP, _LAST_STEP, _WIN_COUNT, _DOC = range(4)
+# Slots of the family's packed int64 counters: step of `last`, steps since the last write, id of
+# the last written generators document.
+_LAST_STEP, _WIN_COUNT, _DOC = range(3)
+# The family's value in a step's transfer.
+_STREAMS = ("rng", "streams")
 
 
 def _document_id(document):
@@ -268,7 +270,7 @@ class Recorder(RecorderBase):
     name = "rng"
 
     def create_state(self):
-        self.variable("counters", [int(self._start_step), -1, 0, 0], tf.int64)
+        self.variable("counters", [-1, 0, 0], tf.int64)
         # The last step's streams [G, R, 1 + W] (G and W known when a step is traced).
         self.variable("last", tf.zeros([0, 0, 0], tf.int64), shape=tf.TensorShape(None))
         self._document = None
@@ -297,16 +299,33 @@ class Recorder(RecorderBase):
         probe.run_local_then_merge(local, merge, ())
 
     def _merge(self, strategy, rows, *, document, step):
+        """Cross-replica part: every replica's rows into the step's transfer."""
+        probe = self.probe
+        transfer = None
+        try:
+            per_replica = probe.local_values(strategy, rows)  # [R] of [G, 1 + W]
+            transfer = probe.transfer()
+            for packet, replica_rows in zip(transfer.packets, per_replica, strict=True):
+                with tf.device(packet.device):
+                    packet.ints(_STREAMS, tf.reshape(replica_rows, [-1]))
+            shape = per_replica[0].shape.as_list()
+            deliver = functools.partial(self._deliver, document=document, step=step, shape=shape)
+            transfer.on_host(self.name, deliver)
+        except Exception as error:  # noqa: BLE001
+            if transfer is not None:
+                transfer.drop(self.name)
+            probe.warn_failed("rng", error)
+            return
+        probe.ship(transfer)
+
+    def _deliver(self, delivery, *, document, step, shape):
         probe = self.probe
         try:
-            streams = tf.stack(probe.local_values(strategy, rows), axis=1)  # [G, R, 1 + W]
+            with tf.device("/cpu:0"):
+                flat = delivery.value(_STREAMS)  # [R, G * (1 + W)]
+                streams = tf.transpose(tf.reshape(flat, [-1, *shape]), [1, 0, 2])  # [G, R, 1 + W]
+            step_value = probe.step_of(delivery, self.name, step)
             counters = tf.unstack(self.state["counters"].read_value())
-            if step is None:
-                step_value = counters[_STEP]
-                next_step = step_value + 1
-            else:
-                step_value = tf.cast(step, tf.int64)
-                next_step = counters[_STEP]
             if probe.update_freq is None:
                 count = counters[_WIN_COUNT] + 1
                 doc = counters[_DOC]
@@ -315,7 +334,7 @@ class Recorder(RecorderBase):
                 doc = self._write(streams, step_value, document, write, counters[_DOC])
                 count = tf.where(write, tf.constant(0, tf.int64), counters[_WIN_COUNT] + 1)
             self.state["last"].assign(streams)
-            self.state["counters"].assign(tf.stack([next_step, step_value, count, doc]))
+            self.state["counters"].assign(tf.stack([step_value, count, doc]))
         except Exception as error:  # noqa: BLE001
             probe.warn_failed("rng", error)
 
@@ -356,7 +375,7 @@ class Recorder(RecorderBase):
                 True,
                 int(values[_DOC]),
             )
-        counters.assign(tf.stack([values[_STEP], values[_LAST_STEP], 0, doc]))
+        counters.assign(tf.stack([values[_LAST_STEP], 0, doc]))
 
 
 class Recording:
@@ -377,8 +396,8 @@ class Recording:
             a Keras layer or model (every SeedGenerator of its layers, named by layer, e.g.
             Dropout's), a dict `{name: any of these}`, or a list of them. Create
             `tf.random.Generator`s under `strategy.scope()` so each replica has its own stream.
-          step: the step to record at; when omitted the probe counts `observe_rng` calls from 0
-            (or from `set_step`).
+          step: the step to record at; when omitted, the step of the step axis (see
+            `observe_inputs`).
           include_global: also observe TensorFlow's global generator and Keras's global seed
             generator if they already exist (they are never created here).
 

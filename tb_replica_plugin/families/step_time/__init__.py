@@ -1,6 +1,8 @@
-"""The step_time family: each replica's ready time, and per-worker step timing of a job.
+"""The step_time family: each replica's ready time per window (every run), and per-worker step
+timing of a multi-worker job.
 
-The per-worker timing is recorded by the inputs family's write side.
+Its write side (`record`) hears every step's transfer (`Recorder.delivered`): the step's start and
+each replica's arrival times, timed by the core.
 
 Submodules: `schema` (tags, tensor layouts), `read`, `rules`, `present`; `record` is the write side
 (TensorFlow), loaded lazily by the probe only. Importing this package imports no TensorFlow.
@@ -8,6 +10,14 @@ Submodules: `schema` (tags, tensor layouts), `read`, `rules`, `present`; `record
 
 from tb_replica_plugin.families.step_time import present, read, rules, schema
 from tb_replica_plugin.registry import Family, Presenter, Rules
+
+
+def write_side():
+    """The write side (TensorFlow), imported when a probe is created."""
+    from tb_replica_plugin.families.step_time.record import Recorder
+
+    return Recorder, None
+
 
 FAMILY = Family(
     name="step_time",
@@ -23,6 +33,7 @@ FAMILY = Family(
         report_text=present.report_text,
         listed=present.listed,
     ),
+    write_side=write_side,
     needs=("inputs",),
     merge_tags=(schema.TAG_STEP_TIME,),
     route="/step_time",

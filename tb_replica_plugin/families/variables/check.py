@@ -130,7 +130,9 @@ class VariablesStats:
     whatever the size of the variables. Bit-identical copies have identical summaries: under
     one `tf.cond` on "every copy's hash equals replica 0's" only replica 0's copies are
     summarized and their rows are written for every replica; otherwise every replica's copies
-    are summarized.
+    are summarized. Built in named steps: `_read_copies` (each copy read on its device, its
+    hash and summary planned in its column), `_hash` (the columns' hashes), `_find_shareable`
+    (which variables may take replica 0's rows), `_fingerprint` (the rows, under that cond).
 
     Args:
       entries: `VariableEntry` list (the V axis).
@@ -160,165 +162,222 @@ class VariablesStats:
         fused_min_copies=FUSED_MIN_COPIES,
         part=None,
     ):
-        width = len(STAT_COLUMNS) + SKETCH_SIZE
-        layouts = {} if layouts is None else layouts
-        columns = [_Column() for _ in range(num_replicas)]
-        values = []  # per variable {column: value}
-        exacts = []
-        projection = {}
+        self._entries = entries
+        self._num = len(entries)
+        self._replicas = num_replicas
+        self._layouts = {} if layouts is None else layouts
+        self._fused_min_copies = fused_min_copies
+        self._projection = {}
+        self._columns = [_Column() for _ in range(num_replicas)]
+        self._width = len(STAT_COLUMNS) + SKETCH_SIZE
+        values, exacts = self._read_copies(part, exact)
+        self.hash = self._hash()
+        self._find_shareable(values)
+        self.fingerprint = self._fingerprint(values)
+        self.exact = None
+        if exact:
+            empty = tf.zeros([0, num_replicas, 2], tf.float64)
+            self.exact = tf.stack(exacts) if exacts else empty
+        # The planning state holds every copy's value (eagerly, the values themselves): drop it.
+        del self._columns, self._projection, self._missing
+
+    # -------------------------------------------------------------- step 1: read
+
+    def _read_copies(self, part, exact):
+        """Reads every copy on its device (the `part` of it when rotating) and plans its hash
+        and summary in its column.
+
+        Returns:
+          `(values, exacts)`: per variable `{column: value}`, and per variable its float64
+          [R, 2] exact differences from replica 0 (when `exact`).
+        """
+        values, exacts = [], []
         row_shapes = {}  # device -> its own [1, -1] constant (no transfer per copy)
-        for index, entry in enumerate(entries):
+        for index, entry in enumerate(self._entries):
             present = {}
             for copy, column, algorithm in zip(
                 entry.copies, entry.columns, entry.hashes, strict=True
             ):
                 if column < 0 or column in present:
                     continue
-                target = columns[column]
                 with tf.device(copy.device):
-                    target.device = target.device or copy.device
                     value = _read(copy) if part is None else part(index, _read(copy))
                     present[column] = value
-                    numeric = is_numeric(entry.dtype) and _static_size(value) is not None
                     if copy.device not in row_shapes:
                         row_shapes[copy.device] = tf.constant([1, -1], tf.int32)
-                    flat = tf.reshape(value, row_shapes[copy.device]) if numeric else None
-                    if algorithm == HASH_FARMHASH and numeric:
-                        target.farm.add(index)  # hashed with its group (`_Column.hash_farm`)
-                    else:
-                        target.hashes[index] = copy_hash(value, entry.dtype, algorithm, projection)
-                    if numeric:
-                        target.fused.append((index, flat))
-                    else:
-                        target.single[index] = copy_summary(value, entry.dtype)
+                    self._plan(index, entry, algorithm, column, copy.device, value, row_shapes)
             values.append(present)
             if exact:
-                row = [tf.constant([np.nan, np.nan], tf.float64)] * num_replicas
-                if 0 in present:
-                    with tf.device(entries[index].copies[entries[index].columns.index(0)].device):
-                        for column, value in present.items():
-                            # Copies the whole of copy r to replica 0's device.
-                            row[column] = exact_difference(value, present[0], entry.dtype)
-                exacts.append(tf.stack(row))
-        num = len(entries)
-        for column in columns:
+                exacts.append(self._exact_row(index, entry, present))
+        return values, exacts
+
+    def _plan(self, index, entry, algorithm, position, device, value, row_shapes):
+        """Puts one copy in its column (`position`): hashed with its group (farmhash of a
+        numeric copy) or alone, summarized with the column's fused copies (numeric) or
+        alone."""
+        column = self._columns[position]
+        column.device = column.device or device
+        numeric = is_numeric(entry.dtype) and _static_size(value) is not None
+        if algorithm == HASH_FARMHASH and numeric:
+            column.farm.add(index)  # hashed with its group (`_Column.hash_farm`)
+        else:
+            column.hashes[index] = copy_hash(value, entry.dtype, algorithm, self._projection)
+        if numeric:
+            column.fused.append((index, tf.reshape(value, row_shapes[device])))
+        else:
+            column.single[index] = copy_summary(value, entry.dtype)
+
+    def _exact_row(self, index, entry, present):
+        """float64 [R, 2]: each copy's exact difference from replica 0's (NaN without one)."""
+        row = [tf.constant([np.nan, np.nan], tf.float64)] * self._replicas
+        if 0 in present:
+            with tf.device(entry.copies[entry.columns.index(0)].device):
+                for column, value in present.items():
+                    # Copies the whole of copy r to replica 0's device.
+                    row[column] = exact_difference(value, present[0], entry.dtype)
+        return tf.stack(row)
+
+    # -------------------------------------------------------------- step 2: hash
+
+    def _hash(self):
+        """int64 [V, R]: every column's hashes, one vector per device."""
+        for column in self._columns:
             if column.farm:
                 column.hash_farm()
-        hashes = [column.hash_vector(num) for column in columns]
-        self.hash = tf.stack(hashes, axis=1) if num else tf.zeros([0, num_replicas], tf.int64)
+        hashes = [column.hash_vector(self._num) for column in self._columns]
+        if not self._num:
+            return tf.zeros([0, self._replicas], tf.int64)
+        return tf.stack(hashes, axis=1)
 
-        missing = tf.fill([1, width], tf.constant(np.nan, tf.float64))
+    # -------------------------------------------------------------- step 3: shareable
 
-        def at_once(column):  # the column's copies summarized at once (`fused_summary`)
-            return bool(column.fused) and len(column.fused) >= fused_min_copies
-
-        def summarize(column, reuse=None):
-            """[rows of the column's fused copies + singles, then a NaN row], and row of each
-            variable index. `reuse`: `(need, rows)` for a fused column, bool [copies] and their
-            rows of replica 0: only the copies where `need` holds are summarized."""
-            rows = []
-            where = {index: i for i, (index, _) in enumerate(column.fused)}
-            if at_once(column):
-                sizes = tuple(_static_size(flat) for _, flat in column.fused)
-                dtypes = tuple(flat.dtype for _, flat in column.fused)
-                key = (column.device, sizes, dtypes)
-                if key not in layouts:
-                    layouts[key] = SummaryLayout(sizes, column.device)
-                with tf.device(column.device):
-                    if column.joined is None:
-                        column.join()
-                    if reuse is None:
-                        rows.append(fused_summary(_as_float64(column.joined), layouts[key]))
-                    else:
-                        need, shared_rows = reuse
-                        own = partial_fused_summary(
-                            column.joined, _dtype_runs(dtypes), layouts[key], need
-                        )
-                        rows.append(tf.where(need[:, None], own, shared_rows))
-            elif column.fused:
-                with tf.device(column.device):
-                    rows.append(grouped_summary(column.groups(), projection))
-            for index, summary in column.single.items():
-                where[index] = len(where)
-                rows.append(summary[None, :])
-            rows.append(missing)
-            return tf.concat(rows, axis=0), where
-
-        def gather(table, where):
-            """One row per variable: its row of `table`, or the NaN row (the last)."""
-            return tf.gather(table, [where.get(i, len(where)) for i in range(num)])
-
+    def _find_shareable(self, values):
+        """`present` and `shareable` (see the attributes): a numeric variable whose copies
+        share one hash algorithm and include replica 0's may take replica 0's rows."""
         shareable = [
             i
-            for i, entry in enumerate(entries)
+            for i, entry in enumerate(self._entries)
             if 0 in values[i]
             and len(values[i]) > 1
             and is_numeric(entry.dtype)
             and len(set(entry.hashes)) == 1
         ]
-        present = [[r in copies for r in range(num_replicas)] for copies in values]
-        self.present = np.array(present, dtype=bool).reshape(num, num_replicas)
-        self.shareable = np.isin(np.arange(num), shareable)
-        if not num:
-            self.fingerprint = tf.zeros([0, num_replicas, width], tf.float64)
-        else:
-            table0, where0 = summarize(columns[0])
-            matrices = [gather(table0, where0)]
-            if num_replicas > 1:
-                same = tf.constant(True)
-                if shareable:
-                    # Every present copy of a shareable variable hashes like replica 0's.
-                    mask = self.present & self.shareable[:, None]
-                    equal = tf.equal(self.hash, self.hash[:, :1])
-                    same = tf.reduce_all(tf.logical_or(equal, tf.constant(~mask)))
-                shared = set(shareable)
+        present = [[r in copies for r in range(self._replicas)] for copies in values]
+        self.present = np.array(present, dtype=bool).reshape(self._num, self._replicas)
+        self.shareable = np.isin(np.arange(self._num), shareable)
+        self._shared = set(shareable)
 
-                def agree(r):
-                    column = columns[r]
-                    own = _Column()
-                    own.device = column.device
-                    own.fused = [(i, f) for i, f in column.fused if i not in shared]
-                    own.single = {i: s for i, s in column.single.items() if i not in shared}
-                    table, where = summarize(own)
-                    full = tf.concat([table0, table], axis=0)
-                    offset = table0.shape[0]
-                    positions = []
-                    for i in range(num):
-                        if i in shared and r in values[i]:
-                            positions.append(where0[i])
-                        elif i in where:
-                            positions.append(offset + where[i])
-                        else:
-                            positions.append(offset + len(where))  # NaN row
-                    return tf.gather(full, positions)
+    # -------------------------------------------------------------- step 4: rows
 
-                def differ(r):
-                    column = columns[r]
-                    reuse = None
-                    if at_once(column):
-                        # A copy bit-identical to replica 0's takes its rows (the same values
-                        # the agreeing branch writes); the others are summarized.
-                        indices = [i for i, _ in column.fused]
-                        reusable = [i in shared for i in indices]  # each in where0
-                        equal = tf.gather(tf.equal(self.hash[:, r], self.hash[:, 0]), indices)
-                        need = tf.logical_not(tf.logical_and(equal, tf.constant(reusable)))
-                        positions0 = [where0[i] if i in shared else 0 for i in indices]
-                        rows0 = tf.gather(table0, positions0)
-                        reuse = (need, rows0)
-                    table, where = summarize(column, reuse)
-                    return gather(table, where)
+    def _fingerprint(self, values):
+        """float64 [V, R, 4 + K]: replica 0's rows, then the others' under one cond on every
+        shareable copy hashing like replica 0's (they take its rows) or not (summarized)."""
+        self._missing = None
+        if not self._num:
+            return tf.zeros([0, self._replicas, self._width], tf.float64)
+        # One NaN row (`_summarize`'s last), made once outside the cond as the branches share it.
+        self._missing = tf.fill([1, self._width], tf.constant(np.nan, tf.float64))
+        table0, where0 = self._summarize(self._columns[0])
+        matrices = [self._gather(table0, where0)]
+        if self._replicas > 1:
+            for column in self._columns[1:]:
+                if self._at_once(column):
+                    column.join()  # outside the cond: one capture per dtype, not per copy
+            others = tf.cond(
+                self._all_shared_agree(),
+                lambda: [
+                    self._agreeing_rows(r, values, table0, where0) for r in range(1, self._replicas)
+                ],
+                lambda: [self._differing_rows(r, table0, where0) for r in range(1, self._replicas)],
+            )
+            matrices.extend(others)
+        return tf.stack(matrices, axis=1)
 
-                for column in columns[1:]:
-                    if at_once(column):
-                        column.join()  # outside the cond: one capture per dtype, not per copy
+    def _all_shared_agree(self):
+        """bool: every present copy of a shareable variable hashes like replica 0's."""
+        if not self._shared:
+            return tf.constant(True)
+        mask = self.present & self.shareable[:, None]
+        equal = tf.equal(self.hash, self.hash[:, :1])
+        return tf.reduce_all(tf.logical_or(equal, tf.constant(~mask)))
 
-                others = tf.cond(
-                    same,
-                    lambda: [agree(r) for r in range(1, num_replicas)],
-                    lambda: [differ(r) for r in range(1, num_replicas)],
-                )
-                matrices.extend(others)
-            self.fingerprint = tf.stack(matrices, axis=1)
-        self.exact = None
-        if exact:
-            self.exact = tf.stack(exacts) if exacts else tf.zeros([0, num_replicas, 2], tf.float64)
+    def _at_once(self, column):
+        """Whether the column's copies are summarized at once (`fused_summary`)."""
+        return bool(column.fused) and len(column.fused) >= self._fused_min_copies
+
+    def _summarize(self, column, reuse=None):
+        """`(table, where)`: [rows of the column's fused copies + singles, then a NaN row], and
+        the row of each variable index. `reuse`: `(need, rows)` for a fused column, bool
+        [copies] and their rows of replica 0: only the copies where `need` holds are
+        summarized."""
+        rows = []
+        where = {index: i for i, (index, _) in enumerate(column.fused)}
+        if self._at_once(column):
+            rows.append(self._fused_rows(column, reuse))
+        elif column.fused:
+            with tf.device(column.device):
+                rows.append(grouped_summary(column.groups(), self._projection))
+        for index, summary in column.single.items():
+            where[index] = len(where)
+            rows.append(summary[None, :])
+        rows.append(self._missing)
+        return tf.concat(rows, axis=0), where
+
+    def _fused_rows(self, column, reuse):
+        """The rows of a column's copies summarized at once (`fused_summary`), or, with
+        `reuse`, only those where its `need` holds (the others take replica 0's rows)."""
+        sizes = tuple(_static_size(flat) for _, flat in column.fused)
+        dtypes = tuple(flat.dtype for _, flat in column.fused)
+        key = (column.device, sizes, dtypes)
+        if key not in self._layouts:
+            self._layouts[key] = SummaryLayout(sizes, column.device)
+        layout = self._layouts[key]
+        with tf.device(column.device):
+            if column.joined is None:
+                column.join()
+            if reuse is None:
+                return fused_summary(_as_float64(column.joined), layout)
+            need, shared_rows = reuse
+            own = partial_fused_summary(column.joined, _dtype_runs(dtypes), layout, need)
+            return tf.where(need[:, None], own, shared_rows)
+
+    def _gather(self, table, where):
+        """One row per variable: its row of `table`, or the NaN row (the last)."""
+        return tf.gather(table, [where.get(i, len(where)) for i in range(self._num)])
+
+    def _agreeing_rows(self, r, values, table0, where0):
+        """Replica r's rows where the shareable copies agree: replica 0's rows for them, its
+        own summaries for the others."""
+        column = self._columns[r]
+        own = _Column()
+        own.device = column.device
+        own.fused = [(i, f) for i, f in column.fused if i not in self._shared]
+        own.single = {i: s for i, s in column.single.items() if i not in self._shared}
+        table, where = self._summarize(own)
+        full = tf.concat([table0, table], axis=0)
+        offset = table0.shape[0]
+        positions = []
+        for i in range(self._num):
+            if i in self._shared and r in values[i]:
+                positions.append(where0[i])
+            elif i in where:
+                positions.append(offset + where[i])
+            else:
+                positions.append(offset + len(where))  # NaN row
+        return tf.gather(full, positions)
+
+    def _differing_rows(self, r, table0, where0):
+        """Replica r's rows where some shareable copy differs: its own summaries (a copy
+        bit-identical to replica 0's, in a column summarized at once, takes replica 0's rows:
+        the same values the agreeing branch writes)."""
+        column = self._columns[r]
+        reuse = None
+        if self._at_once(column):
+            indices = [i for i, _ in column.fused]
+            reusable = [i in self._shared for i in indices]  # each in where0
+            equal = tf.gather(tf.equal(self.hash[:, r], self.hash[:, 0]), indices)
+            need = tf.logical_not(tf.logical_and(equal, tf.constant(reusable)))
+            positions0 = [where0[i] if i in self._shared else 0 for i in indices]
+            reuse = (need, tf.gather(table0, positions0))
+        table, where = self._summarize(column, reuse)
+        return self._gather(table, where)

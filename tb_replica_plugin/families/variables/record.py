@@ -21,8 +21,8 @@ from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.core.recorder import run_if
 from tb_replica_plugin.families.variables import check, fingerprint, rotation, schema
 
-# The family's state vector: its step counter, placement written, placement fingerprint.
-_STEP, _HAS_PLACEMENT, _PLACEMENT_FP = range(3)
+# The family's state vector: placement written, placement fingerprint.
+_HAS_PLACEMENT, _PLACEMENT_FP = range(2)
 
 
 @contextlib.contextmanager
@@ -112,9 +112,12 @@ class Recorder(RecorderBase):
     """State and writes of the variables family."""
 
     name = "variables"
+    # The step of the last full check of a `fit` (`ReplicaCallback`'s epoch-end checks, spaced
+    # by the rotation period), None outside one.
+    whole_checked_at = None
 
     def create_state(self):
-        self.variable("counters", [int(self._start_step), 0, 0], tf.int64)
+        self.variable("counters", [0, 0], tf.int64)
         self._plans = {}
         self._layouts = {}
 
@@ -195,17 +198,28 @@ class Recorder(RecorderBase):
                     traced(step)
 
     def merge(self, strategy, *, variables, step, exact, budget=None):
-        """Cross-replica part of `observe_variables`: step, gating, then the check."""
+        """Cross-replica part of `observe_variables`: the check runs where the step's transfer
+        is delivered (`_deliver`: at the end of a step scope, or now)."""
         probe = self.probe
+        transfer = None
         try:
             del strategy  # the copies are read from the variables themselves
-            counters = self.state["counters"]
-            _, record, traced, _ = self._plan(variables, exact, budget)
-            if step is None:
-                step_value = counters.read_value()[_STEP]
-                counters.assign_add(tf.constant([1, 0, 0], tf.int64))
-            else:
-                step_value = tf.cast(step, tf.int64)
+            plan = self._plan(variables, exact, budget)
+            transfer = probe.transfer()
+            transfer.on_host(self.name, functools.partial(self._deliver, plan=plan, step=step))
+        except Exception as error:  # noqa: BLE001 - must never break training
+            if transfer is not None:
+                transfer.drop(self.name)
+            self.warn(error)
+            return
+        probe.ship(transfer)
+
+    def _deliver(self, delivery, *, plan, step):
+        """Step, gating, then the check (eagerly: the traced host check)."""
+        probe = self.probe
+        try:
+            _, record, traced, _ = plan
+            step_value = probe.step_of(delivery, self.name, step)
             if tf.executing_eagerly():
                 if probe.update_freq is None or int(step_value) % probe.update_freq == 0:
                     self._run_host_check(traced, step_value)
@@ -313,9 +327,9 @@ class Recording:
 
         Args:
           variables: an iterable of variables, e.g. `model.variables + optimizer.variables`.
-          step: the step to record at (int or int tensor). When omitted, the probe counts its
-            calls to this method, starting at 0 or at what `set_step` set, so that calling it
-            once per step after the update records the same step numbers as `observe_inputs`:
+          step: the step to record at (int or int tensor). When omitted, the step of the step
+            axis (see `observe_inputs`): called once per step after the update (after the step
+            function, eagerly, or at the end of `probe.step()`), it records the step just run:
             the values at step s are those after step s's update.
           exact: also compute the exact max-abs and L2 difference of every copy from replica 0
             (copies whole variables across devices).
