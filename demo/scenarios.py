@@ -33,6 +33,7 @@ Every scenario trains (or inspects) on logical CPU replicas and writes `LOGDIR/<
 
 - `gather_mismatch` and `ragged_text`: the watch family and ragged inputs
   (`demo/watch_scenarios.py`).
+- `slow_replica`: replica 1 does about 20 ms more work per step (`demo/step_time_scenarios.py`).
 
 Call `configure_devices(n)` before anything else touches TensorFlow devices.
 """
@@ -41,7 +42,7 @@ import os
 
 import numpy as np
 
-from demo import status_scenarios, watch_scenarios
+from demo import status_scenarios, step_time_scenarios, watch_scenarios
 
 SCENARIOS = (
     "balanced",
@@ -57,6 +58,7 @@ SCENARIOS = (
     "nan_replica",
     "gather_mismatch",
     "ragged_text",
+    "slow_replica",
     "crash",  # last: it ends a fit with an exception
 )
 
@@ -470,6 +472,8 @@ def run_scenario(name, logdir, strategy):
         watch_scenarios.gather_mismatch_run(strategy, run_dir, mismatch=False)
     elif name == "ragged_text":
         watch_scenarios.ragged_text_run(strategy, run_dir)
+    elif name == "slow_replica":
+        step_time_scenarios.slow_replica_run(strategy, run_dir)
     elif name == "crash":
         status_scenarios.crash_run(strategy, run_dir)
     else:

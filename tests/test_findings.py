@@ -63,6 +63,8 @@ EXPECTED = {
     "gather_mismatch/clean": [("per_replica_result", "info", [0, 1, 2, 3], 3)],
     # 18 ragged sentences, global batch 16: the last batch gives [1, 1, 0, 0] rows.
     "ragged_text/replicas": [("empty_shard", "warning", [2, 3], 1)],
+    # Replica 1 runs ~20 ms of extra ops per step: slow from the first logged window (step 7).
+    "slow_replica/replicas": [("slow_replica", "warning", [1], 7)],
     # fit raises on replica 1 at step 3 (a layer asserts its inputs are finite).
     "crash/replicas": [("training_crashed", "error", [1], 3)],
     # Worker 1 stops before step 5 and dies; worker 0's UnavailableError names it: the root
