@@ -165,31 +165,22 @@ class VariablesMerger(jobs.Merger):
                 self.table[: self.count], row_of, identical, layout
             )
         coverage = self.rows.view("coverage", rows, len(order))[:, order].min(axis=1, initial=1.0)
-        series = read.VariablesSeries(
-            run=job,
-            replicas=layout["replicas"],
-            devices=layout["devices"],
-            source=str(document.get("source", "")),
-            central_storage=bool(document.get("central", False)),
-            variables=layout["variables"],
-            placement_events=[(int(steps[0]) if steps.size else 0, document)],
-            steps=steps,
-            hash=hash_arr,
-            present=layout["present"],
-            rows=self.table[: self.count],
-            row_of=row_of,
-            identical=identical,
-            hash_comparable=layout["comparable"],
-            l2_estimate=l2,
-            rel_l2_estimate=rel,
-            max_abs_lower=lower,
-            coverage=coverage,
-            rotation=document.get("rotation") or None,
-            notes=notes,
-            **read.exact_fields(steps, {}, self.table[: self.count], row_of, rel, lower),
+        placement = [(int(steps[0]) if steps.size else 0, document)]
+        return read.series_of_arrays(
+            job,
+            document,
+            layout,
+            placement,
+            steps,
+            hash_arr,
+            self.table[: self.count],
+            row_of,
+            identical,
+            (l2, rel, lower),
+            coverage,
+            {},
+            notes,
         )
-        notes.extend(read.layout_notes(layout, coverage, series.rotation))
-        return series
 
     def _mergeable(self, order, notes):
         """Whether the workers' fingerprints compare: one version, variable list and width."""

@@ -424,6 +424,41 @@ def assemble_series(
     l2, rel, lower = drift_estimates(rows, row_of, identical, layout)
     if coverage is None:
         coverage = np.ones((len(steps), len(layout["variables"])))
+    return series_of_arrays(
+        run,
+        document,
+        layout,
+        placement_events,
+        steps,
+        hash_arr,
+        rows,
+        row_of,
+        identical,
+        (l2, rel, lower),
+        coverage,
+        exacts,
+        notes,
+    )
+
+
+def series_of_arrays(
+    run,
+    document,
+    layout,
+    placement_events,
+    steps,
+    hash_arr,
+    rows,
+    row_of,
+    identical,
+    drift,
+    coverage,
+    exacts,
+    notes,
+):
+    """The `VariablesSeries` of decoded (or merged) arrays and their drift estimates
+    `drift = (l2, rel, lower)`; the layout's notes are added to `notes`."""
+    l2, rel, lower = drift
     rotation = document.get("rotation") or None
     notes.extend(layout_notes(layout, coverage, rotation))
     return VariablesSeries(
