@@ -7,6 +7,7 @@ replica axis. Imports no TensorFlow.
 """
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -271,6 +272,25 @@ def merge_replica_times(job, member_runs, workers, notes):
     )
 
 
+def _worker_step_times(samples):
+    """One worker's `workers/step_time` samples as `(steps, values)`: int64 [N] ascending and
+    unique (a step logged twice keeps its last value), float64 [N, 3] (NaN for a sample not
+    of 3 values)."""
+    steps = np.array([step for step, _ in samples], np.int64)
+    try:
+        values = np.array([value for _, value in samples], np.float64).reshape(len(samples), -1)
+    except ValueError:  # samples of different shapes
+        values = np.zeros((len(samples), 0))
+    if values.shape[1] != 3:
+        values = np.full((len(samples), 3), np.nan)
+        for i, (_, value) in enumerate(samples):
+            if np.shape(value) == (3,):
+                values[i] = value
+    # The last of each step: the first in reversed order.
+    unique, first = np.unique(steps[::-1], return_index=True)
+    return unique, values[::-1][first]
+
+
 def merge_worker_times(job, member_runs, workers, notes):
     """The per-worker `StepTimeSeries` of a job from each worker's `workers/step_time` samples.
 
@@ -284,28 +304,19 @@ def merge_worker_times(job, member_runs, workers, notes):
       A `StepTimeSeries` over the steps every worker logged (`ready` None), or None if no
       worker logged any.
     """
-    per_worker = [
-        {
-            step: np.asarray(value, np.float64)
-            for step, value in m.samples.get(schema.TAG_STEP_TIME, [])
-        }
-        for m in member_runs
-    ]
-    if not any(per_worker):
+    per_worker = [_worker_step_times(m.samples.get(schema.TAG_STEP_TIME, [])) for m in member_runs]
+    if not any(steps.size for steps, _ in per_worker):
         return None
-    common = sorted(set.intersection(*(set(p) for p in per_worker)))
-    if any(len(p) != len(common) for p in per_worker):
+    common = functools.reduce(np.intersect1d, [steps for steps, _ in per_worker])
+    if any(steps.size != common.size for steps, _ in per_worker):
         notes.append(
             "Step times are compared at the steps every worker logged; some workers logged "
             "steps the others did not."
         )
     shape = (len(common), len(per_worker))
     table = np.full(shape + (3,), np.nan)
-    for w, points in enumerate(per_worker):
-        for i, step in enumerate(common):
-            value = points[step]
-            if value.shape == (3,):
-                table[i, w] = value
+    for w, (steps, values) in enumerate(per_worker):
+        table[:, w] = values[np.searchsorted(steps, common)]
     arrival, period, window_mean = table[..., 0], table[..., 1], table[..., 2]
     if arrival.size:
         with np.errstate(invalid="ignore"):
@@ -316,7 +327,7 @@ def merge_worker_times(job, member_runs, workers, notes):
     return StepTimeSeries(
         run=job,
         workers=[w["name"] for w in workers],
-        steps=np.array(common, dtype=np.int64),
+        steps=common.astype(np.int64),
         arrival=arrival,
         period=period,
         window_mean=window_mean,
