@@ -54,7 +54,7 @@ def gradients_body(series, max_points, step=None, replica_blocks=None):
       The JSON-ready dict.
     """
     steps, norms, loss = series.steps, series.global_norm, series.loss
-    ratio = full_ratio = rules.ratio_to_median(norms)
+    ratio = full_ratio = rules.global_ratio(series)
     count = int(steps.size)
     if count > max_points:
         bucket = -(-count // max_points)
@@ -170,7 +170,7 @@ def gradients_json(series):
         "steps": series.steps.tolist(),
         # [steps, replicas (, variables)]: written a step at a time by `tb-replica report`.
         "global_norm": FloatRows(series.global_norm),
-        "ratio_to_median": FloatRows(np.float32(rules.ratio_to_median(series.global_norm))),
+        "ratio_to_median": FloatRows(np.float32(rules.global_ratio(series))),
         "loss": FloatRows(series.loss),
         "variable_norms": FloatRows(series.variable_norms),
         "nonfinite": [
@@ -200,7 +200,7 @@ def gradients_text(series, max_events=20):
     what = read.scaling_text(series.scaling)
     lines.append(f"  gradients ({what}), {steps}, {len(series.variables)} variable(s):")
     if series.steps.size:
-        ratio = rules.ratio_to_median(series.global_norm)
+        ratio = rules.global_ratio(series)
         with np.errstate(all="ignore"):
             for index, replica in enumerate(series.replicas):
                 norms = series.global_norm[:, index]
