@@ -133,10 +133,14 @@ def _report(args, processes):
         )
         return 2
     if args.json:
-        # Indented for a person at a terminal; compact otherwise (json's C encoder: an indented
-        # document is encoded in Python, about 10 times slower on a large job).
-        indent = 1 if sys.stdout.isatty() else None
-        print(json.dumps(report.to_json(), indent=indent, allow_nan=False, default=str))
+        if sys.stdout.isatty():
+            # Indented for a person at a terminal (json encodes an indented document in Python,
+            # about 10 times slower than the compact one on a large job).
+            print(json.dumps(report.to_json(), indent=1, allow_nan=False, default=str))
+        else:
+            # Compact, written one family block at a time (`Report.json_chunks`).
+            sys.stdout.writelines(report.json_chunks())
+            sys.stdout.write("\n")
     else:
         print(report.to_text())
     if args.fail_on:

@@ -11,7 +11,7 @@ import os
 import time
 
 from tb_replica_plugin import analysis, reader, registry
-from tb_replica_plugin.core import overview
+from tb_replica_plugin.core import json_stream, overview
 from tb_replica_plugin.core.downsample import json_floats
 from tb_replica_plugin.families.variables.present import REPORT_TOP
 
@@ -52,36 +52,57 @@ class Report:
 
     def to_json(self):
         """The JSON document of `tb-replica report --json` (docs/data-format.md)."""
-        runs = [self._run_json(name, run_data) for name, run_data in self.runs.items()]
-        findings = self.all_findings()
         return {
             "version": REPORT_SCHEMA_VERSION,
             "logdir": self.logdir,
-            "runs": runs,
-            "summary": analysis.severity_counts(findings),
+            "runs": [
+                {key: json_stream.materialize(value) for key, value in self._run_items(name, data)}
+                for name, data in self.runs.items()
+            ],
+            "summary": analysis.severity_counts(self.all_findings()),
         }
 
-    def _run_json(self, name, run_data):
-        """One run's entry of `to_json`: `run`, then the family blocks and the run's own keys."""
+    def json_chunks(self):
+        """`to_json()` encoded compactly (`json.dumps(..., allow_nan=False, default=str)`), piece
+        by piece: one family block of one run at a time is held as Python objects, not the whole
+        document (a 2,048-replica job's document is ~270 MB of text, several times that as
+        objects).
 
-        def core():
-            return {
-                "findings": [f.to_json() for f in self.findings[name]],
-                "notes": run_data.notes,
-                "workers": run_data.workers,
-            }
+        Yields:
+          str pieces whose concatenation is `json.dumps(self.to_json(), allow_nan=False,
+          default=str)`.
 
+        Raises:
+          ValueError: for a NaN or infinite float (the document is strict JSON).
+        """
+        encode = json_stream.encode
+        yield f'{{"version": {encode(REPORT_SCHEMA_VERSION)}, "logdir": {encode(self.logdir)}'
+        yield ', "runs": ['
+        for index, (name, run_data) in enumerate(self.runs.items()):
+            separator = "{"
+            yield ", " if index else ""
+            for key, value in self._run_items(name, run_data):
+                yield f"{separator}{encode(key)}: "
+                yield from json_stream.chunks(value)
+                separator = ", "
+            yield "}"
+        yield f'], "summary": {encode(analysis.severity_counts(self.all_findings()))}}}'
+
+    def _run_items(self, name, run_data):
+        """One run's entry of `to_json`, as `(key, value)` pairs: `run`, then the family blocks
+        (each computed when reached) and the run's own keys."""
         blocks = [
             (family.json_order, index, family) for index, family in enumerate(registry.families())
         ]
         blocks.append((_CORE_JSON_ORDER, -1, None))
-        entry = {"run": name}
+        yield "run", name
         for _, _, family in sorted(blocks, key=lambda b: (b[0], b[1])):
             if family is None:
-                entry.update(core())
+                yield "findings", [f.to_json() for f in self.findings[name]]
+                yield "notes", run_data.notes
+                yield "workers", run_data.workers
             else:
-                entry.update(self._family_block(family, "report_json", run_data))
-        return entry
+                yield from self._family_block(family, "report_json", run_data).items()
 
     def _family_block(self, family, which, run_data):
         """A family's `report_json` or `report_text` of a run (a live family's as of `now`)."""

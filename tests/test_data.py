@@ -17,6 +17,8 @@ from tensorboard.compat.proto import types_pb2
 import tb_replica_plugin
 from demo import scenarios
 from tb_replica_plugin import ReplicaProbe, analysis
+from tb_replica_plugin.core import json_stream
+from tb_replica_plugin.core.downsample import json_floats
 from tb_replica_plugin.families.examples import read as examples_read
 from tb_replica_plugin.families.examples import record as data_collector
 from tb_replica_plugin.families.examples import rules as examples_rules
@@ -444,6 +446,33 @@ def test_report_json_and_text_have_both_families(demo_logs):
     text = tb_replica_plugin.load(demo_logs, run="*_pipeline/replicas").to_text()
     assert "0–1: 100% at 32 steps" in text
     assert "examples (8 steps): shared at the same step by replica pair: none" in text
+
+
+def test_report_json_written_in_pieces_equals_the_whole_document(demo_logs):
+    report = tb_replica_plugin.load(demo_logs)
+    whole = json.dumps(report.to_json(), allow_nan=False, default=str)
+    assert "".join(report.json_chunks()) == whole
+    runs = {r["run"]: r for r in json.loads(whole)["runs"]}
+    gradients = runs["nan_replica/replicas"]["gradients"]
+    # FloatRows blocks: one row per logged step, as json_floats writes the whole array.
+    series = report.runs["nan_replica/replicas"].gradients
+    assert len(gradients["variable_norms"]) == len(gradients["steps"]) == series.steps.size
+    assert gradients["global_norm"] == json_floats(series.global_norm)
+    assert gradients["variable_norms"] == json_floats(series.variable_norms)
+
+
+def test_float_rows_encode_as_json_floats_one_row_at_a_time():
+    rows = json_stream.FloatRows(np.float32([[0.1, np.nan], [np.inf, -np.inf]]))
+    value = {"a": {"b": rows, "c": [1, 2]}, "empty": json_stream.FloatRows(np.zeros((0, 2)))}
+    pieces = list(json_stream.chunks(value))
+    assert "".join(pieces) == (
+        '{"a": {"b": [[0.1, "NaN"], ["Infinity", "-Infinity"]], "c": [1, 2]}, "empty": []}'
+    )
+    assert json_stream.materialize(value) == {
+        "a": {"b": [[0.1, "NaN"], ["Infinity", "-Infinity"]], "c": [1, 2]},
+        "empty": [],
+    }
+    assert len(pieces) > 5  # the rows were written one at a time
 
 
 def test_joined_fingerprints_and_overlaps_equal_the_per_replica_ones():

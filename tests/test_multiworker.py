@@ -582,6 +582,31 @@ def test_cross_worker_gradients_keep_every_nonfinite_event():
     ]
 
 
+def test_job_gradient_ratios_are_kept_for_rows_no_worker_wrote_again():
+    """The job's ratio to the median is computed for new and rewritten rows only, and equals
+    `ratio_to_median` of the whole job at every result."""
+
+    def member(replica, steps, norms):
+        base = gradients_member(replica, steps, {})
+        base.gradients.global_norm = np.array(norms, float)[:, None]
+        return base
+
+    merger = gradients_read.GradientsMerger(2)
+    merger.add(0, member(0, [0, 1, 2], [1.0, 2.0, 3.0]), None)
+    merger.add(1, member(1, [0, 1, 2], [2.0, 2.0, 9.0]), None)
+    first = merger.result("j", [0, 1], GRADIENT_WORKERS, [])
+    expected = gradients_rules.ratio_to_median(first.global_norm)
+    np.testing.assert_array_equal(gradients_rules.global_ratio(first), expected)
+    # Worker 1 rewrites its last step (read again from it) and adds one.
+    merger.add(1, member(1, [2, 3], [1.0, 4.0]), 2)
+    merger.add(0, member(0, [3], [8.0]), 2)
+    second = merger.result("j", [0, 1], GRADIENT_WORKERS, [])
+    expected = gradients_rules.ratio_to_median(second.global_norm)
+    np.testing.assert_array_equal(gradients_rules.global_ratio(second), expected)
+    assert second.global_norm.tolist() == [[1.0, 2.0], [2.0, 2.0], [3.0, 1.0], [8.0, 4.0]]
+    assert gradients_rules.global_ratio(second)[2:].tolist() == [[3.0, 1 / 3], [2.0, 0.5]]
+
+
 def test_job_of_workers_with_different_gradient_scalings_is_labelled_so():
     """A job whose workers recorded different gradient scalings (one `fit` with Keras's own
     loss, one custom loop, say) is not labelled "gradients as given" in the report."""

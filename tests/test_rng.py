@@ -233,3 +233,26 @@ def test_stream_groups_name_the_first_replica_of_each_equal_value():
     assert rng_rules.stream_groups(np.zeros((0, 3), np.int64)) == []
     many = np.arange(4096) % 2048  # a 4,096-replica job whose second half repeats the first
     assert rng_rules.stream_groups(many) == list(range(2048)) * 2
+
+
+def test_shared_values_and_match_fraction_equal_the_pairwise_definition():
+    # Random steps of few distinct values (some steps all alike, some partly, some distinct),
+    # against the definitions: replica r shares when another replica holds its value; the match
+    # fraction is the mean of equal pairs over steps (compared whole and a few cells at a time).
+    rng = np.random.default_rng(1)
+    original = rng_present.MATCH_CELLS
+    try:
+        for trial in range(200):
+            values = rng.integers(0, rng.integers(1, 5), size=rng.integers(1, 7, size=2))
+            if trial % 3 == 0:
+                values[:] = values[:, :1]
+            pairs = values[:, :, None] == values[:, None, :]
+            expected = pairs.sum(axis=2) > 1
+            np.testing.assert_array_equal(rng_rules.shared_values(values), expected)
+            for cells in (original, 2):
+                rng_present.MATCH_CELLS = cells
+                np.testing.assert_array_equal(
+                    rng_present.match_fraction(values), pairs.mean(axis=0)
+                )
+    finally:
+        rng_present.MATCH_CELLS = original

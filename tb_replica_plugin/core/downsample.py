@@ -28,10 +28,8 @@ def bucket_means(values, starts):
 
 def bucket_max(values, starts, axis=0):
     """Per bucket (slices along `axis` starting at `starts`) the max over its slices, NaN only
-    if all are NaN."""
-    filled = np.where(np.isnan(values), -np.inf, values)
-    result = np.maximum.reduceat(filled, starts, axis=axis)
-    return np.where(result == -np.inf, np.nan, result)
+    if all are NaN (`np.fmax`: no copy of the values)."""
+    return np.fmax.reduceat(np.asarray(values), starts, axis=axis)
 
 
 def nanmax(values, axis=None):

@@ -312,8 +312,9 @@ class StepArrays:
 
 
 def _grown(array, capacity, fill):
-    grown = np.full((capacity, *array.shape[1:]), fill, array.dtype)
+    grown = np.empty((capacity, *array.shape[1:]), array.dtype)
     grown[: len(array)] = array
+    grown[len(array) :] = fill  # each element written once
     return grown
 
 

@@ -13,10 +13,10 @@ from tb_replica_plugin.core import args
 from tb_replica_plugin.core.downsample import (
     bucket_max,
     float32_list,
-    json_floats,
     nanmedian,
     pool_replicas,
 )
+from tb_replica_plugin.core.json_stream import FloatRows
 from tb_replica_plugin.families.gradients import read, rules, schema
 
 ARGS = {
@@ -54,7 +54,7 @@ def gradients_body(series, max_points, step=None, replica_blocks=None):
       The JSON-ready dict.
     """
     steps, norms, loss = series.steps, series.global_norm, series.loss
-    ratio = rules.ratio_to_median(norms)
+    ratio = full_ratio = rules.global_ratio(series)
     count = int(steps.size)
     if count > max_points:
         bucket = -(-count // max_points)
@@ -66,7 +66,6 @@ def gradients_body(series, max_points, step=None, replica_blocks=None):
         if step is not None:
             layer_index = max(0, int(np.searchsorted(series.steps, step, side="right")) - 1)
         else:
-            full_ratio = rules.ratio_to_median(series.global_norm)
             finite = np.where(np.isfinite(full_ratio), full_ratio, 0.0)
             peak = finite.max(axis=1) if finite.size else finite
             layer_index = int(np.argmax(peak)) if peak.size and peak.max() > 1.0 else count - 1
@@ -169,10 +168,11 @@ def gradients_json(series):
         "has_loss": series.has_loss,
         "scaling": series.scaling,
         "steps": series.steps.tolist(),
-        "global_norm": json_floats(series.global_norm),
-        "ratio_to_median": json_floats(np.float32(rules.ratio_to_median(series.global_norm))),
-        "loss": json_floats(series.loss),
-        "variable_norms": json_floats(series.variable_norms),
+        # [steps, replicas (, variables)]: written a step at a time by `tb-replica report`.
+        "global_norm": FloatRows(series.global_norm),
+        "ratio_to_median": FloatRows(np.float32(rules.global_ratio(series))),
+        "loss": FloatRows(series.loss),
+        "variable_norms": FloatRows(series.variable_norms),
         "nonfinite": [
             _nonfinite_event(step, counts)
             for step, counts in zip(series.nonfinite_steps, series.nonfinite, strict=True)
@@ -200,7 +200,7 @@ def gradients_text(series, max_events=20):
     what = read.scaling_text(series.scaling)
     lines.append(f"  gradients ({what}), {steps}, {len(series.variables)} variable(s):")
     if series.steps.size:
-        ratio = rules.ratio_to_median(series.global_norm)
+        ratio = rules.global_ratio(series)
         with np.errstate(all="ignore"):
             for index, replica in enumerate(series.replicas):
                 norms = series.global_norm[:, index]

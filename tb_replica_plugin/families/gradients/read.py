@@ -171,6 +171,8 @@ class GradientsSeries:
     nonfinite: np.ndarray
     loss_scaled: bool = False
     batches: list = dataclasses.field(default_factory=list)
+    # `rules.global_ratio`'s `(global_norm, its ratio to the median)`: computed once per series.
+    ratio_cache: tuple = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_replicas(self):
@@ -189,6 +191,13 @@ class GradientsSeries:
         raise KeyError(
             f"no batch captured at step {step} for replica {replica} (captured: {pairs})"
         )
+
+
+def _same_columns(a, b):
+    """Whether two `ReplicaAxis.order` results (None or index arrays) are the same order."""
+    if a is None or b is None:
+        return a is None and b is None
+    return np.array_equal(a, b)
 
 
 def from_samples(run, samples, notes, needed=None):
@@ -325,6 +334,8 @@ class GradientsMerger(jobs.Merger):
         self.events = {}  # slot -> {step: int64 [4, R]}
         self.batches = {}  # slot -> [CapturedBatch]
         self.replicas = {}
+        # The last result's global norms' ratio to the median: `(columns, total, ratio)`.
+        self.ratio = (None, 0, np.zeros((0, 0)))
 
     def add(self, slot, member, since):
         """Writes worker `slot`'s norms, losses and events from step `since` on (all: None).
@@ -401,7 +412,7 @@ class GradientsMerger(jobs.Merger):
         scalings = {layout[3] for layout in layouts}
         if len(scalings) > 1:
             notes.append(_scalings_note([layout[3] for layout in layouts], workers))
-        return GradientsSeries(
+        series = GradientsSeries(
             run=job,
             replicas=[r for slot in order for r in self.replicas[slot]],
             variables=list(layouts[0][0]) if same_variables else [],
@@ -419,6 +430,27 @@ class GradientsMerger(jobs.Merger):
                 (b for slot in order for b in self.batches[slot]), key=lambda b: (b.step, b.replica)
             ),
         )
+        series.ratio_cache = (series.global_norm, self._global_ratio(rows, columns, series))
+        return series
+
+    def _global_ratio(self, rows, columns, series):
+        """`rules.ratio_to_median` of the job's global norms: the rows of the last result that
+        no worker wrote again keep their ratios (a row's ratio depends on that row only), the
+        others are computed (all of them when the rows or the replica axis moved)."""
+        from tb_replica_plugin.families.gradients import rules
+
+        last_columns, last_total, last = self.ratio
+        kept = min(len(last), self.rows.changed_from)
+        self.rows.clear_changed()
+        same_axis = last_total == self.axis.total and _same_columns(last_columns, columns)
+        if not isinstance(rows, slice) or not same_axis:
+            kept = 0
+        ratio = np.empty(series.global_norm.shape)
+        if kept:
+            ratio[:kept] = last[:kept]
+        ratio[kept:] = rules.ratio_to_median(series.global_norm[kept:])
+        self.ratio = (columns, self.axis.total, ratio)
+        return ratio
 
     def _events(self, order):
         """`(steps, int64 [E, 4, R])`: every step any worker had a NaN/Inf event at."""

@@ -100,6 +100,19 @@ def ratio_to_median(norms):
     return ratio
 
 
+def global_ratio(series):
+    """`ratio_to_median(series.global_norm)`, computed once per series (the findings, the route
+    and the report ask for it at each data version).
+
+    Args:
+      series: a `read.GradientsSeries`.
+    """
+    cached = series.ratio_cache
+    if cached is None or cached[0] is not series.global_norm:
+        cached = series.ratio_cache = (series.global_norm, ratio_to_median(series.global_norm))
+    return cached[1]
+
+
 def _json_number(value):
     """A float for JSON: None for NaN or infinite (plain json cannot carry them)."""
     value = float(value)
@@ -110,7 +123,7 @@ def _outlier_findings(series, thresholds):
     findings = []
     if series.steps.size == 0 or series.num_replicas < 2:
         return findings
-    ratio = ratio_to_median(series.global_norm)
+    ratio = global_ratio(series)
     # An infinite ratio means the others have no gradient at all (e.g. empty shards, their own
     # finding): only finite ratios count.
     over = (ratio > thresholds.max_grad_norm_ratio) & np.isfinite(ratio)

@@ -276,6 +276,7 @@ class InputsMerger(jobs.Merger):
         self.axis = jobs.ReplicaAxis()
         self.parts = {}
         self.dense = jobs.StepArrays(expected_workers)
+        self._events_of, self._events = None, []  # `_shape_events`' last merge and its parts
 
     def add(self, slot, member, since):
         """Takes worker `slot`'s batch sizes, shape events and dense series from `since` on.
@@ -335,6 +336,23 @@ class InputsMerger(jobs.Merger):
         rows = self.dense.place(slot, series.dense_steps[keep])
         self.dense.write(slot, "dense", rows, columns, series.dense[keep])
 
+    def _shape_events(self, parts):
+        """`merge_shape_events(parts)`, merged again only when some part's events changed
+        (`add` replaces a part's events from its new steps on; a look that finds new steps
+        usually finds no new shape event)."""
+        held = [(p, list(p.events)) for p in parts]  # held: the same objects, compared by id
+        last = self._events_of
+        if (
+            last is None
+            or len(last) != len(held)
+            or not all(
+                p is q and len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+                for (p, a), (q, b) in zip(held, last, strict=True)
+            )
+        ):
+            self._events_of, self._events = held, merge_shape_events(parts)
+        return self._events
+
     def result(self, job, order, workers, notes):
         """The job's `InputsSeries`: replicas of every worker in worker order; per step, each
         worker's batch sizes (held from its nearest step where it has none)."""
@@ -363,7 +381,7 @@ class InputsMerger(jobs.Merger):
             source=sources.pop() if len(sources) == 1 else ",".join(sorted(sources)),
             steps=steps,
             batch_size=_held_sizes(parts, steps, total),
-            shape_events=merge_shape_events(parts),
+            shape_events=self._shape_events(parts),
             dense_steps=dense_steps,
             dense=dense,
             notes=notes,

@@ -68,10 +68,11 @@ MATCH_CELLS = 1 << 26
 def match_fraction(fingerprint):
     """float64 [R, R]: the fraction of steps at which replicas a and b drew equal streams.
 
-    When that is more than `MATCH_CELLS` comparisons, steps that split the replicas into the
-    same groups (usually all of them) are compared once: each step's replicas are labelled by
-    the first replica drawing the same stream, and each distinct labelling counts as many times
-    as steps have it.
+    A step where no two replicas draw the same stream (in a healthy run, every step) counts
+    on the diagonal only, one where all draw the same stream in every pair. Of the others, when
+    that is more than `MATCH_CELLS` comparisons, steps that split the replicas into the same
+    groups are compared once: each step's replicas are labelled by the first replica drawing the
+    same stream, and each distinct labelling counts as many times as steps have it.
 
     Args:
       fingerprint: int64 [S, R] (S >= 1), one generator's stream fingerprints.
@@ -81,10 +82,16 @@ def match_fraction(fingerprint):
       replicas × 1,000 distinct labellings would be 4 GB at once).
     """
     steps, replicas = fingerprint.shape
-    labels, counts = fingerprint, np.ones(steps, dtype=np.int64)
-    if steps * replicas * replicas > MATCH_CELLS:  # worth finding the distinct labellings
-        labels, counts = np.unique(first_equal_replica(fingerprint), axis=0, return_counts=True)
-    equal = np.zeros((replicas, replicas), dtype=np.int64)
+    some = rules.steps_with_equal_values(fingerprint)
+    every = rules.steps_alike(fingerprint)
+    # A step where every replica draws its own stream matches each replica with itself only;
+    # one where all draw the same matches every pair.
+    equal = np.diag(np.full(replicas, steps - int(some.sum()), dtype=np.int64))
+    equal += int(every.sum())
+    labels = fingerprint[some & ~every]
+    counts = np.ones(len(labels), dtype=np.int64)
+    if len(labels) * replicas * replicas > MATCH_CELLS:  # worth finding the distinct labellings
+        labels, counts = np.unique(first_equal_replica(labels), axis=0, return_counts=True)
     chunk = max(1, MATCH_CELLS // max(replicas * replicas, 1))
     for count in np.unique(counts):
         group = labels[counts == count]
@@ -135,9 +142,7 @@ def _rng_text(series):
     lines = [f"  random generators ({series.steps.size} logged steps):"]
     for index, generator in enumerate(series.generators):
         fingerprint = series.fingerprint[:, index]
-        identical = sum(
-            len(set(rules.stream_groups(row))) < series.num_replicas for row in fingerprint
-        )
+        identical = int(rules.steps_with_equal_values(fingerprint).sum())
         groups = rules.stream_groups(fingerprint[-1])
         owner = f", layer {generator['layer_class']}" if generator.get("layer_class") else ""
         if not generator.get("mirrored"):

@@ -108,20 +108,61 @@ def stream_groups(values):
     return first[inverse.reshape(-1)].tolist()
 
 
+def steps_alike(values):
+    """bool [S]: the steps at which every replica holds the same value (two replicas or more).
+
+    Args:
+      values: int64 [S, R].
+    """
+    if values.shape[1] < 2:
+        return np.zeros(values.shape[0], dtype=bool)
+    return (values == values[:, :1]).all(axis=1)
+
+
+def steps_with_equal_values(values):
+    """bool [S]: whether two replicas hold equal values at each step.
+
+    Args:
+      values: int64 [S, R].
+    """
+    found = steps_alike(values)
+    others = np.flatnonzero(~found) if values.shape[1] > 1 else []
+    if len(others):
+        ordered = np.sort(values[others], axis=1)  # one sort per step
+        found[others] = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
+    return found
+
+
+def shared_values(values):
+    """bool [S, R]: at each step, whether replica r's value equals another replica's.
+
+    Args:
+      values: int64 [S, R], e.g. one generator's stream fingerprints.
+
+    Example:
+      >>> shared_values(np.array([[5, 6, 5], [1, 2, 3]])).tolist()
+      [[True, False, True], [False, False, False]]
+    """
+    shared = np.zeros(values.shape, dtype=bool)
+    alike = steps_alike(values)
+    shared[alike] = True
+    # Only the steps where some but not all replicas share a value (rare) are looked at replica
+    # by replica.
+    for s in np.flatnonzero(steps_with_equal_values(values) & ~alike):
+        _, inverse, counts = np.unique(values[s], return_inverse=True, return_counts=True)
+        shared[s] = counts[inverse.reshape(-1)] > 1
+    return shared
+
+
 def _rng_identical(series, index, generator, thresholds):
     if not generator.get("mirrored"):
         # One unmirrored state shared by every replica (a generator created outside
         # strategy.scope()): TensorFlow serialises the replicas' draws, which take successive
         # parts of one stream, so equal fingerprints of the state before the step mean nothing.
         return None
-    steps, replicas = [], set()
-    for s in range(series.steps.size):
-        groups = stream_groups(series.fingerprint[s, index])
-        counts = collections.Counter(groups)
-        same = [series.replicas[r] for r, g in enumerate(groups) if counts[g] > 1]
-        if same:
-            steps.append(int(series.steps[s]))
-            replicas.update(same)
+    shared = shared_values(series.fingerprint[:, index])
+    steps = series.steps[shared.any(axis=1)].astype(int).tolist()
+    replicas = {series.replicas[r] for r in np.flatnonzero(shared.any(axis=0))}
     if not steps or len(steps) < thresholds.min_identical_rng_steps:
         return None
     who = replica_list_text(replicas)
@@ -160,9 +201,10 @@ def _rng_desync(series, index, generator):
     if not generator.get("mirrored"):
         return None
     steps, odd = [], set()
-    for s in range(series.steps.size):
-        states = series.state[s, index]
-        groups = stream_groups(states)
+    states = series.state[:, index]
+    # Only the steps where some replica's state differs from replica 0's are grouped.
+    for s in np.flatnonzero((states != states[:, :1]).any(axis=(1, 2))):
+        groups = stream_groups(states[s])
         majority = collections.Counter(groups).most_common(1)[0][0]
         differ = [series.replicas[r] for r, g in enumerate(groups) if g != majority]
         if differ:

@@ -4,11 +4,12 @@ timing of a multi-worker job.
 Its write side (`record`) hears every step's transfer (`Recorder.delivered`): the step's start and
 each replica's arrival times, timed by the core.
 
-Submodules: `schema` (tags, tensor layouts), `read`, `rules`, `present`; `record` is the write side
-(TensorFlow), loaded lazily by the probe only. Importing this package imports no TensorFlow.
+Submodules: `schema` (tags, tensor layouts), `read`, `merge` (a job's), `rules`, `present`;
+`record` is the write side (TensorFlow), loaded lazily by the probe only. Importing this package
+imports no TensorFlow.
 """
 
-from tb_replica_plugin.families.step_time import present, read, rules, schema
+from tb_replica_plugin.families.step_time import merge, present, read, rules, schema
 from tb_replica_plugin.registry import Family, Presenter, Rules
 
 
@@ -24,7 +25,7 @@ FAMILY = Family(
     attribute="step_time",
     tags=schema.TAGS,
     read=read.from_samples,
-    merge=read.merge_step_time,
+    merger=merge.StepTimeMerger,
     rules=Rules(find=rules.find, kinds=rules.FINDING_KINDS),
     present=Presenter(
         body=present.body,
@@ -35,7 +36,6 @@ FAMILY = Family(
     ),
     write_side=write_side,
     needs=("inputs",),
-    merge_tags=(schema.TAG_STEP_TIME,),
     route="/step_time",
     text_order=-1,
     json_order=60,

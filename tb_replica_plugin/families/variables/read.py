@@ -5,6 +5,7 @@ Imports no TensorFlow.
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 
@@ -249,7 +250,7 @@ def variable_sizes(variables):
     for index, variable in enumerate(variables):
         shape = variable.get("shape") or []
         known = all(d is not None for d in shape)
-        sizes[index] = float(np.prod(shape)) if known else np.inf
+        sizes[index] = float(math.prod(shape)) if known else np.inf
     return sizes
 
 
