@@ -10,6 +10,7 @@ import dataclasses
 
 import numpy as np
 
+from tb_replica_plugin.core import jobs
 from tb_replica_plugin.families.step_time import schema
 
 
@@ -216,6 +217,12 @@ def merge_step_time(job, member_runs, workers, notes):
     return timing
 
 
+READY_TIMES_ABSENT_NOTE = (
+    "Replica ready times are left out of the job: {names} recorded none (the other workers did); "
+    "each worker's own run shows its own."
+)
+
+
 def merge_replica_times(job, member_runs, workers, notes):
     """The ready times of a job's replicas, on the global replica axis.
 
@@ -237,14 +244,9 @@ def merge_replica_times(job, member_runs, workers, notes):
       ['worker_0', 'worker_0', 'worker_1', 'worker_1']
     """
     parts = [getattr(m.step_time, "ready", None) for m in member_runs]
-    if all(part is None for part in parts):
-        return None
-    missing = [w["name"] for w, part in zip(workers, parts, strict=True) if part is None]
-    if missing:
-        notes.append(
-            f"Replica ready times are left out of the job: {', '.join(missing)} recorded none "
-            "(the other workers did); each worker's own run shows its own."
-        )
+    have = [part is not None for part in parts]
+    missing = jobs.note_workers_without(workers, have, notes, READY_TIMES_ABSENT_NOTE)
+    if missing is None or missing:
         return None
     common = np.array(sorted(set.intersection(*(set(p.steps.tolist()) for p in parts))), np.int64)
     dropped = {int(s) for p in parts for s in p.steps} - set(common.tolist())
