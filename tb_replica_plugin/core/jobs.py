@@ -351,19 +351,14 @@ class Merger:
         Args:
           workers: the job's worker dicts, in `order`; order: the slots in worker order.
           notes: the job's notes (appended to).
-          what, how: what is missing and how to get it (as `members_with`).
+          what, how: what is missing and how to get it (words of the note).
+
+        Returns:
+          Whether the job view has no series of the family.
         """
         have = [self.seen.get(slot, False) for slot in order]
-        if not any(have):
-            return True
-        if not all(have):
-            missing = [w["name"] for w, h in zip(workers, have, strict=True) if not h]
-            notes.append(
-                f"Workers {', '.join(missing)} recorded no {what}: the job view has none "
-                f"({how}); each worker's own run still shows its own."
-            )
-            return True
-        return False
+        missing = note_workers_without(workers, have, notes, ABSENT_NOTE, what=what, how=how)
+        return missing is None or bool(missing)
 
     def add(self, slot, member, since):
         """Takes worker slot `slot`'s `RunData` (or its part from step `since` on)."""
@@ -372,6 +367,43 @@ class Merger:
     def result(self, job, order, workers, notes):
         """The job's series (or None), its notes appended to `notes`."""
         raise NotImplementedError
+
+
+ABSENT_NOTE = (
+    "Workers {names} recorded no {what}: the job view has none ({how}); each worker's own run "
+    "still shows its own."
+)
+
+
+def note_workers_without(workers, have, notes, note, **fields):
+    """Notes the workers of a job that lack a family's data when other workers have it.
+
+    The one place that builds a job's "missing workers" note (`Merger.absent`, and the merges
+    of step_time's ready times and of status).
+
+    Args:
+      workers: the job's worker dicts (each with its "name").
+      have: per worker, in the same order, whether it has the data.
+      notes: the job's notes (appended to).
+      note: the note's template: `{names}` becomes the missing workers' names, joined by ", ";
+        the other fields come from `fields`.
+      **fields: the template's other fields.
+
+    Returns:
+      None when no worker has the data (no note); else the names of the workers without it
+      (empty when every worker has it; a note appended when not).
+
+    Example:
+      >>> note_workers_without([{"name": "w0"}, {"name": "w1"}], [True, False], notes,
+      ...                      "{names} recorded no {what}.", what="status")
+      ['w1']
+    """
+    if not any(have):
+        return None
+    missing = [worker["name"] for worker, has in zip(workers, have, strict=True) if not has]
+    if missing:
+        notes.append(note.format(names=", ".join(missing), **fields))
+    return missing
 
 
 def common_note(rows, order, notes, what):

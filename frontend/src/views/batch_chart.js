@@ -2,7 +2,7 @@
 import { h, fmt, shortList } from '../dom.js';
 import { replicaColor } from '../colors.js';
 import { replicaColumns } from './match_matrix.js';
-import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis, steppedOrDense } from './uplot_common.js';
+import { valueAxis, mountStepChart, steppedOrDense } from './uplot_common.js';
 
 const HEIGHT = 280;
 const finiteOrNull = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
@@ -27,28 +27,21 @@ export function createBatchChart(target, { inputs, zoom, width, workerOf = () =>
 
   const tooltip = h('div', { class: 'chart-tooltip', hidden: true });
   const stepped = steppedOrDense();
-  const opts = {
+  const chart = {
+    zoom,
     width,
     height: HEIGHT,
-    padding: [8, PLOT_RIGHT, 0, 4],
-    scales: {
-      x: { time: false, range: xRange(steps, zoom.full) },
-      y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] },
-    },
-    axes: [stepAxis(), valueAxis(downsampled ? 'examples (bucket min)' : 'examples per replica')],
-    series: [
-      stepSeries,
-      ...lines.map((line, r) => ({
-        label: line.label,
-        stroke: replicaColor(r),
-        width: 1.25,
-        paths: stepped,
-        points: { show: false },
-        value: value(r),
-      })),
-    ],
-    cursor: { drag: { x: true, y: false }, points: { show: lines.length <= 16 } },
-    legend: { live: true },
+    yScale: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] },
+    yAxis: valueAxis(downsampled ? 'examples (bucket min)' : 'examples per replica'),
+    series: lines.map((line, r) => ({
+      label: line.label,
+      stroke: replicaColor(r),
+      width: 1.25,
+      paths: stepped,
+      points: { show: false },
+      value: value(r),
+    })),
+    cursor: { points: { show: lines.length <= 16 } },
     hooks: { setCursor: [(u) => showTooltip(u)] },
   };
 
@@ -84,16 +77,8 @@ export function createBatchChart(target, { inputs, zoom, width, workerOf = () =>
     tooltip.style.top = `${Math.max(0, top - 10)}px`;
   }
 
-  const u = new uPlot(opts, [steps, ...columns], target);
-  u.over.appendChild(tooltip);
-  u.over.addEventListener('mouseleave', () => (tooltip.hidden = true));
-  const unfollow = followZoom(u, zoom);
-
-  return {
-    resize: (w) => u.setSize({ width: w, height: HEIGHT }),
-    destroy() {
-      unfollow();
-      u.destroy();
-    },
-  };
+  const view = mountStepChart(target, chart, [steps, ...columns]);
+  view.plot.over.appendChild(tooltip);
+  view.plot.over.addEventListener('mouseleave', () => (tooltip.hidden = true));
+  return view;
 }

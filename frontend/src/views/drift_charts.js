@@ -3,7 +3,7 @@
 import { h } from '../dom.js';
 import { replicaColor } from '../colors.js';
 import { replicaColumns } from './match_matrix.js';
-import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis } from './uplot_common.js';
+import { valueAxis, mountStepChart } from './uplot_common.js';
 
 const HEIGHT = 240;
 
@@ -54,35 +54,21 @@ function toleranceHook(tolerance) {
 }
 
 function chart(target, { steps, columns, labels, colors, zoom, width, tolerance, yLabel }) {
-  const opts = {
+  return mountStepChart(target, {
+    zoom,
     width,
     height: HEIGHT,
-    padding: [8, PLOT_RIGHT, 0, 4],
-    scales: { x: { time: false, range: xRange(steps, zoom.full) }, y: driftScale(tolerance) },
-    axes: [stepAxis(), valueAxis(yLabel, { splits: driftSplits, filter: (u, splits) => splits, values: (u, ticks) => ticks.map(fmtDrift) })],
-    series: [
-      stepSeries,
-      ...labels.map((label, i) => ({
-        label,
-        stroke: colors[i],
-        width: 1.5,
-        points: { show: steps.length <= 60, size: 4 },
-        value: (u, v, si, idx) => (idx == null ? '–' : fmtDrift(columns[i].raw[idx])),
-      })),
-    ],
-    cursor: { drag: { x: true, y: false } },
-    legend: { live: true },
+    yScale: driftScale(tolerance),
+    yAxis: valueAxis(yLabel, { splits: driftSplits, filter: (u, splits) => splits, values: (u, ticks) => ticks.map(fmtDrift) }),
+    series: labels.map((label, i) => ({
+      label,
+      stroke: colors[i],
+      width: 1.5,
+      points: { show: steps.length <= 60, size: 4 },
+      value: (u, v, si, idx) => (idx == null ? '–' : fmtDrift(columns[i].raw[idx])),
+    })),
     hooks: { draw: [toleranceHook(tolerance)] },
-  };
-  const u = new uPlot(opts, [steps, ...columns.map((c) => c.drawn)], target);
-  const unfollow = followZoom(u, zoom);
-  return {
-    resize: (w) => u.setSize({ width: w, height: HEIGHT }),
-    destroy() {
-      unfollow();
-      u.destroy();
-    },
-  };
+  }, [steps, ...columns.map((c) => c.drawn)]);
 }
 
 const column = (raw) => ({ raw, drawn: raw.map(drawable) });

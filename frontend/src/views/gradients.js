@@ -3,7 +3,7 @@
 import { h, fmt } from '../dom.js';
 import { replicaColor, scaleRgb, rgbCss, scaleGradient } from '../colors.js';
 import { replicaColumns, replicaText } from './match_matrix.js';
-import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis } from './uplot_common.js';
+import { valueAxis, mountStepChart } from './uplot_common.js';
 
 const HEIGHT = 220;
 const NAN_COLOR = '#e53935';
@@ -71,28 +71,20 @@ function nanMarkers(events) {
 }
 
 function lineChart(target, { steps, columns, labels, yLabel, log, zoom, width, value, events, hline }) {
-  const opts = {
+  return mountStepChart(target, {
+    zoom,
     width,
     height: HEIGHT,
-    padding: [8, PLOT_RIGHT, 0, 4],
-    scales: {
-      x: { time: false, range: xRange(steps, zoom.full) },
-      y: log ? { distr: 3 } : { auto: true },
-    },
-    axes: [stepAxis(), valueAxis(yLabel)],
-    series: [
-      stepSeries,
-      ...labels.map((label, r) => ({
-        label,
-        stroke: replicaColor(r),
-        width: 1.5,
-        spanGaps: false,
-        points: { show: steps.length <= 60, size: 4 },
-        value: value(r),
-      })),
-    ],
-    cursor: { drag: { x: true, y: false } },
-    legend: { live: true },
+    yScale: log ? { distr: 3 } : { auto: true },
+    yAxis: valueAxis(yLabel),
+    series: labels.map((label, r) => ({
+      label,
+      stroke: replicaColor(r),
+      width: 1.5,
+      spanGaps: false,
+      points: { show: steps.length <= 60, size: 4 },
+      value: value(r),
+    })),
     hooks: {
       draw: [
         nanMarkers(events),
@@ -112,16 +104,7 @@ function lineChart(target, { steps, columns, labels, yLabel, log, zoom, width, v
         },
       ],
     },
-  };
-  const u = new uPlot(opts, [steps, ...columns], target);
-  const unfollow = followZoom(u, zoom);
-  return {
-    resize: (w) => u.setSize({ width: w, height: HEIGHT }),
-    destroy() {
-      unfollow();
-      u.destroy();
-    },
-  };
+  }, [steps, ...columns]);
 }
 
 /** The layer × replica heatmap of gradient norms at one step (canvas). */

@@ -1,7 +1,7 @@
 // Imbalance (max / min batch size over replicas) per step. Infinite values (a replica got
 // nothing while another got examples) are drawn at a cap above the finite ones and marked.
 import { fmt } from '../dom.js';
-import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis, steppedOrDense } from './uplot_common.js';
+import { valueAxis, mountStepChart, steppedOrDense } from './uplot_common.js';
 
 const HEIGHT = 200;
 const EMPTY_COLOR = '#e53935';
@@ -37,20 +37,13 @@ export function createImbalanceChart(target, { inputs, zoom, width }) {
   const line = capped(imbalance);
   const empty = imbalance.map((v) => (v === Infinity ? cap : null));
 
-  const opts = {
+  return mountStepChart(target, {
+    zoom,
     width,
     height: HEIGHT,
-    padding: [8, PLOT_RIGHT, 0, 4],
-    scales: {
-      x: { time: false, range: xRange(steps, zoom.full) },
-      y: { range: () => [Math.max(0, 1 - (cap - 1) * 0.08), cap + (cap - 1) * 0.08] },
-    },
-    axes: [
-      stepAxis(),
-      valueAxis('max / min', { values: (u, ticks) => ticks.map((t) => (t >= cap ? '∞' : fmt(t, 2))) }),
-    ],
+    yScale: { range: () => [Math.max(0, 1 - (cap - 1) * 0.08), cap + (cap - 1) * 0.08] },
+    yAxis: valueAxis('max / min', { values: (u, ticks) => ticks.map((t) => (t >= cap ? '∞' : fmt(t, 2))) }),
     series: [
-      stepSeries,
       {
         label: 'imbalance',
         stroke: '#1976d2',
@@ -82,8 +75,6 @@ export function createImbalanceChart(target, { inputs, zoom, width }) {
         value: (u, v) => (v == null ? '–' : 'yes'),
       },
     ],
-    cursor: { drag: { x: true, y: false } },
-    legend: { live: true },
     hooks: {
       // A dashed line at the cap, labelled, so "∞" reads as a ceiling and not a value.
       drawAxes: [
@@ -103,15 +94,5 @@ export function createImbalanceChart(target, { inputs, zoom, width }) {
         },
       ],
     },
-  };
-
-  const u = new uPlot(opts, bound ? [steps, line, capped(bound), empty] : [steps, line, empty], target);
-  const unfollow = followZoom(u, zoom);
-  return {
-    resize: (w) => u.setSize({ width: w, height: HEIGHT }),
-    destroy() {
-      unfollow();
-      u.destroy();
-    },
-  };
+  }, bound ? [steps, line, capped(bound), empty] : [steps, line, empty]);
 }

@@ -4,7 +4,7 @@
 import { h, fmt } from '../dom.js';
 import { replicaColor } from '../colors.js';
 import { replicaColumns } from './match_matrix.js';
-import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis } from './uplot_common.js';
+import { valueAxis, mountStepChart } from './uplot_common.js';
 
 const HEIGHT = 240;
 /** The table lists every replica up to this many, else the slowest this many. */
@@ -105,32 +105,18 @@ export function createReadyTimes(target, { ready, zoom, width, slow = new Set(),
     const cut = first > top * 1.1 ? ` (${fmt(first, 1)} ms: above the chart)` : '';
     target.append(h('p', { class: 'muted', dataset: { part: 'warm-up' } }, `The first logged window, step ${steps[0]}, holds one step only: a warm-up${cut}, left out of the table's figures.`));
   }
-  const opts = {
+  return mountStepChart(chart, {
+    zoom,
     width,
     height: HEIGHT,
-    padding: [8, PLOT_RIGHT, 0, 4],
-    scales: { x: { time: false, range: xRange(steps, zoom.full) }, y: { range: () => [0, top > 0 ? top * 1.1 : 1] } },
-    axes: [stepAxis(), valueAxis(ready.downsampled ? 'ready ms (bucket mean)' : 'ready ms (window median)')],
-    series: [
-      stepSeries,
-      ...lines.map((line, r) => ({
-        label: isSlow[r] ? `${line.label} (slow)` : line.label,
-        stroke: replicaColor(r),
-        width: isSlow[r] ? 3 : 1.25,
-        points: { show: steps.length < 60 },
-        value: (u, v) => (v == null ? '—' : `${fmt(v, 1)} ms`),
-      })),
-    ],
-    cursor: { drag: { x: true, y: false } },
-    legend: { live: true },
-  };
-  const u = new uPlot(opts, [steps, ...columns], chart);
-  const unfollow = followZoom(u, zoom);
-  return {
-    resize: (w) => u.setSize({ width: w, height: HEIGHT }),
-    destroy() {
-      unfollow();
-      u.destroy();
-    },
-  };
+    yScale: { range: () => [0, top > 0 ? top * 1.1 : 1] },
+    yAxis: valueAxis(ready.downsampled ? 'ready ms (bucket mean)' : 'ready ms (window median)'),
+    series: lines.map((line, r) => ({
+      label: isSlow[r] ? `${line.label} (slow)` : line.label,
+      stroke: replicaColor(r),
+      width: isSlow[r] ? 3 : 1.25,
+      points: { show: steps.length < 60 },
+      value: (u, v) => (v == null ? '—' : `${fmt(v, 1)} ms`),
+    })),
+  }, [steps, ...columns]);
 }

@@ -1,7 +1,7 @@
 // Step time per worker of a multi-worker job: a table of medians and busy seconds over steps.
 import { h, fmt } from '../dom.js';
 import { replicaColor } from '../colors.js';
-import { uPlot, valueAxis, PLOT_RIGHT, stepSeries, followZoom, xRange, stepAxis } from './uplot_common.js';
+import { valueAxis, mountStepChart } from './uplot_common.js';
 
 const HEIGHT = 220;
 const finiteOrNull = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
@@ -35,33 +35,19 @@ export function createStepTime(target, { data, zoom, width, stragglers = new Set
   }
   const chart = h('div', { class: 'chart' });
   target.append(chart);
-  const opts = {
+  const columns = workers.map((_, i) => steps.map((_, s) => finiteOrNull(data.busy[s]?.[i])));
+  return mountStepChart(chart, {
+    zoom,
     width,
     height: HEIGHT,
-    padding: [8, PLOT_RIGHT, 0, 4],
-    scales: { x: { time: false, range: xRange(steps, zoom.full) }, y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] } },
-    axes: [stepAxis(), valueAxis(data.downsampled ? 'busy s (bucket mean)' : 'busy seconds / step')],
-    series: [
-      stepSeries,
-      ...workers.map((w, i) => ({
-        label: w.name,
-        stroke: replicaColor(i),
-        width: stragglers.has(w.name) ? 2 : 1.25,
-        points: { show: steps.length < 60 },
-        value: (u, v) => seconds(v),
-      })),
-    ],
-    cursor: { drag: { x: true, y: false } },
-    legend: { live: true },
-  };
-  const columns = workers.map((_, i) => steps.map((_, s) => finiteOrNull(data.busy[s]?.[i])));
-  const u = new uPlot(opts, [steps, ...columns], chart);
-  const unfollow = followZoom(u, zoom);
-  return {
-    resize: (w) => u.setSize({ width: w, height: HEIGHT }),
-    destroy() {
-      unfollow();
-      u.destroy();
-    },
-  };
+    yScale: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] },
+    yAxis: valueAxis(data.downsampled ? 'busy s (bucket mean)' : 'busy seconds / step'),
+    series: workers.map((w, i) => ({
+      label: w.name,
+      stroke: replicaColor(i),
+      width: stragglers.has(w.name) ? 2 : 1.25,
+      points: { show: steps.length < 60 },
+      value: (u, v) => seconds(v),
+    })),
+  }, [steps, ...columns]);
 }

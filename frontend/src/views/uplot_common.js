@@ -1,4 +1,4 @@
-// Shared uPlot settings: TensorBoard-like axes, and wiring to the shared zoom.
+// Shared uPlot settings: TensorBoard-like axes, wiring to the shared zoom, and the mount of a step chart.
 import uPlot from 'uplot';
 
 export { uPlot };
@@ -61,5 +61,41 @@ export function xRange(steps, full) {
   return (u, min, max) => {
     if (min == null || max == null || first === last || (min === first && max === last)) return [...full];
     return [min, max];
+  };
+}
+
+/**
+ * Mounts a step chart: uPlot in `target` over `data` (`[steps, ...columns]`), following the shared
+ * zoom. What every step chart shares is set here: its size, the padding that lines plot areas up,
+ * the x scale over the run's steps, the step axis and series, drag-to-zoom on x, the live legend.
+ *
+ * `chart` gives the rest: `zoom`, `width`, `height`; `yScale` (the y scale's options); `yAxis`
+ * (a `valueAxis`); `series` (the series after the step series); `cursor` (merged into the
+ * drag-to-zoom cursor); any other uPlot option (e.g. `hooks`) as it is.
+ *
+ * Returns the view object `{plot, resize(width), destroy()}`, `plot` the uPlot (for overlays).
+ */
+export function mountStepChart(target, chart, data) {
+  const { zoom, width, height, yScale, yAxis, series, cursor, ...options } = chart;
+  const opts = {
+    width,
+    height,
+    padding: [8, PLOT_RIGHT, 0, 4],
+    scales: { x: { time: false, range: xRange(data[0], zoom.full) }, y: yScale },
+    axes: [stepAxis(), yAxis],
+    series: [stepSeries, ...series],
+    cursor: { drag: { x: true, y: false }, ...cursor },
+    legend: { live: true },
+    ...options,
+  };
+  const plot = new uPlot(opts, data, target);
+  const unfollow = followZoom(plot, zoom);
+  return {
+    plot,
+    resize: (w) => plot.setSize({ width: w, height }),
+    destroy() {
+      unfollow();
+      plot.destroy();
+    },
   };
 }

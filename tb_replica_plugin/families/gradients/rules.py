@@ -169,105 +169,163 @@ def _outlier_findings(series, thresholds):
 
 
 def _nonfinite_findings(series):
-    findings = []
-    counts = series.nonfinite  # [E, 4, R]
+    """The `nonfinite_gradients` findings of a run: one per set of replicas whose first NaN/Inf
+    is at the same step.
+
+    Args:
+      series: a `read.GradientsSeries`.
+
+    Returns:
+      A list of `Finding`, by first step.
+    """
     if series.nonfinite_steps.size == 0:
-        return findings
-    steps = series.nonfinite_steps
-    bad = counts.sum(axis=1) > 0  # [E, R]
-    first_of = {}
-    for index in np.flatnonzero(bad.any(axis=0)):
-        first_of[index] = int(steps[np.argmax(bad[:, index])])
+        return []
+    bad, first_of = _first_nonfinite_steps(series)
     if not first_of:
-        return findings
-    origin = min(first_of.values())
+        return []
     groups = collections.defaultdict(list)
     for index, first in first_of.items():
         groups[first].append(index)
     all_replicas = len(first_of) == series.num_replicas
+    findings = []
     for first, indices in sorted(groups.items()):
         replicas = [series.replicas[i] for i in sorted(indices)]
         rows = np.flatnonzero(bad[:, indices].any(axis=1))
-        group_steps = steps[rows].tolist()
-        grad_nan = int(counts[rows][:, 0][:, indices].sum())
-        grad_inf = int(counts[rows][:, 1][:, indices].sum())
-        loss_nan = int(counts[rows][:, 2][:, indices].sum())
-        loss_inf = int(counts[rows][:, 3][:, indices].sum())
-        what = []
-        if grad_nan:
-            what.append(f"{grad_nan} NaN")
-        if grad_inf:
-            what.append(f"{grad_inf} Inf")
-        detail = " and ".join(what) + " gradient value(s)" if what else "finite gradients"
-        if loss_nan or loss_inf:
-            detail += f", loss NaN/Inf at {loss_nan + loss_inf} step(s)"
-        plural = "s" if len(replicas) > 1 else ""
-        names = ", ".join(str(r) for r in replicas)
-        head = (
-            f"Replica{plural} {names} had non-finite values ({detail}) at {fmt_steps(group_steps)}"
-        )
+        group_steps = series.nonfinite_steps[rows].tolist()
+        grad_nan, grad_inf, loss_nan, loss_inf = _nonfinite_counts(series.nonfinite, rows, indices)
+        head = _nonfinite_head(replicas, group_steps, grad_nan, grad_inf, loss_nan, loss_inf)
         if series.loss_scaled and not (loss_nan or loss_inf):
-            findings.append(
-                Finding(
-                    kind="nonfinite_gradients",
-                    severity="info",
-                    run=series.run,
-                    first_step=first,
-                    last_step=int(group_steps[-1]),
-                    count=len(group_steps),
-                    replicas=replicas,
-                    name=None,
-                    value=grad_nan + grad_inf,
-                    threshold=0,
-                    message=(
-                        f"{head} with a finite loss, under a loss-scale optimizer: the scaled "
-                        "gradients overflowed, which is expected while the dynamic loss scale "
-                        "adapts (the optimizer skips the step and lowers the scale). Only a "
-                        "NaN loss, or overflow at most steps, needs a look. Keras 3.15 under "
-                        "MirroredStrategy checks only replica 0's gradients, so an overflow on "
-                        "another replica alone is not skipped."
-                    ),
-                    view="gradients",
-                )
-            )
-            continue
-        if first > origin:
-            origin_replicas = ", ".join(str(series.replicas[i]) for i in groups[origin])
-            message = (
-                f"{head}, after replica(s) {origin_replicas} at step {origin}: the all-reduce "
-                "spread the first NaN/Inf into every replica's weights; fix the first one."
-            )
-        elif len(indices) == series.num_replicas and series.num_replicas > 1:
-            message = (
-                f"{head}, on every replica at once from step {first}: the model itself "
-                "diverged rather than one shard (learning rate too high, exploding activations, "
-                "log/division of 0); lower the learning rate, clip gradients or check the loss."
+            message = f"{head}{LOSS_SCALE_OVERFLOW}"
+            finding = _nonfinite_finding(
+                series, "info", first, group_steps, replicas, grad_nan + grad_inf, message
             )
         else:
-            others = "" if all_replicas else " while the other replicas stayed finite"
-            message = (
-                f"{head}{others}: look at that replica's batch at step {first} (a NaN/Inf or "
-                "extreme example, a division by zero or log(0) in its preprocessing). Unless "
-                "the step is skipped, the all-reduce writes the NaN into every replica's "
-                "weights (Keras 3.15's LossScaleOptimizer checks only replica 0's gradients)."
+            message = _nonfinite_message(series, head, first, indices, groups, all_replicas)
+            value = grad_nan + grad_inf + loss_nan + loss_inf
+            finding = _nonfinite_finding(
+                series, "error", first, group_steps, replicas, value, message
             )
-        findings.append(
-            Finding(
-                kind="nonfinite_gradients",
-                severity="error",
-                run=series.run,
-                first_step=first,
-                last_step=int(group_steps[-1]),
-                count=len(group_steps),
-                replicas=replicas,
-                name=None,
-                value=grad_nan + grad_inf + loss_nan + loss_inf,
-                threshold=0,
-                message=message,
-                view="gradients",
-            )
-        )
+        findings.append(finding)
     return findings
+
+
+# The end of an info finding's message: an overflow of the scaled gradients with a finite loss.
+LOSS_SCALE_OVERFLOW = (
+    " with a finite loss, under a loss-scale optimizer: the scaled "
+    "gradients overflowed, which is expected while the dynamic loss scale "
+    "adapts (the optimizer skips the step and lowers the scale). Only a "
+    "NaN loss, or overflow at most steps, needs a look. Keras 3.15 under "
+    "MirroredStrategy checks only replica 0's gradients, so an overflow on "
+    "another replica alone is not skipped."
+)
+
+
+def _first_nonfinite_steps(series):
+    """Where a run's replicas held NaN or Inf (in gradients or loss), and the first step of each.
+
+    Args:
+      series: a `read.GradientsSeries` with event steps (`nonfinite_steps`).
+
+    Returns:
+      `(bad, first_of)`: `bad[e, r]` is True when replica position r held a non-finite value
+      at the e-th event step; `first_of` maps each such replica position to its first such step.
+    """
+    steps = series.nonfinite_steps
+    bad = series.nonfinite.sum(axis=1) > 0  # [E, R]
+    first_of = {}
+    for index in np.flatnonzero(bad.any(axis=0)):
+        first_of[index] = int(steps[np.argmax(bad[:, index])])
+    return bad, first_of
+
+
+def _nonfinite_counts(counts, rows, indices):
+    """The non-finite values of some replicas at some event steps.
+
+    Args:
+      counts: `GradientsSeries.nonfinite`, `[E, 4, R]`.
+      rows: the event rows; indices: the replica positions.
+
+    Returns:
+      `(grad_nan, grad_inf, loss_nan, loss_inf)`, summed over `rows` and `indices`.
+    """
+    return tuple(int(counts[rows][:, kind][:, indices].sum()) for kind in range(4))
+
+
+def _nonfinite_head(replicas, group_steps, grad_nan, grad_inf, loss_nan, loss_inf):
+    """The first sentence of a `nonfinite_gradients` message: which replicas, what, when.
+
+    Args:
+      replicas: the replica ids; group_steps: the event steps at which they held NaN/Inf.
+      grad_nan, grad_inf, loss_nan, loss_inf: the counts of `_nonfinite_counts`.
+
+    Returns:
+      The sentence, without its end (the caller continues it).
+    """
+    what = []
+    if grad_nan:
+        what.append(f"{grad_nan} NaN")
+    if grad_inf:
+        what.append(f"{grad_inf} Inf")
+    detail = " and ".join(what) + " gradient value(s)" if what else "finite gradients"
+    if loss_nan or loss_inf:
+        detail += f", loss NaN/Inf at {loss_nan + loss_inf} step(s)"
+    plural = "s" if len(replicas) > 1 else ""
+    names = ", ".join(str(r) for r in replicas)
+    return f"Replica{plural} {names} had non-finite values ({detail}) at {fmt_steps(group_steps)}"
+
+
+def _nonfinite_message(series, head, first, indices, groups, all_replicas):
+    """The message of an error `nonfinite_gradients` finding: where the NaN/Inf came from.
+
+    Args:
+      series: the run's `read.GradientsSeries`.
+      head: `_nonfinite_head`'s sentence; first: the replicas' first non-finite step.
+      indices: their replica positions.
+      groups: `{first step: replica positions}` of every replica that held NaN/Inf.
+      all_replicas: whether every replica of the run did.
+
+    Returns:
+      The message: spread from an earlier replica, the model diverged, or one shard's batch.
+    """
+    origin = min(groups)
+    if first > origin:
+        origin_replicas = ", ".join(str(series.replicas[i]) for i in groups[origin])
+        return (
+            f"{head}, after replica(s) {origin_replicas} at step {origin}: the all-reduce "
+            "spread the first NaN/Inf into every replica's weights; fix the first one."
+        )
+    if len(indices) == series.num_replicas and series.num_replicas > 1:
+        return (
+            f"{head}, on every replica at once from step {first}: the model itself "
+            "diverged rather than one shard (learning rate too high, exploding activations, "
+            "log/division of 0); lower the learning rate, clip gradients or check the loss."
+        )
+    others = "" if all_replicas else " while the other replicas stayed finite"
+    return (
+        f"{head}{others}: look at that replica's batch at step {first} (a NaN/Inf or "
+        "extreme example, a division by zero or log(0) in its preprocessing). Unless "
+        "the step is skipped, the all-reduce writes the NaN into every replica's "
+        "weights (Keras 3.15's LossScaleOptimizer checks only replica 0's gradients)."
+    )
+
+
+def _nonfinite_finding(series, severity, first, group_steps, replicas, value, message):
+    """A `nonfinite_gradients` `Finding` of `replicas` from step `first` (event steps
+    `group_steps`), of `severity` ("error", or "info" for an expected overflow)."""
+    return Finding(
+        kind="nonfinite_gradients",
+        severity=severity,
+        run=series.run,
+        first_step=first,
+        last_step=int(group_steps[-1]),
+        count=len(group_steps),
+        replicas=replicas,
+        name=None,
+        value=value,
+        threshold=0,
+        message=message,
+        view="gradients",
+    )
 
 
 def find_gradients(series, thresholds=Thresholds()):

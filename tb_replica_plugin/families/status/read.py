@@ -13,6 +13,7 @@ import json
 
 import numpy as np
 
+from tb_replica_plugin.core import jobs
 from tb_replica_plugin.families.status import schema
 
 # A heartbeat this many seconds before its segment's "start" event still belongs to it (the
@@ -383,6 +384,12 @@ def worker_identity(series):
     }
 
 
+STATUS_ABSENT_NOTE = (
+    "Workers {names} recorded no status (heartbeats and end records): their state is unknown "
+    "(written by an older version of this plugin?)."
+)
+
+
 def merge_status(job, member_runs, workers, notes):
     """The `JobStatus` of a multi-worker job: each worker's `StatusSeries` (or None).
 
@@ -402,12 +409,7 @@ def merge_status(job, member_runs, workers, notes):
     """
     by_run = {member.run: getattr(member, "status", None) for member in member_runs}
     members = [by_run.get(worker["run"]) for worker in workers]
-    if all(series is None for series in members):
+    have = [series is not None for series in members]
+    if jobs.note_workers_without(workers, have, notes, STATUS_ABSENT_NOTE) is None:
         return None
-    missing = [w["name"] for w, series in zip(workers, members, strict=True) if series is None]
-    if missing:
-        notes.append(
-            f"Workers {', '.join(missing)} recorded no status (heartbeats and end records): "
-            "their state is unknown (written by an older version of this plugin?)."
-        )
     return JobStatus(run=job, workers=list(workers), members=members)

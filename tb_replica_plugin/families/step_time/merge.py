@@ -14,6 +14,10 @@ from tb_replica_plugin.families.step_time.read import ReplicaTimeSeries, StepTim
 
 # The columns of a worker's `workers/step_time` value.
 TIMING_VALUES = 3
+READY_TIMES_ABSENT_NOTE = (
+    "Replica ready times are left out of the job: {names} recorded none (the other workers did); "
+    "each worker's own run shows its own."
+)
 
 
 class StepTimeMerger(jobs.Merger):
@@ -93,14 +97,8 @@ class StepTimeMerger(jobs.Merger):
         """The ready times on the global replica axis at the steps every worker logged, or None
         (noted when some workers recorded none)."""
         have = [slot in self.ready_parts for slot in order]
-        if not any(have):
-            return None
-        if not all(have):
-            missing = [w["name"] for w, h in zip(workers, have, strict=True) if not h]
-            notes.append(
-                f"Replica ready times are left out of the job: {', '.join(missing)} recorded none "
-                "(the other workers did); each worker's own run shows its own."
-            )
+        missing = jobs.note_workers_without(workers, have, notes, READY_TIMES_ABSENT_NOTE)
+        if missing is None or missing:
             return None
         self.ready.drop_dead()
         rows = self.ready.complete_rows()
