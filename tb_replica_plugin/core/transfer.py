@@ -378,7 +378,11 @@ class Delivery:
         """
         slot = self._slots[key]
         with tf.device("/cpu:0"):
-            value = self._region(slot.region)[:, slot.start : slot.start + slot.size]
+            if slot.region == FLOATS:
+                value = self._region(slot.region)[:, slot.start : slot.start + slot.size]
+            else:  # int64 words: one slice of the matrix (no slice of the region first)
+                start = _region_offset(self._slots, slot.region) + slot.start
+                value = self.matrix[:, start : start + slot.size]
             if slot.region == FAULTS and slot.dtype == tf.float64:
                 value = tf.bitcast(value, tf.float64)
             return value
