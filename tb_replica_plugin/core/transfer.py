@@ -117,7 +117,8 @@ class Packet:
         """A value computed on the replica's device only where one of its float values is not
         finite (zeros elsewhere): `fn()` returns a vector of `size` values of `dtype` (int64 or
         float64). `guard`: keys of the float values whose finiteness alone decides it (inside
-        the fault branch, a second cond); empty: any of the packet's float values."""
+        the fault branch, the value is zeroed where they are finite); empty: any of the packet's
+        float values."""
         self._faults.append((key, fn, int(size), tf.as_dtype(dtype), tuple(guard)))
 
     def keep(self, key, value):
@@ -211,9 +212,13 @@ class Packet:
         size = sum(size for _, _, size, _, _ in self._faults)
         float_slots = {s.key: s for s in slots if s.region == FLOATS}
 
-        def guarded(fn, count, dtype, guard):
+        def guarded(fn, dtype, guard):
+            # Inside the fault branch (a faulty step only): the value computed, then zeroed
+            # where its own floats are finite. A mask, not a second cond per value: one op at
+            # those steps instead of two branch functions to trace for every replica.
+            words = _as_words(fn(), dtype)
             if not guard or floats is None:
-                return _as_words(fn(), dtype)
+                return words
             own = tf.concat(
                 [
                     floats[float_slots[k].start : float_slots[k].start + float_slots[k].size]
@@ -221,16 +226,10 @@ class Packet:
                 ],
                 axis=0,
             )
-            return cond_value(
-                tf.math.is_finite(tf.reduce_sum(own)),
-                lambda: tf.zeros([count], tf.int64),
-                lambda: _as_words(fn(), dtype),
-            )
+            return tf.where(tf.math.is_finite(tf.reduce_sum(own)), tf.zeros_like(words), words)
 
         def branch():
-            parts = [
-                guarded(fn, count, dtype, guard) for _, fn, count, dtype, guard in self._faults
-            ]
+            parts = [guarded(fn, dtype, guard) for _, fn, _, dtype, guard in self._faults]
             return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
 
         if floats is None:
@@ -379,7 +378,11 @@ class Delivery:
         """
         slot = self._slots[key]
         with tf.device("/cpu:0"):
-            value = self._region(slot.region)[:, slot.start : slot.start + slot.size]
+            if slot.region == FLOATS:
+                value = self._region(slot.region)[:, slot.start : slot.start + slot.size]
+            else:  # int64 words: one slice of the matrix (no slice of the region first)
+                start = _region_offset(self._slots, slot.region) + slot.start
+                value = self.matrix[:, start : start + slot.size]
             if slot.region == FAULTS and slot.dtype == tf.float64:
                 value = tf.bitcast(value, tf.float64)
             return value

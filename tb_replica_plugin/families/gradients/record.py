@@ -396,8 +396,7 @@ class Recorder(RecorderBase):
             self._write_document(call, delivery)
             with tf.device("/cpu:0"):
                 floats = delivery.value(_FLOATS)  # float64 [R, V (+ 1) (+ scales)]
-                healthy = tf.math.is_finite(tf.reduce_sum(floats, axis=1))  # [R]
-            self._check_faults(delivery, call, healthy, job_bad, step)
+            self._check_faults(delivery, call, floats, job_bad, step)
             self._keep_or_write_norms(call, floats, step)
         except Exception as error:  # noqa: BLE001 - must never break training
             self.warn(error)
@@ -425,16 +424,23 @@ class Recorder(RecorderBase):
             )
         self._document = fingerprint
 
-    def _check_faults(self, delivery, call, healthy, job_bad, step):
+    def _check_faults(self, delivery, call, floats, job_bad, step):
         """Step 2: at a step where some replica's values are not finite (on this worker, or on
         another one with `sync_faults`), its NaN/Inf counts from its fault branch, the culprit
-        batches and the fault state."""
+        batches and the fault state.
+
+        The predicate is one sum of every replica's packed values (float32 values summed in
+        float64 cannot overflow: the sum is finite exactly when each value is); which replicas
+        are not healthy is read inside the branch."""
         probe = self.probe
-        local_fault = tf.logical_not(tf.reduce_all(healthy))
+        with tf.device("/cpu:0"):
+            local_fault = tf.logical_not(tf.math.is_finite(tf.reduce_sum(floats)))
         any_fault = local_fault if job_bad is None else tf.logical_or(local_fault, job_bad > 0)
         batch = delivery.kept(_BATCH)  # None when not captured
 
         def write_nonfinite():
+            with tf.device("/cpu:0"):
+                healthy = tf.math.is_finite(tf.reduce_sum(floats, axis=1))  # [R]
             recording = probe.recording()
             counts = tf.cast(tf.transpose(delivery.value(_COUNTS)), tf.int32)  # [4, R]
             probe.write(

@@ -51,10 +51,12 @@ def name_fit_batch(data):
     return {"x": data}
 
 
-# Slots of the packed int64 counters: the previous step's shapes fingerprint (0: none yet), the
-# last step recorded.
+# Slots of the int64 state before the window: the previous step's shapes fingerprint (0: none
+# yet), the last step recorded.
 _PREV_FP, _LAST_STEP = range(2)
-# Rows of the int32 window: batch size at the last step, window minimum, window maximum.
+_COUNTERS = 2
+# Rows of the window (R values each, after the counters; written as int32 [3, R]): batch size
+# at the last step, window minimum, window maximum.
 _BATCH, _MIN, _MAX = range(3)
 # The window's minimum and maximum when it holds no step (so a step's min and max are its own).
 _EMPTY_MIN, _EMPTY_MAX = np.iinfo(np.int32).max, np.iinfo(np.int32).min
@@ -66,13 +68,18 @@ class Recorder(RecorderBase):
     name = "inputs"
 
     def create_state(self):
-        # Packed so that a step reads and writes each variable once.
-        self.variable("counters", [0, -1], tf.int64)
-        self.variable("window", self._empty_window(), tf.int32)
+        # One int64 vector, the counters then the window's rows: a step reads it once and
+        # writes it once.
+        self.variable("packed", [0, -1, *np.ravel(self._empty_window())], tf.int64)
 
     def _empty_window(self):
         count = self.probe.num_replicas
         return [[0] * count, [_EMPTY_MIN] * count, [_EMPTY_MAX] * count]
+
+    def _host_state(self):
+        """Host side: `(counters, window)` as numpy int64 [2] and int64 [3, R]."""
+        values = self.state["packed"].numpy()
+        return values[:_COUNTERS], values[_COUNTERS:].reshape([3, -1])
 
     def warn(self, error):
         self.probe.warn_failed("inputs", error)
@@ -103,11 +110,19 @@ class Recorder(RecorderBase):
             self.warn(error)
 
     def _write(self, stats, step_value):
+        """In-graph: the shapes event where the fingerprint changed, the batch-size window (and
+        its dense write at logged steps), then the state, read once and written once.
+
+        Args:
+          stats: the step's `InputsStats`.
+          step_value: the int64 step it records at.
+        """
         probe = self.probe
-        # Unstacked: one op per variable, not one slice per use.
-        previous, _ = tf.unstack(self.state["counters"].read_value())
-        _, win_min, win_max = tf.unstack(self.state["window"].read_value())
-        batch_size = stats.batch_size
+        count = probe.num_replicas
+        state = self.state["packed"].read_value()
+        previous = state[_PREV_FP]
+        win_min, win_max = tf.unstack(tf.reshape(state[_COUNTERS + count :], [2, count]))
+        batch_size = stats.batch_size_int64
         win_min, win_max = tf.minimum(win_min, batch_size), tf.maximum(win_max, batch_size)
         static = probe.static
         probe.write(
@@ -117,43 +132,42 @@ class Recorder(RecorderBase):
             step_value,
             schema.KIND_SHAPES,
         )
-        window = tf.stack([batch_size, win_min, win_max])
         if probe.update_freq is not None:
             write_dense = probe.logged(step_value)
+            window = (batch_size, win_min, win_max)
             probe.write(
                 write_dense,
                 schema.TAG_BATCH_SIZE,
-                lambda: window,
+                lambda: tf.cast(tf.stack(window), tf.int32),
                 step_value,
                 schema.KIND_BATCH_SIZE,
             )
             # A written window starts again empty.
-            win_min = tf.where(write_dense, _EMPTY_MIN, win_min)
-            win_max = tf.where(write_dense, _EMPTY_MAX, win_max)
-            window = tf.stack([batch_size, win_min, win_max])
-        self.state["counters"].assign(tf.stack([stats.fingerprint, step_value]))
-        self.state["window"].assign(window)
+            win_min = tf.where(write_dense, tf.constant(_EMPTY_MIN, tf.int64), win_min)
+            win_max = tf.where(write_dense, tf.constant(_EMPTY_MAX, tf.int64), win_max)
+        # Scalars as [1] vectors (reshapes, no kernel of their own): one concat.
+        counters = [tf.reshape(tf.cast(v, tf.int64), [1]) for v in (stats.fingerprint, step_value)]
+        self.state["packed"].assign(tf.concat([*counters, batch_size, win_min, win_max], axis=0))
 
     def write_window(self):
-        counters = self.state.get("counters")
-        if counters is None:
+        if self.state.get("packed") is None:
             return
-        values = self.state["window"].numpy()
+        counters, values = self._host_state()
         if int(values[_MIN, 0]) == _EMPTY_MIN:
             return  # no step since the last write
-        step = int(counters.numpy()[_LAST_STEP])
+        step = int(counters[_LAST_STEP])
+        window = values.astype(np.int32)
         self.probe.write_now(
-            schema.TAG_BATCH_SIZE, lambda: tf.constant(values), step, schema.KIND_BATCH_SIZE
+            schema.TAG_BATCH_SIZE, lambda: tf.constant(window), step, schema.KIND_BATCH_SIZE
         )
         empty = self._empty_window()
         empty[_BATCH] = values[_BATCH].tolist()
-        self.state["window"].assign(empty)
+        self.state["packed"].assign([*counters.tolist(), *np.ravel(empty)])
 
     def last_step(self):
-        counters = self.state.get("counters")
-        if counters is None:
+        if self.state.get("packed") is None:
             return None
-        step = int(counters.numpy()[_LAST_STEP])
+        step = int(self._host_state()[0][_LAST_STEP])
         return None if step < 0 else step
 
 

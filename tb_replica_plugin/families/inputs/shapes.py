@@ -206,6 +206,7 @@ class InputsStats:
     Attributes:
       batch_size: int32 tensor [R], leading dimension of the first leaf of rank >= 1 (0 for a
         replica whose leaf is empty, 1 if every leaf is a scalar).
+      batch_size_int64: the same as int64 (the shapes' own dtype: no cast).
       fingerprint: int64 scalar tensor, changes whenever any shape or dtype on any replica changes.
     """
 
@@ -225,7 +226,8 @@ class InputsStats:
             ranks = self._ranks[0] if self._ranks else []
             uniform = self._matrix is not None
             self._offsets = [sum(ranks[:i]) for i in range(len(ranks))] if uniform else None
-            self.batch_size = self._batch_size()
+            self.batch_size_int64 = self._batch_size()
+            self.batch_size = tf.cast(self.batch_size_int64, tf.int32)
             self.fingerprint = self._fingerprint()
 
     @classmethod
@@ -289,13 +291,10 @@ class InputsStats:
             ranks = [self._ranks[r][leaf] for r in range(self.num_replicas)]
             if ranks and all(rank is None or rank >= 1 for rank in ranks):
                 if self._matrix is not None:
-                    return tf.cast(self._matrix[:, self._offsets[leaf]], tf.int32)
+                    return self._matrix[:, self._offsets[leaf]]
                 # A run-time rank of 0 would make [0] fail; such inputs are rare (scalars).
-                return tf.cast(
-                    tf.stack([self._leaf_shape(r, leaf)[0] for r in range(self.num_replicas)]),
-                    tf.int32,
-                )
-        return tf.ones([self.num_replicas], tf.int32)
+                return tf.stack([self._leaf_shape(r, leaf)[0] for r in range(self.num_replicas)])
+        return tf.ones([self.num_replicas], tf.int64)
 
     def _fingerprint(self):
         static = json.dumps([self.names, self.dtypes, self.kinds, self._ranks]).encode("utf-8")

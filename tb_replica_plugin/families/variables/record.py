@@ -242,59 +242,17 @@ class Recorder(RecorderBase):
         rotate=True,
     ):
         """Fingerprints every copy (or this step's slices, see `rotation.py`) and writes the
-        variables tags at `step` (returns True)."""
-        probe = self.probe
-        counters = self.state["counters"]
-        part, extent = None, None
-        if window is not None:
-            period, sizes, chunks = window
-            whole = [-1 if n is None else n for n in sizes]
-            if rotate:
-                part, extent = _slicer(step // (probe.update_freq or 1), period, sizes, chunks)
-            else:
-                extent = tf.constant([[0, n] for n in whole], tf.int64)
+        variables tags at `step`, in named steps: which slices this step checks
+        (`_window_extent`), the placement when it changed (`_write_placement`), the stats
+        (`_write_stats`), then the placement's fingerprint kept for the next check."""
+        part, extent = self._window_extent(window, step, rotate)
         stats = check.VariablesStats(
-            entries, probe.num_replicas, exact, self._layouts, fused_min_copies, part
+            entries, self.probe.num_replicas, exact, self._layouts, fused_min_copies, part
         )
-        current = counters.read_value()
-        changed = tf.logical_or(
-            tf.equal(current[_HAS_PLACEMENT], 0),
-            tf.not_equal(current[_PLACEMENT_FP], placement_fp),
-        )
-        recording = probe.recording()
-        probe.write(
-            tf.logical_and(changed, recording),
-            schema.TAG_VARIABLE_PLACEMENT,
-            lambda: tf.constant(placement),
-            step,
-            schema.KIND_VARIABLE_PLACEMENT,
-        )
-        probe.write(
-            recording, schema.TAG_VARIABLE_HASH, lambda: stats.hash, step, schema.KIND_VARIABLE_HASH
-        )
-        probe.write(
-            recording,
-            schema.TAG_VARIABLE_FINGERPRINT,
-            lambda: fingerprint_rows(stats),
-            step,
-            schema.KIND_VARIABLE_FINGERPRINT,
-        )
-        if extent is not None:
-            probe.write(
-                recording,
-                schema.TAG_VARIABLE_WINDOW,
-                lambda: extent,
-                step,
-                schema.KIND_VARIABLE_WINDOW,
-            )
-        if stats.exact is not None:
-            probe.write(
-                recording,
-                schema.TAG_VARIABLE_EXACT,
-                lambda: stats.exact,
-                step,
-                schema.KIND_VARIABLE_EXACT,
-            )
+        recording = self.probe.recording()
+        self._write_placement(placement, placement_fp, step, recording)
+        self._write_stats(stats, extent, step, recording)
+        counters = self.state["counters"]
         counters.assign(
             tf.tensor_scatter_nd_update(
                 counters,
@@ -302,6 +260,63 @@ class Recorder(RecorderBase):
                 tf.constant([1, placement_fp], tf.int64),
             )
         )
+
+    def _window_extent(self, window, step, rotate):
+        """Step 1: `(part, extent)` of a rotating check: the slices `step` fingerprints and the
+        `[start, stop]` rows written for them (`rotation.py`); `(None, None)` without a window.
+
+        Args:
+          window: `(period, sizes, chunks)` of the rotation, or None (every copy in full).
+          step: the step the check records at.
+          rotate: False: the whole of every variable (its extent `[0, n]`), no slicing.
+
+        Returns:
+          `(part, extent)`: the slicer's part (None: whole) and an int64 [V, 2] tensor or None.
+        """
+        if window is None:
+            return None, None
+        period, sizes, chunks = window
+        if rotate:
+            return _slicer(step // (self.probe.update_freq or 1), period, sizes, chunks)
+        whole = [-1 if n is None else n for n in sizes]
+        return None, tf.constant([[0, n] for n in whole], tf.int64)
+
+    def _write_placement(self, placement, placement_fp, step, recording):
+        """Step 2: the placement event, where no placement was written yet or its fingerprint
+        `placement_fp` differs from the last one written."""
+        current = self.state["counters"].read_value()
+        changed = tf.logical_or(
+            tf.equal(current[_HAS_PLACEMENT], 0),
+            tf.not_equal(current[_PLACEMENT_FP], placement_fp),
+        )
+        self.probe.write(
+            tf.logical_and(changed, recording),
+            schema.TAG_VARIABLE_PLACEMENT,
+            lambda: tf.constant(placement),
+            step,
+            schema.KIND_VARIABLE_PLACEMENT,
+        )
+
+    def _write_stats(self, stats, extent, step, recording):
+        """Step 3: the hash and fingerprint rows of `stats` (a `check.VariablesStats`), the
+        window's `extent` when one is checked, and the exact values when kept."""
+        probe = self.probe
+        writes = [
+            (schema.TAG_VARIABLE_HASH, lambda: stats.hash, schema.KIND_VARIABLE_HASH),
+            (
+                schema.TAG_VARIABLE_FINGERPRINT,
+                lambda: fingerprint_rows(stats),
+                schema.KIND_VARIABLE_FINGERPRINT,
+            ),
+        ]
+        if extent is not None:
+            writes.append((schema.TAG_VARIABLE_WINDOW, lambda: extent, schema.KIND_VARIABLE_WINDOW))
+        if stats.exact is not None:
+            writes.append(
+                (schema.TAG_VARIABLE_EXACT, lambda: stats.exact, schema.KIND_VARIABLE_EXACT)
+            )
+        for tag, value_fn, kind in writes:
+            probe.write(recording, tag, value_fn, step, kind)
 
 
 class Recording:
