@@ -120,8 +120,8 @@ class Family:
         (`add`) and gives the job's series (`result`); None for a family merged by `merge`.
       merge: for a family without `merger`, `merge(job, member_runs, workers, notes)` -> the
         series of a job from all its workers' `RunData` at once (their series and the samples
-        of its tags and `merge_tags`; small families: step time, status), or None; None when a
-        job never has this family's series.
+        of its tags and `merge_tags`; small families: status, a third-party family's), or None;
+        None when a job never has this family's series.
       write_side: a function of no arguments that imports the write side (TensorFlow) and returns
         `(Recorder class, Recording mixin or None)` (`core.recorder`): the probe creates one
         recorder per family and `ReplicaProbe` gets the mixin's `observe_*` methods. None for a
