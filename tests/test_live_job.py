@@ -72,11 +72,13 @@ def test_a_growing_job_is_read_on_and_answers_as_a_fresh_read(tmp_path, monkeypa
         argv=[
             None,
             *("--logdir", logdir, "--host", "127.0.0.1", "--port", str(free_port())),
-            *("--load_fast=false", "--reload_interval", "1"),
+            # One load, in this thread, before serving: TensorBoard's reload thread has no way
+            # to stop it (a `while True` loop), so none is started. The plugin reads what the
+            # workers append from the event files itself; the loader only lists the run.
+            *("--load_fast=false", "--reload_interval", "0", "--reload_task", "blocking"),
         ]
     )
-    # `launch()`, keeping the server to shut it down (its loader's reload thread, a daemon,
-    # stays until the session ends).
+    # `launch()`, keeping the server to shut it down.
     server = board._make_server()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = server.get_url().rstrip("/")

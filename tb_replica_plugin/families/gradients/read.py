@@ -220,60 +220,30 @@ def from_samples(run, samples, notes, needed=None):
     )
     if not any(samples.get(tag) for tag in tags):
         return None
-    batches = []
-    for step, value in samples.get(schema.TAG_GRAD_BATCH, []):
-        try:
-            batches.extend(parse_batches(step, value))
-        except Exception:  # noqa: BLE001 - a bad event must not hide the rest of the run
-            notes.append(f"An unreadable gradients/batch event at step {step} was skipped.")
-    documents = []
-    for step, value in samples.get(schema.TAG_GRAD_VARIABLES, []):
-        try:
-            text = value.item()
-            text = text.decode("utf-8") if isinstance(text, bytes) else text
-            parsed = json.loads(text)
-            documents.append((step, parsed, [str(n) for n in parsed["variables"]]))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            notes.append(f"An unreadable gradients/variables event at step {step} was skipped.")
-    last = documents[-1][1] if documents else {}
-    names = documents[-1][2] if documents else []
+    batches = _captured_batches(samples, notes)
+    last, names = _last_variables(samples, notes)
     dense = [
         (int(step), np.asarray(value, np.float64))
         for step, value in samples.get(schema.TAG_GRAD_NORMS, [])
         if np.ndim(value) == 2
     ]
-    counts = {value.shape for _, value in dense}
-    if documents:
-        width = len(names) + 2
-    elif dense:
-        width = dense[-1][1].shape[0]
-        names = [f"variable {i}" for i in range(width - 2)]
-    else:
-        width = None
-    replicas_of = {value.shape[1] for _, value in dense}
     nonfinite = [
         (int(step), np.asarray(value, np.int64))
         for step, value in samples.get(schema.TAG_GRAD_NONFINITE, [])
         if np.ndim(value) == 2 and np.shape(value)[0] == 4
     ]
-    replicas_of |= {value.shape[1] for _, value in nonfinite}
+    width, names = _norms_width(names, dense)
+    replicas_of = {value.shape[1] for _, value in dense + nonfinite}
     num_replicas = len(last.get("replicas", [])) or (max(replicas_of) if replicas_of else 0)
     kept = [(s, v) for s, v in dense if v.shape == (width, num_replicas)]
-    if len(kept) < len(dense) or len(counts) > 1:
+    if len(kept) < len(dense) or len({value.shape for _, value in dense}) > 1:
         notes.append(
             f"{len(dense) - len(kept)} gradient-norm sample(s) with another variable or replica "
             "count were skipped (only the last variable list is shown)."
         )
     nonfinite = [(s, v) for s, v in nonfinite if v.shape[1] == num_replicas]
-    by_step = dict(kept)  # a later write at the same step wins
-    steps = np.array(sorted(by_step), np.int64)
-    stacked = (
-        np.stack([by_step[s] for s in steps.tolist()])
-        if steps.size
-        else np.zeros((0, (width or 2), num_replicas))
-    )
-    events = dict(nonfinite)
-    event_steps = np.array(sorted(events), np.int64)
+    steps, stacked = _stacked_by_step(kept, ((width or 2), num_replicas), np.float64)
+    event_steps, events = _stacked_by_step(nonfinite, (4, num_replicas), np.int64)
     return GradientsSeries(
         run=run,
         replicas=[int(r) for r in last.get("replicas", range(num_replicas))],
@@ -286,14 +256,73 @@ def from_samples(run, samples, notes, needed=None):
         loss=stacked[:, 1, :],
         variable_norms=stacked[:, 2:, :],
         nonfinite_steps=event_steps,
-        nonfinite=(
-            np.stack([events[s] for s in event_steps.tolist()])
-            if event_steps.size
-            else np.zeros((0, 4, num_replicas), np.int64)
-        ),
+        nonfinite=events,
         loss_scaled=bool(last.get("loss_scaled", False)),
         batches=batches,
     )
+
+
+def _captured_batches(samples, notes):
+    """The `CapturedBatch`es of a run's `gradients/batch` events (a note per unreadable one)."""
+    batches = []
+    for step, value in samples.get(schema.TAG_GRAD_BATCH, []):
+        try:
+            batches.extend(parse_batches(step, value))
+        except Exception:  # noqa: BLE001 - a bad event must not hide the rest of the run
+            notes.append(f"An unreadable gradients/batch event at step {step} was skipped.")
+    return batches
+
+
+def _last_variables(samples, notes):
+    """The run's last readable `gradients/variables` document.
+
+    Args:
+      samples: `RunData.samples`.
+      notes: the run's notes (one per unreadable event).
+
+    Returns:
+      `(document, names)`: the parsed document and its variable names, or `({}, None)` when the
+      run has none.
+    """
+    last, names = {}, None
+    for step, value in samples.get(schema.TAG_GRAD_VARIABLES, []):
+        try:
+            text = value.item()
+            text = text.decode("utf-8") if isinstance(text, bytes) else text
+            parsed = json.loads(text)
+            last, names = parsed, [str(n) for n in parsed["variables"]]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            notes.append(f"An unreadable gradients/variables event at step {step} was skipped.")
+    return last, names
+
+
+def _norms_width(names, dense):
+    """The rows of a gradient-norms sample (global norm, loss, one per variable), and the names.
+
+    Args:
+      names: the last variables document's names, or None without one.
+      dense: the run's `(step, [rows, R] norms)` samples.
+
+    Returns:
+      `(width, names)`: width from the document, else from the last sample (its variables
+      named "variable i"), else None (and no names).
+    """
+    if names is not None:
+        return len(names) + 2, names
+    if dense:
+        width = dense[-1][1].shape[0]
+        return width, [f"variable {i}" for i in range(width - 2)]
+    return None, []
+
+
+def _stacked_by_step(samples, shape, dtype):
+    """`(steps, stacked)`: the samples' steps, sorted, and their values stacked in that order
+    (a later sample at the same step wins; `(0, *shape)` zeros of `dtype` when there are none)."""
+    by_step = dict(samples)
+    steps = np.array(sorted(by_step), np.int64)
+    if not steps.size:
+        return steps, np.zeros((0, *shape), dtype)
+    return steps, np.stack([by_step[s] for s in steps.tolist()])
 
 
 def _scalings_note(scalings, workers):

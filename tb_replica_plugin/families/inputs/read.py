@@ -129,17 +129,7 @@ def build_inputs_series(run, shape_events, dense_points, notes=()):
     dense_points = sorted(
         ((int(s), np.asarray(v, dtype=np.int64)) for s, v in dense_points), key=lambda p: p[0]
     )
-    malformed = sum(1 for _, v in dense_points if v.ndim != 2 or v.shape[0] != 3)
-    if malformed:
-        notes.append(f"{malformed} batch-size sample(s) of an unexpected layout skipped.")
-    counts = {v.shape[-1] for _, v in dense_points if v.ndim == 2 and v.shape[0] == 3}
-    counts |= {len(sizes) for sizes in sizes_of}
-    if len(counts) > 1:
-        notes.append(
-            f"The replica count changes within this run ({sorted(counts)}); only data with "
-            f"{max(counts)} replicas is shown."
-        )
-    num_replicas = max(counts) if counts else 0
+    num_replicas = _replica_count(dense_points, sizes_of, notes)
     kept = [i for i, sizes in enumerate(sizes_of) if len(sizes) == num_replicas]
     events = [events[i] for i in kept]
     sizes_of = [sizes_of[i] for i in kept]
@@ -150,54 +140,92 @@ def build_inputs_series(run, shape_events, dense_points, notes=()):
         if dense_points
         else np.zeros((0, 3, num_replicas), np.int64)
     )
-    last_event = events[-1] if events else None
-    replicas = (last_event or {}).get("replicas") or list(range(num_replicas))
-    devices = (last_event or {}).get("devices") or [""] * num_replicas
-    source = (last_event or {}).get("source", "")
-
     if events:
-        event_steps = np.array([e["step"] for e in events], dtype=np.int64)
-        event_sizes = np.array(sizes_of, dtype=np.int64)
-        first = int(event_steps[0])
-        last = int(max(event_steps[-1], dense_steps[-1] if dense_steps.size else first))
-        if last - first + 1 <= MAX_DENSE_STEPS:
-            steps = np.arange(first, last + 1, dtype=np.int64)
-        else:
-            steps = np.union1d(event_steps, dense_steps[dense_steps >= first])
-            notes.append("Steps span too wide a range to rebuild every step; recorded steps only.")
-        index = np.searchsorted(event_steps, steps, side="right") - 1
-        batch_size = event_sizes[index]
-        if dense_steps.size:
-            at = np.searchsorted(steps, dense_steps)
-            ok = (at < steps.size) & (steps[np.minimum(at, steps.size - 1)] == dense_steps)
-            disagree = ok.copy()
-            disagree[ok] = np.any(batch_size[at[ok]] != dense[ok, 0], axis=1)
-            if np.any(disagree):
-                notes.append(
-                    "Some shape-change events are missing (TensorBoard keeps a sample of each "
-                    "series by default): start TensorBoard with --samples_per_plugin "
-                    f"{metadata.PLUGIN_NAME}=0 to see every step exactly."
-                )
-                batch_size = batch_size.copy()
-                batch_size[at[disagree]] = dense[disagree, 0]
+        steps, batch_size = _every_step_sizes(events, sizes_of, dense_steps, dense, notes)
     else:
         steps = dense_steps
         batch_size = dense[:, 0, :] if dense.size else np.zeros((0, num_replicas), np.int64)
         if dense_steps.size:
             notes.append("No shape events were found; batch sizes are shown at logged steps only.")
+    last_event = (events[-1] if events else None) or {}
     return InputsSeries(
         run=run,
-        replicas=[int(r) for r in replicas],
-        devices=[str(d) for d in devices],
-        source=source,
+        replicas=[int(r) for r in last_event.get("replicas") or range(num_replicas)],
+        devices=[str(d) for d in last_event.get("devices") or [""] * num_replicas],
+        source=last_event.get("source", ""),
         steps=steps,
         batch_size=batch_size,
         shape_events=events,
         dense_steps=dense_steps,
         dense=dense,
         notes=notes,
-        worker=(last_event or {}).get("worker"),
+        worker=last_event.get("worker"),
     )
+
+
+def _replica_count(dense_points, sizes_of, notes):
+    """The run's replica count: the largest of its samples' (a note when they differ).
+
+    Args:
+      dense_points: the run's `(step, int64 array)` batch-size samples.
+      sizes_of: the batch sizes of each shapes event.
+      notes: the run's notes (appended to: samples of another layout, counts that differ).
+
+    Returns:
+      The number of replicas (0 without samples).
+    """
+    malformed = sum(1 for _, v in dense_points if v.ndim != 2 or v.shape[0] != 3)
+    if malformed:
+        notes.append(f"{malformed} batch-size sample(s) of an unexpected layout skipped.")
+    counts = {v.shape[-1] for _, v in dense_points if v.ndim == 2 and v.shape[0] == 3}
+    counts |= {len(sizes) for sizes in sizes_of}
+    if len(counts) > 1:
+        notes.append(
+            f"The replica count changes within this run ({sorted(counts)}); only data with "
+            f"{max(counts)} replicas is shown."
+        )
+    return max(counts) if counts else 0
+
+
+def _every_step_sizes(events, sizes_of, dense_steps, dense, notes):
+    """Each replica's batch size at every step, rebuilt from the shapes events (each holds
+    until the next) and corrected by the dense series where events are missing.
+
+    Args:
+      events: the shapes events (by step, at least one); sizes_of: their batch sizes.
+      dense_steps, dense: the dense series' steps and `[S, 3, R]` values.
+      notes: the run's notes (appended to: steps too wide to rebuild, missing events).
+
+    Returns:
+      `(steps, batch_size)`: int64 `[T]` (every step from the first event's to the last
+      recorded, or only the recorded steps when that range is too wide) and `[T, R]`.
+    """
+    event_steps = np.array([e["step"] for e in events], dtype=np.int64)
+    event_sizes = np.array(sizes_of, dtype=np.int64)
+    first = int(event_steps[0])
+    last = int(max(event_steps[-1], dense_steps[-1] if dense_steps.size else first))
+    if last - first + 1 <= MAX_DENSE_STEPS:
+        steps = np.arange(first, last + 1, dtype=np.int64)
+    else:
+        steps = np.union1d(event_steps, dense_steps[dense_steps >= first])
+        notes.append("Steps span too wide a range to rebuild every step; recorded steps only.")
+    index = np.searchsorted(event_steps, steps, side="right") - 1
+    batch_size = event_sizes[index]
+    if not dense_steps.size:
+        return steps, batch_size
+    at = np.searchsorted(steps, dense_steps)
+    ok = (at < steps.size) & (steps[np.minimum(at, steps.size - 1)] == dense_steps)
+    disagree = ok.copy()
+    disagree[ok] = np.any(batch_size[at[ok]] != dense[ok, 0], axis=1)
+    if np.any(disagree):
+        notes.append(
+            "Some shape-change events are missing (TensorBoard keeps a sample of each "
+            "series by default): start TensorBoard with --samples_per_plugin "
+            f"{metadata.PLUGIN_NAME}=0 to see every step exactly."
+        )
+        batch_size = batch_size.copy()
+        batch_size[at[disagree]] = dense[disagree, 0]
+    return steps, batch_size
 
 
 def from_samples(run, samples, notes, needed=None):

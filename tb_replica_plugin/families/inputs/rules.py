@@ -79,98 +79,135 @@ def _uneven_message(row, replicas, nominal, steps):
 
 
 def _batch_findings(series, thresholds):
+    """The batch-size findings of a run: an uneven first batch, then one finding per uneven
+    split of the batch (empty replicas, or an imbalance over `max_imbalance_ratio`).
+
+    Args:
+      series: an `InputsSeries`.
+      thresholds: the `Thresholds` to apply.
+
+    Returns:
+      A list of `Finding` (`first_batch_uneven`, `empty_shard`, `uneven_batch`).
+    """
+    if series.batch_size.size == 0:
+        return []
     findings = []
-    sizes = series.batch_size
-    if sizes.size == 0:
-        return findings
-    replicas = series.replicas
+    first = _first_batch_finding(series)
+    if first is not None:
+        findings.append(first)
+    nominal = _nominal_global_batch(series.batch_size)
+    for pattern, steps in _uneven_splits(series).items():
+        row = np.array(pattern)
+        if row.min() == 0:
+            findings.append(_empty_shard_finding(series, row, steps))
+            continue
+        ratio = int(row.max()) / int(row.min())
+        if ratio > thresholds.max_imbalance_ratio:
+            findings.append(_uneven_finding(series, row, steps, nominal, ratio, thresholds))
+    return findings
+
+
+def _nominal_global_batch(sizes):
+    """The run's full global batch: the largest of its most common total and its largest total.
+
+    Args:
+      sizes: `InputsSeries.batch_size`, `[S, R]` (S > 0).
+
+    Returns:
+      An int.
+    """
     totals = sizes.sum(axis=1)
     values, counts = np.unique(totals, return_counts=True)
     nominal = int(values[np.argmax(counts)]) if values.size else 0
-    nominal = max(nominal, int(totals.max()))
-    mins, maxs = sizes.min(axis=1), sizes.max(axis=1)
-    uneven = mins != maxs
-    patterns = collections.OrderedDict()
-    for index in np.flatnonzero(uneven):
-        patterns.setdefault(tuple(int(v) for v in sizes[index]), []).append(
-            int(series.steps[index])
-        )
+    return max(nominal, int(totals.max()))
 
-    first_row = sizes[0]
-    if first_row.min() != first_row.max():
-        total = int(first_row.sum())
-        findings.append(
-            Finding(
-                kind="first_batch_uneven",
-                severity="error",
-                run=series.run,
-                first_step=int(series.steps[0]),
-                last_step=int(series.steps[0]),
-                count=1,
-                replicas=[replicas[i] for i in np.flatnonzero(first_row != first_row.max())],
-                name=None,
-                value=[int(v) for v in first_row],
-                threshold=None,
-                message=(
-                    f"The first batch splits unevenly: global batch {total} over "
-                    f"{len(first_row)} replicas gives {[int(v) for v in first_row]}. Keras 3 "
-                    "model.fit fails on such a first batch before training ('Inputs to operation "
-                    "AddN ... must have the same size and shape'); use a global batch that is a "
-                    f"multiple of {len(first_row)} or batch(..., drop_remainder=True)."
-                ),
-                view="batch",
-            )
-        )
 
-    for pattern, steps in patterns.items():
-        row = np.array(pattern)
-        low, high = int(row.min()), int(row.max())
-        base = dict(
-            run=series.run,
-            first_step=steps[0],
-            last_step=steps[-1],
-            count=len(steps),
-            name=None,
-            view="batch",
-        )
-        if low == 0:
-            empty = [replicas[i] for i in np.flatnonzero(row == 0)]
-            names = ", ".join(str(r) for r in empty)
-            plural = "s" if len(empty) > 1 else ""
-            findings.append(
-                Finding(
-                    kind="empty_shard",
-                    severity="warning",
-                    replicas=empty,
-                    value=0,
-                    threshold=0,
-                    message=(
-                        f"Replica{plural} {names} got 0 examples at {fmt_steps(steps)} (global "
-                        f"batch {int(row.sum())} over {len(row)} replicas: {list(pattern)}): a "
-                        "last partial batch smaller than the replica count leaves replicas "
-                        "empty; batch with drop_remainder=True or make the dataset size a "
-                        "multiple of the global batch."
-                    ),
-                    **base,
-                )
-            )
-            continue
-        ratio = high / low
-        if ratio <= thresholds.max_imbalance_ratio:
-            continue
-        partial = int(row.sum()) < nominal
-        findings.append(
-            Finding(
-                kind="uneven_batch",
-                severity="info" if partial else "warning",
-                replicas=[replicas[i] for i in np.flatnonzero(row != high)],
-                value=round(ratio, 6),
-                threshold=thresholds.max_imbalance_ratio,
-                message=_uneven_message(row, replicas, nominal, steps),
-                **base,
-            )
-        )
-    return findings
+def _uneven_splits(series):
+    """`{split: its logged steps}` of the steps whose replicas got different batch sizes, a
+    split being the tuple of the replicas' sizes, in order of first step."""
+    sizes = series.batch_size
+    splits = collections.OrderedDict()
+    for index in np.flatnonzero(sizes.min(axis=1) != sizes.max(axis=1)):
+        splits.setdefault(tuple(int(v) for v in sizes[index]), []).append(int(series.steps[index]))
+    return splits
+
+
+def _first_batch_finding(series):
+    """The `first_batch_uneven` finding of a run whose first logged batch splits unevenly,
+    else None."""
+    first_row = series.batch_size[0]
+    if first_row.min() == first_row.max():
+        return None
+    total = int(first_row.sum())
+    return Finding(
+        kind="first_batch_uneven",
+        severity="error",
+        run=series.run,
+        first_step=int(series.steps[0]),
+        last_step=int(series.steps[0]),
+        count=1,
+        replicas=[series.replicas[i] for i in np.flatnonzero(first_row != first_row.max())],
+        name=None,
+        value=[int(v) for v in first_row],
+        threshold=None,
+        message=(
+            f"The first batch splits unevenly: global batch {total} over "
+            f"{len(first_row)} replicas gives {[int(v) for v in first_row]}. Keras 3 "
+            "model.fit fails on such a first batch before training ('Inputs to operation "
+            "AddN ... must have the same size and shape'); use a global batch that is a "
+            f"multiple of {len(first_row)} or batch(..., drop_remainder=True)."
+        ),
+        view="batch",
+    )
+
+
+def _empty_shard_finding(series, row, steps):
+    """The `empty_shard` finding of a split `row` (some replica got 0) at logged `steps`."""
+    empty = [series.replicas[i] for i in np.flatnonzero(row == 0)]
+    names = ", ".join(str(r) for r in empty)
+    plural = "s" if len(empty) > 1 else ""
+    return Finding(
+        kind="empty_shard",
+        severity="warning",
+        replicas=empty,
+        value=0,
+        threshold=0,
+        message=(
+            f"Replica{plural} {names} got 0 examples at {fmt_steps(steps)} (global "
+            f"batch {int(row.sum())} over {len(row)} replicas: {row.tolist()}): a "
+            "last partial batch smaller than the replica count leaves replicas "
+            "empty; batch with drop_remainder=True or make the dataset size a "
+            "multiple of the global batch."
+        ),
+        **_split_fields(series, steps),
+    )
+
+
+def _uneven_finding(series, row, steps, nominal, ratio, thresholds):
+    """The `uneven_batch` finding of a split `row` (none empty, max / min = `ratio`) at logged
+    `steps`: info when it is a partial batch (total under `nominal`), else a warning."""
+    partial = int(row.sum()) < nominal
+    return Finding(
+        kind="uneven_batch",
+        severity="info" if partial else "warning",
+        replicas=[series.replicas[i] for i in np.flatnonzero(row != int(row.max()))],
+        value=round(ratio, 6),
+        threshold=thresholds.max_imbalance_ratio,
+        message=_uneven_message(row, series.replicas, nominal, steps),
+        **_split_fields(series, steps),
+    )
+
+
+def _split_fields(series, steps):
+    """The `Finding` fields shared by the findings of one split at logged `steps`."""
+    return dict(
+        run=series.run,
+        first_step=steps[0],
+        last_step=steps[-1],
+        count=len(steps),
+        name=None,
+        view="batch",
+    )
 
 
 def _shape_findings(series):

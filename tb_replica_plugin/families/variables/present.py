@@ -46,6 +46,37 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None, re
             "rotation": None,
             "notes": [],
         }
+    steps, rel, max_abs, downsampled = _bucketed(series, max_points)
+    (rel, max_abs), pooled = pool_replicas([rel, max_abs], replica_blocks)
+    return {
+        "run": series.run,
+        "replicas": series.replicas,
+        "devices": series.devices,
+        "steps": steps.tolist(),
+        "exact_steps": series.steps[series.exact].tolist(),
+        "downsampled": bool(downsampled),
+        "tolerance": tolerance,
+        "variables": [
+            _variable_row(series, index, tolerance) for index in range(len(series.variables))
+        ],
+        "top": _top_rows(series, rel, max_abs, top),
+        "rotation": rotation_body(series),
+        "notes": series.notes,
+        **pooled,
+    }
+
+
+def _bucketed(series, max_points):
+    """The step axis and the per-step arrays the charts get: every logged step, or buckets.
+
+    Args:
+      series: a `read.VariablesSeries`.
+      max_points: most buckets on the step axis (None: every logged step).
+
+    Returns:
+      `(steps, rel_l2, max_abs, downsampled)`: each bucket's first step and the largest values
+      over its steps when `downsampled`, else the series' own.
+    """
     steps = series.steps
     rel, max_abs = series.rel_l2, series.max_abs
     count = int(steps.size)
@@ -55,35 +86,58 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None, re
         starts = np.arange(0, count, bucket)
         rel, max_abs = bucket_max(rel, starts), bucket_max(max_abs, starts)
         steps = steps[starts]
-    (rel, max_abs), pooled = pool_replicas([rel, max_abs], replica_blocks)
-    rows = []
-    for index, variable in enumerate(series.variables):
-        per_variable = series.rel_l2[:, index, :]
-        with np.errstate(invalid="ignore"):
-            above = np.flatnonzero((per_variable > tolerance).any(axis=1))
-        both = series.hash_comparable[index]  # copies of r and 0, hashed alike
-        differ = ~series.identical[:, index, :] & both
-        compared = int(both[1:].sum())
-        rows.append(
-            {
-                **{k: variable.get(k) for k in ("name", "shape", "dtype", "trainable", "sync")},
-                "devices": variable.get("devices", []),
-                "mirrored": bool(variable.get("mirrored", True)),
-                "present": series.present[index].tolist(),
-                "max_rel_l2": floats(nanmax(per_variable)),
-                "max_abs": floats(nanmax(series.max_abs[:, index, :])),
-                "max_abs_exact": bool(series.exact.size and series.exact.all()),
-                "compared_replicas": compared,
-                "bit_identical": None if compared == 0 else not bool(differ.any()),
-                "first_drift_step": int(series.steps[above[0]]) if above.size else None,
-            }
-        )
+    return steps, rel, max_abs, downsampled
+
+
+def _variable_row(series, index, tolerance):
+    """The `variables` row of the variable at `index`: its description and whole-run drift.
+
+    Args:
+      series: a `read.VariablesSeries`.
+      index: the variable's position in `series.variables`.
+      tolerance: the relative L2 above which a step counts as drift.
+
+    Returns:
+      The JSON-ready dict (see `http_api.md`).
+    """
+    variable = series.variables[index]
+    per_variable = series.rel_l2[:, index, :]
+    with np.errstate(invalid="ignore"):
+        above = np.flatnonzero((per_variable > tolerance).any(axis=1))
+    both = series.hash_comparable[index]  # copies of r and 0, hashed alike
+    differ = ~series.identical[:, index, :] & both
+    compared = int(both[1:].sum())
+    return {
+        **{k: variable.get(k) for k in ("name", "shape", "dtype", "trainable", "sync")},
+        "devices": variable.get("devices", []),
+        "mirrored": bool(variable.get("mirrored", True)),
+        "present": series.present[index].tolist(),
+        "max_rel_l2": floats(nanmax(per_variable)),
+        "max_abs": floats(nanmax(series.max_abs[:, index, :])),
+        "max_abs_exact": bool(series.exact.size and series.exact.all()),
+        "compared_replicas": compared,
+        "bit_identical": None if compared == 0 else not bool(differ.any()),
+        "first_drift_step": int(series.steps[above[0]]) if above.size else None,
+    }
+
+
+def _top_rows(series, rel, max_abs, top):
+    """The `top` rows: the `top` most divergent variables (not on-read) with per-step series.
+
+    Args:
+      series: a `read.VariablesSeries` (ranked by its whole-run largest relative L2).
+      rel, max_abs: the shown arrays (`_bucketed`, then pooled), `[S, V, R]`.
+      top: how many rows.
+
+    Returns:
+      The rows, most divergent first (ties by position).
+    """
     candidates = [i for i, v in enumerate(series.variables) if v.get("sync") != "on_read"]
     score = {i: nanmax(series.rel_l2[:, i, :]) for i in candidates}
     ranked = sorted(
         candidates, key=lambda i: (-(0.0 if np.isnan(score[i]) else float(score[i])), i)
     )
-    top_rows = [
+    return [
         {
             "name": series.variables[i]["name"],
             "index": i,
@@ -93,20 +147,6 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None, re
         }
         for i in ranked[:top]
     ]
-    return {
-        "run": series.run,
-        "replicas": series.replicas,
-        "devices": series.devices,
-        "steps": steps.tolist(),
-        "exact_steps": series.steps[series.exact].tolist(),
-        "downsampled": bool(downsampled),
-        "tolerance": tolerance,
-        "variables": rows,
-        "top": top_rows,
-        "rotation": rotation_body(series),
-        "notes": series.notes,
-        **pooled,
-    }
 
 
 def rotation_body(series):
