@@ -152,10 +152,11 @@ TARGETS = [
 ]
 FULL_SIZES = {
     "mlp": {"replicas": 4, "global_batch": common.GLOBAL_BATCH, "steps_per_epoch": 100},
-    # No callback (2026-11-22, shared 2-core machine), CPU: 21 s to the first batch (tracing),
-    # then 0.28 s per step, 63 s per child (global batch 32: 0.38 s per step, 80 s; 8: 0.22 s,
-    # 54 s). Fewer steps per epoch would shorten a child but weigh each epoch's end work (the
-    # drift check of 262 variables) more in the steady figure.
+    # No callback, CPU on this shared 2-core machine: 16-17 s to the first batch (tracing),
+    # then 0.18 s per step, ~45 s per child (earlier, on a slower day: 21 s, 0.28 s, 63 s;
+    # global batch 32: 0.38 s per step; 8: 0.22 s). Fewer steps per epoch would shorten a child
+    # but weigh each epoch's end work (the drift check of 262 variables) more in the steady
+    # figure.
     "cnn": {"replicas": 2, "global_batch": 16, "steps_per_epoch": 20, "image_size": 64},
     "guide": {"replicas": 2, "global_batch": 32, "steps_per_epoch": 100},
 }
