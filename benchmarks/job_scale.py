@@ -9,8 +9,9 @@ compute settled runs ahead, which `--cold` turns off), and times what the tab as
 arguments for its replicas, `plugin.run_view_query`; 6 at a time and gzip accepted, like a
 browser). With `--live_steps N`, every worker then appends N logged steps and a heartbeat each
 (`benchmarks.live_job`, as a running job does) and the run view is timed again once TensorBoard
-has reloaded. Then `tb-replica report --json` on the same log dir. Prints one JSON line (and
-each loader's figures on stderr as they come).
+has reloaded. With `--live_period S`, every worker then keeps appending a step every S seconds
+(a job that never settles) while the run view is timed again. Then `tb-replica report --json`
+on the same log dir. Prints one JSON line (and each loader's figures on stderr as they come).
 
 The job: worker 0 is written by the real write path, a Keras `fit` with `ReplicaCallback`
 (every family: inputs, step time, gradients, rng from a Dropout layer, examples, variables; the
@@ -27,10 +28,11 @@ its CPU seconds over the requests, a browser's own parsing differs) and
 `first_load_cpu_s` / `cached_load_cpu_s` (CPU seconds of the tensorboard processes meanwhile),
 `tensorboard_load_s` / `tensorboard_load_cpu_s` (until loaded and idle, what the plugin
 computed ahead included), `refresh_load_s` / `refresh_load_cpu_s` (the run view after the new
-steps), `peak_rss_mb` (high-water mark of the tensorboard process and its data server), and for
-the report `report_s`, `report_cpu_s` and `report_peak_rss_mb`. A loader that fails (TensorBoard
-exits, e.g. killed when out of memory, or a request fails) gives the figures it reached and
-`error`; a failed report gives `report_error`.
+steps), `live_load_s` (each run view of the growing job), `peak_rss_mb` (high-water mark of
+the tensorboard process and its data server), and for the report `report_s`, `report_cpu_s` and
+`report_peak_rss_mb`. A loader that fails (TensorBoard exits, e.g. killed when out of memory, or
+a request fails) gives the figures it reached and `error`; a failed report gives
+`report_error`.
 """
 
 import argparse
@@ -42,6 +44,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -60,6 +63,7 @@ RUN_VIEW = (
 )
 JOB = "job"
 RELOAD_S = 5  # TensorBoard's --reload_interval (its default)
+LIVE_LOADS = 5  # run views timed while the job grows (`--live_period`)
 
 
 def write_worker0(logdir, workers, replicas, steps):
@@ -305,7 +309,15 @@ def _run_view(url):
 
 
 def measure_tensorboard(
-    logdir, workers, load_fast, timeout, warm=True, live_steps=0, known=None, keep_all=True
+    logdir,
+    workers,
+    load_fast,
+    timeout,
+    warm=True,
+    live_steps=0,
+    known=None,
+    keep_all=True,
+    live_period=0.0,
 ):
     """The figures of one loader: load, first and cached run view, peak RSS.
 
@@ -318,6 +330,10 @@ def measure_tensorboard(
     heartbeat each, `live_job.append_steps`; `known` is its cache of the workers' last steps);
     once TensorBoard has reloaded (`RELOAD_S`) and is idle, the run view again: `refresh_load_s`
     / `refresh_load_cpu_s`, and `refresh_steps_served` (the inputs' steps it shows).
+
+    `live_period`: then every worker appends a logged step (and a heartbeat) every that many
+    seconds, a job that never settles, while the run view is timed `LIVE_LOADS` times
+    (`_live_loads`).
 
     `keep_all`: TensorBoard keeps every sample of the plugin's tensors
     (`--samples_per_plugin replicas=0`); False: its default sample (the plugin reads the event
@@ -359,6 +375,8 @@ def measure_tensorboard(
         figures["findings"] = entry["findings"]
         if live_steps:
             figures.update(_refresh(url, process, logdir, live_steps, known, timeout))
+        if live_period:
+            figures.update(_live_loads(url, process, logdir, live_period, known))
         figures["peak_rss_mb"] = round(_peak_rss_mb(process.pid), 1)
         return figures
     except (OSError, RuntimeError, TimeoutError) as error:  # a failure is a figure too
@@ -391,6 +409,55 @@ def _refresh(url, process, logdir, steps, known, timeout):
     figures["refresh_load_cpu_s"] = round(_cpu_s(process.pid) - cpu, 3)
     figures["refresh_steps_served"] = len(bodies[1]["steps"])
     return figures
+
+
+def _live_loads(url, process, logdir, period, known, loads=LIVE_LOADS):
+    """The run view of a job that keeps growing: a thread appends a logged step (and a
+    heartbeat) to every worker every `period` seconds, so its data version changes between the
+    plugin's looks and it never settles (the plugin never builds its views ahead); once the
+    plugin has looked at the growing job (two `WARM_SECONDS` and a reload), the run view is
+    timed `loads` times, `period` apart, each the first answer for its data version.
+
+    Returns:
+      `live_load_s` / `live_load_cpu_s` (each load's wall and TensorBoard CPU seconds),
+      `live_load_median_s`, `live_steps_appended` (steps per worker meanwhile), and
+      `live_last_step_served` (the inputs' last step, first and last load: the job grew).
+    """
+    from benchmarks import live_job
+    from tb_replica_plugin import plugin
+
+    job_dir, stop, appended = os.path.join(logdir, JOB), threading.Event(), [0]
+
+    def append():
+        while not stop.is_set():
+            start = time.monotonic()
+            live_job.append_steps(job_dir, 1, known=known)
+            appended[0] += 1
+            stop.wait(max(0.0, period - (time.monotonic() - start)))
+
+    thread = threading.Thread(target=append, name="live_job", daemon=True)
+    thread.start()
+    walls, cpus, last_steps = [], [], []
+    try:
+        time.sleep(2 * plugin.WARM_SECONDS + RELOAD_S)
+        for _ in range(loads):
+            time.sleep(period)
+            cpu, wall = _cpu_s(process.pid), time.perf_counter()
+            _, bodies, _ = _run_view(url)
+            walls.append(round(time.perf_counter() - wall, 3))
+            cpus.append(round(_cpu_s(process.pid) - cpu, 3))
+            last_steps.append(bodies[1]["steps"][-1])
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    return {
+        "live_period_s": period,
+        "live_load_s": walls,
+        "live_load_cpu_s": cpus,
+        "live_load_median_s": sorted(walls)[len(walls) // 2],
+        "live_steps_appended": appended[0],
+        "live_last_step_served": [last_steps[0], last_steps[-1]],
+    }
 
 
 def measure_report(logdir):
@@ -451,6 +518,13 @@ def main(argv=None):
         help="after the cached load, every worker appends this many steps: the refresh's figures",
     )
     parser.add_argument(
+        "--live_period",
+        type=float,
+        default=0.0,
+        help="then every worker appends a step every this many seconds while the run view is "
+        f"timed {LIVE_LOADS} times: a job that never settles (live_load_s)",
+    )
+    parser.add_argument(
         "--logdir",
         help="keep the job here and reuse it when already written (default: a temporary dir)",
     )
@@ -491,6 +565,7 @@ def main(argv=None):
                 live_steps=args.live_steps,
                 known=known,
                 keep_all=not args.sampled,
+                live_period=args.live_period,
             )
             result[loader] = figures
             print(json.dumps({loader: figures}), file=sys.stderr, flush=True)  # kept if later fails

@@ -113,10 +113,14 @@ def test_job_scale_serves_the_whole_job_on_both_loaders():
         "4",
         "--live_steps",
         "2",
+        "--live_period",
+        "2",
     )
     result = json.loads(stdout.strip().splitlines()[-1])
     assert (result["workers"], result["replicas"], result["steps"]) == (2, 2, 4)
-    for loader, steps in (("python", 4), ("rust", 6)):  # the job grows by 2 steps per loader
+    # The job grows by 2 steps per loader, then by a step every 2 s while its view is timed.
+    grown = 2 + result["python"]["live_steps_appended"]
+    for loader, steps in (("python", 4), ("rust", 4 + grown)):
         figures = result[loader]
         # The job as the tab sees it: 2 workers of 2 replicas, every logged step.
         assert figures["workers_served"] == 2 and figures["replicas_served"] == 4
@@ -127,6 +131,10 @@ def test_job_scale_serves_the_whole_job_on_both_loaders():
         assert figures["first_parse_s"] > 0 and figures["cached_parse_s"] > 0
         assert figures["warm"] is True and figures["tensorboard_load_cpu_s"] > 0
         assert figures["peak_rss_mb"] > 50
+        # Each view of the growing job answered, and the job grew in between.
+        assert len(figures["live_load_s"]) == 5 and min(figures["live_load_s"]) > 0
+        first, last = figures["live_last_step_served"]
+        assert steps + 2 <= first < last <= steps + 1 + figures["live_steps_appended"]
     assert result["report_replicas"] == 4 and result["report_s"] > 0
     assert result["report_peak_rss_mb"] > 50
 
