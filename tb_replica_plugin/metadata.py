@@ -14,6 +14,7 @@ The tags, kinds and tensor layouts of each family live in its schema
 This module imports no TensorFlow: it is shared by the writers and by the TensorBoard plugin.
 """
 
+import functools
 import json
 
 from tensorboard.compat.proto import summary_pb2
@@ -83,7 +84,18 @@ def parse_plugin_content(content):
       'shapes'
     """
     try:
-        parsed = json.loads(bytes(content).decode("utf-8"))
+        raw = bytes(content)
+    except TypeError as error:
+        raise UnsupportedSchemaError(f"Unreadable plugin metadata content: {error}") from None
+    return dict(_parsed_content(raw))  # a copy: the parse is shared
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_content(raw):
+    """`parse_plugin_content` of bytes, parsed once per distinct content (every run of a log
+    dir carries the same few, read again at each look)."""
+    try:
+        parsed = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as error:
         raise UnsupportedSchemaError(f"Unreadable plugin metadata content: {error}") from None
     if not isinstance(parsed, dict) or not isinstance(parsed.get("version"), int):

@@ -74,9 +74,13 @@ class VariablesMerger(jobs.Merger):
         if meta["document"] != document or width not in (None, meta["width"] or width):
             raise jobs.Irregular(f"worker slot {slot}: other placement")
         meta["width"] = meta["width"] or width
-        meta["present"], meta["algorithm"] = read.copy_algorithms(
-            series.variables, series.num_replicas
-        )
+        layout = read.document_layout(document)
+        if layout["present"].shape[1] == series.num_replicas:  # computed once per document
+            meta["present"], meta["algorithm"] = layout["present"], layout["algorithm"]
+        else:
+            meta["present"], meta["algorithm"] = read.copy_algorithms(
+                series.variables, series.num_replicas
+            )
         meta.update(names=series.names, replicas=series.replicas, devices=series.devices)
         meta.update(source=series.source, rotation=series.rotation, variables=series.variables)
 
@@ -109,7 +113,7 @@ class VariablesMerger(jobs.Merger):
 
     def _comparable(self, slot):
         """bool [V, R_w]: the worker's copies hashed by global replica 0's algorithm, both
-        present (as `read.copy_pairs` says on the job's axis)."""
+        present (as `read.document_layout` says on the job's axis)."""
         meta, first = self.meta[slot], self.meta.get(0, self.meta[slot])
         if meta["algorithm"].shape[0] != first["algorithm"].shape[0]:
             return np.zeros_like(meta["present"])

@@ -46,7 +46,8 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None, re
             "rotation": None,
             "notes": [],
         }
-    steps, rel, max_abs, downsampled = _bucketed(series, max_points)
+    ranked = _ranked(series)[:top]
+    steps, rel, max_abs, downsampled = _bucketed(series, ranked, max_points)
     (rel, max_abs), pooled = pool_replicas([rel, max_abs], replica_blocks)
     return {
         "run": series.run,
@@ -59,26 +60,28 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None, re
         "variables": [
             _variable_row(series, index, tolerance) for index in range(len(series.variables))
         ],
-        "top": _top_rows(series, rel, max_abs, top),
+        "top": _top_rows(series, ranked, rel, max_abs),
         "rotation": rotation_body(series),
         "notes": series.notes,
         **pooled,
     }
 
 
-def _bucketed(series, max_points):
+def _bucketed(series, shown, max_points):
     """The step axis and the per-step arrays the charts get: every logged step, or buckets.
 
     Args:
       series: a `read.VariablesSeries`.
+      shown: the positions of the variables whose per-replica series are sent (only they are
+        cut into buckets: the arrays are [S, V, R], thousands of replicas wide at job scale).
       max_points: most buckets on the step axis (None: every logged step).
 
     Returns:
       `(steps, rel_l2, max_abs, downsampled)`: each bucket's first step and the largest values
-      over its steps when `downsampled`, else the series' own.
+      over its steps when `downsampled`, else the series' own; the arrays [S, len(shown), R].
     """
     steps = series.steps
-    rel, max_abs = series.rel_l2, series.max_abs
+    rel, max_abs = series.rel_l2[:, shown, :], series.max_abs[:, shown, :]
     count = int(steps.size)
     downsampled = max_points is not None and count > max_points
     if downsampled:
@@ -121,31 +124,34 @@ def _variable_row(series, index, tolerance):
     }
 
 
-def _top_rows(series, rel, max_abs, top):
-    """The `top` rows: the `top` most divergent variables (not on-read) with per-step series.
-
-    Args:
-      series: a `read.VariablesSeries` (ranked by its whole-run largest relative L2).
-      rel, max_abs: the shown arrays (`_bucketed`, then pooled), `[S, V, R]`.
-      top: how many rows.
-
-    Returns:
-      The rows, most divergent first (ties by position).
-    """
+def _ranked(series):
+    """The positions of the variables (not on-read) by their whole-run largest relative L2,
+    most divergent first (ties by position)."""
     candidates = [i for i, v in enumerate(series.variables) if v.get("sync") != "on_read"]
     score = {i: nanmax(series.rel_l2[:, i, :]) for i in candidates}
-    ranked = sorted(
-        candidates, key=lambda i: (-(0.0 if np.isnan(score[i]) else float(score[i])), i)
-    )
+    return sorted(candidates, key=lambda i: (-(0.0 if np.isnan(score[i]) else float(score[i])), i))
+
+
+def _top_rows(series, ranked, rel, max_abs):
+    """The `top` rows: the most divergent variables with their per-step series.
+
+    Args:
+      series: a `read.VariablesSeries`.
+      ranked: the positions of the variables shown, most divergent first (`_ranked`).
+      rel, max_abs: their shown arrays (`_bucketed`, then pooled), `[S, len(ranked), R]`.
+
+    Returns:
+      The rows, in the order of `ranked`.
+    """
     return [
         {
             "name": series.variables[i]["name"],
             "index": i,
-            "max_rel_l2": floats(nanmax(rel[:, i, :], axis=1)),
-            "rel_l2": floats(rel[:, i, :]),
-            "max_abs": floats(max_abs[:, i, :]),
+            "max_rel_l2": floats(nanmax(rel[:, at, :], axis=1)),
+            "rel_l2": floats(rel[:, at, :]),
+            "max_abs": floats(max_abs[:, at, :]),
         }
-        for i in ranked[:top]
+        for at, i in enumerate(ranked)
     ]
 
 

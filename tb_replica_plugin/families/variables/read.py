@@ -4,8 +4,10 @@ Imports no TensorFlow.
 """
 
 import dataclasses
+import functools
 import json
 import math
+import threading
 
 import numpy as np
 
@@ -254,22 +256,6 @@ def variable_sizes(variables):
     return sizes
 
 
-def copy_pairs(variables, num_r):
-    """Which copies exist and which can be compared bit for bit with replica 0's.
-
-    Args:
-      variables: the placement document's variables (`columns`, `hash` per copy).
-      num_r: the number of replicas.
-
-    Returns:
-      `(present, both, comparable)`, bool [V, R] each: replica r holds a copy; it and replica
-      0 do; and both were hashed by the same algorithm (fingerprint version 1: "mix64").
-    """
-    present, algorithm = copy_algorithms(variables, num_r)
-    both = present & present[:, :1]
-    return present, both, both & (algorithm == algorithm[:, :1])
-
-
 def copy_algorithms(variables, num_r):
     """`(present bool [V, R], algorithm object [V, R])`: which replicas hold a copy of each
     variable, and the hash algorithm of each ("mix64" where the placement names none)."""
@@ -288,15 +274,27 @@ def copy_algorithms(variables, num_r):
 def document_layout(document):
     """What a placement document says of its copies, for the drift arrays.
 
+    Computed once per document parsed by `placement_document` (one object per distinct
+    document: a run re-read at each look keeps its layout); the arrays are read-only.
+
     Returns:
-      `{"variables", "devices", "replicas", "sizes", "present", "both", "comparable"}`: the
-      variables, devices and replica ids, float64 [V] element counts (`variable_sizes`) and
-      bool [V, R] each of `copy_pairs`.
+      `{"variables", "devices", "replicas", "sizes", "present", "both", "comparable",
+      "algorithm"}`: the variables, devices and replica ids, float64 [V] element counts
+      (`variable_sizes`), bool [V, R] each: replica r holds a copy (`present`), it and replica
+      0 do (`both`), and both were hashed by the same algorithm (`comparable`; fingerprint
+      version 1: "mix64"), and object [V, R] the hash algorithm of each copy
+      (`copy_algorithms`).
     """
+    with _LAYOUTS_LOCK:
+        kept = _LAYOUTS.get(id(document))
+    parsed = kept is not None and kept[0] is document
+    if parsed and kept[1] is not None:
+        return kept[1]
     variables = list(document.get("variables", []))
     devices = [str(d) for d in document.get("devices", [])]
-    present, both, comparable = copy_pairs(variables, len(devices))
-    return {
+    present, algorithm = copy_algorithms(variables, len(devices))
+    both = present & present[:, :1]
+    layout = {
         "variables": variables,
         "devices": devices,
         "replicas": [int(r) for r in document.get("replicas", range(len(devices)))],
@@ -304,8 +302,46 @@ def document_layout(document):
         "sizes": variable_sizes(variables),
         "present": present,
         "both": both,
-        "comparable": comparable,
+        "comparable": both & (algorithm == algorithm[:, :1]),
+        "algorithm": algorithm,
     }
+    for value in layout.values():
+        if isinstance(value, np.ndarray):
+            value.setflags(write=False)
+    if parsed:
+        with _LAYOUTS_LOCK:
+            _LAYOUTS[id(document)] = (document, layout)
+    return layout
+
+
+def _keep_document(document):
+    """Notes a parsed placement document (`document_layout` keeps its layout)."""
+    with _LAYOUTS_LOCK:
+        if len(_LAYOUTS) >= _KEPT_DOCUMENTS:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))  # the oldest
+        _LAYOUTS[id(document)] = (document, None)  # the document held: its id stays its own
+
+
+# The placement documents parsed last (`placement_document`), by id: {id: (document, layout
+# or None until `document_layout` computed it)}.
+_KEPT_DOCUMENTS = 4096
+_LAYOUTS = {}
+_LAYOUTS_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=_KEPT_DOCUMENTS)
+def placement_document(raw):
+    """The placement document of a placement event's value (`bytes` or `str` of JSON), parsed
+    once per distinct value: the same dict for the same text (do not modify it).
+
+    Raises:
+      ValueError: if it is not JSON of a placement event (a dict with a `variables` list).
+    """
+    document = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+    if not isinstance(document, dict) or not isinstance(document.get("variables"), list):
+        raise ValueError("not a placement event")
+    _keep_document(document)
+    return document
 
 
 def drift_estimates(rows, row_of, identical, layout):
@@ -503,11 +539,7 @@ def from_samples(run, samples, notes, needed=None):
     bad = 0
     for step, value in samples.get(schema.TAG_VARIABLE_PLACEMENT, []):
         try:
-            raw = value.item()
-            document = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
-            if not isinstance(document.get("variables"), list):
-                raise ValueError("not a placement event")
-            events.append((step, document))
+            events.append((step, placement_document(value.item())))
         except (ValueError, AttributeError, TypeError):
             bad += 1
     if bad:
