@@ -24,6 +24,7 @@ import threading
 import numpy as np
 
 from tb_replica_plugin import reader, registry
+from tb_replica_plugin.core import event_files
 from tb_replica_plugin.core.jobs import Irregular, worker_name
 
 _UIDS = itertools.count(1)  # one per GroupState: its versions are unique across states
@@ -231,7 +232,7 @@ class GroupState:
           first_reads: for the first refresh, an iterable of each run's `MemberRead` in the
             order of `runs` (read elsewhere: `reader.read_log_dir`'s processes); None: read here.
         """
-        with self._lock:
+        with self._lock, event_files.gc_paused():
             try:
                 self._refresh(ctx, listing, first_reads)
             except _NotAJob:
@@ -340,7 +341,8 @@ class GroupState:
             key = ("data", self.data_version, include_live and self.live_version)
             if key not in self._cache:
                 self._cache = {k: v for k, v in self._cache.items() if k[0] != "data"}
-                self._cache[key] = self._build(include_live)
+                with event_files.gc_paused():
+                    self._cache[key] = self._build(include_live)
             return self._cache[key]
 
     def live(self):
@@ -548,8 +550,9 @@ def read_run_files(logdir, run):
     from tb_replica_plugin.core.event_files import RunTail
 
     directory = logdir if run == "." else os.path.join(logdir, run)
-    got = read_member(run, RunTail(directory, metadata.PLUGIN_NAME).read())
-    return trimmed(got)
+    with event_files.gc_paused():
+        got = read_member(run, RunTail(directory, metadata.PLUGIN_NAME).read())
+        return trimmed(got)
 
 
 def trimmed(got):
