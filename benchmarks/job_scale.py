@@ -421,7 +421,8 @@ def _live_loads(url, process, logdir, period, known, loads=LIVE_LOADS):
     Returns:
       `live_load_s` / `live_load_cpu_s` (each load's wall and TensorBoard CPU seconds),
       `live_load_median_s`, `live_steps_appended` (steps per worker meanwhile), and
-      `live_last_step_served` (the inputs' last step, first and last load: the job grew).
+      `live_last_step_served` (the job's last step in `/overview`, first and last load: the
+      job grew).
     """
     from benchmarks import live_job
     from tb_replica_plugin import plugin
@@ -443,10 +444,10 @@ def _live_loads(url, process, logdir, period, known, loads=LIVE_LOADS):
         for _ in range(loads):
             time.sleep(period)
             cpu, wall = _cpu_s(process.pid), time.perf_counter()
-            _, bodies, _ = _run_view(url)
+            entry, _, _ = _run_view(url)
             walls.append(round(time.perf_counter() - wall, 3))
             cpus.append(round(_cpu_s(process.pid) - cpu, 3))
-            last_steps.append(bodies[1]["steps"][-1])
+            last_steps.append(entry["last_step"])
     finally:
         stop.set()
         thread.join(timeout=120)

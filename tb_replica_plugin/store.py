@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_CACHE_BYTES",
     "LISTING_REUSE_SECONDS",
     "READ_ENV",
+    "VIEWED_SECONDS",
     "WARM_BACKOFF",
     "RunStore",
     "downsample_from_hint",
@@ -39,6 +40,9 @@ __all__ = [
 
 # The cache's budget: findings, `/runs` entries and route bodies of the tab.
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
+# A run or job whose view the tab asked less than this many seconds ago gets its view's answers
+# computed ahead at each new version, settled or not (`RunStore.warm`): an open tab on a live job.
+VIEWED_SECONDS = 120.0
 # A run's answers computed ahead (`RunStore.warm`) wait this many times what that took before
 # they are computed ahead again (its state is still read on at every look).
 WARM_BACKOFF = 10
@@ -142,6 +146,7 @@ class RunStore:
         self._states = {}  # (experiment id, group) -> GroupState
         self._versions = itertools.count(1)
         self.computed = collections.Counter()
+        self._viewed = {}  # (experiment id, run) -> `clock()` when a route body was last asked
         self._lock = threading.Lock()
 
     def list_runs(self, ctx, experiment_id):
@@ -234,7 +239,7 @@ class RunStore:
         """
         return self.state(ctx, experiment_id, name, runs).live()
 
-    def body(self, ctx, experiment_id, run, family, args, make_body, state=None):
+    def body(self, ctx, experiment_id, run, family, args, make_body, state=None, asked=True):
         """A family route's JSON body for `run` and its arguments, cached per data version.
 
         Args:
@@ -245,6 +250,8 @@ class RunStore:
           make_body: `fn(run_data)`, the route's answer from the run's data (the plugin gives
             its JSON body, encoded).
           state: the run's `GroupState` when already refreshed, else None.
+          asked: the tab asked it (False: computed ahead); `warm` keeps the view of a run
+            asked less than `VIEWED_SECONDS` ago computed at each of its new versions.
 
         Returns:
           What `make_body` returned (shared with other requests: do not modify it).
@@ -254,6 +261,9 @@ class RunStore:
         """
         state = state or self.state(ctx, experiment_id, run)
         key = ("body", experiment_id, run, family, tuple(sorted(args.items())))
+        if asked:
+            with self._lock:
+                self._viewed[(experiment_id, run)] = self._clock()
 
         def compute():
             self._count("body")
@@ -280,8 +290,9 @@ class RunStore:
 
     def warm(self, ctx, experiment_id, make_entry, seen, warmed, clock=time.monotonic, errors=None):
         """Reads on every run and job, and computes ahead the findings and `/runs` entry of each
-        whose data changed; for a version that settled (the same at two looks), also its live
-        families' read and its run view's bodies (`run_view`).
+        whose data changed; for a version that settled (the same at two looks), or of a run or
+        job whose view the tab asked less than `VIEWED_SECONDS` ago (an open tab on a job that
+        is still training), also its live families' read and its run view's bodies (`run_view`).
 
         Each version is computed once; a run or job is computed ahead again only `WARM_BACKOFF`
         times as long after its last computation ahead as that took (its state is still read on
@@ -291,7 +302,7 @@ class RunStore:
           ctx, experiment_id: the context and experiment.
           make_entry: as for `summaries`.
           seen: `{group: version}` returned by the previous call (`{}` at first).
-          warmed: `{group: ((version, settled), monotonic time before which a new version
+          warmed: `{group: ((version, views built), monotonic time before which a new version
             waits)}` of what was computed ahead; updated.
           clock: `fn() -> seconds`, the time (tests give their own).
           errors: a list getting `(group, exception)` of each run or job whose computation
@@ -316,17 +327,17 @@ class RunStore:
                     errors.append((name, error))
                 continue
             version = current[name] = self.version(state)
-            settled = seen.get(name) == version
-            (done, done_settled), wait_until = warmed.get(name, ((None, False), float("-inf")))
+            views = seen.get(name) == version or self._viewed_lately(experiment_id, name)
+            (done, done_views), wait_until = warmed.get(name, ((None, False), float("-inf")))
             start = clock()
-            if done == version and (done_settled or not settled):
+            if done == version and (done_views or not views):
                 continue
             if done != version and start < wait_until:
                 continue  # a new version, too soon after the last computed ahead
             self._count("warm")
             try:
                 self._summaries(experiment_id, state, make_entry)
-                if settled:
+                if views:
                     state.live()
                     self._build_views(ctx, experiment_id, state)
             except Exception as error:  # noqa: BLE001 - the others are computed all the same
@@ -334,8 +345,15 @@ class RunStore:
                     errors.append((name, error))
             if done != version:
                 wait_until = start + WARM_BACKOFF * (clock() - start)
-            warmed[name] = ((version, settled), wait_until)
+            warmed[name] = ((version, views), wait_until)
         return current
+
+    def _viewed_lately(self, experiment_id, name):
+        """Whether the tab asked a route body of run or job `name` less than `VIEWED_SECONDS`
+        ago."""
+        with self._lock:
+            asked = self._viewed.get((experiment_id, name))
+        return asked is not None and self._clock() - asked < VIEWED_SECONDS
 
     def _build_views(self, ctx, experiment_id, state):
         """The run view's bodies of each run of a state (`run_view`), from its data."""
@@ -344,7 +362,7 @@ class RunStore:
         for name, run_data in state.data().items():
             for family, args, make_body in self._run_view(name, run_data):
                 try:
-                    self.body(ctx, experiment_id, name, family, args, make_body, state)
+                    self.body(ctx, experiment_id, name, family, args, make_body, state, False)
                 except Exception:  # noqa: BLE001, S112 - the route gives it when asked
                     continue
 

@@ -245,13 +245,21 @@ def test_settled_runs_are_computed_ahead_once_and_a_run_with_new_data_after_it_s
     assert store.computed["body"] == views  # built ahead
     assert store.computed["summary"] == 4 and store.computed["warm"] == 8
 
-    # New data for one run: read at the next look; computed ahead once its wait has passed.
+    # New data for one run: read at the next look; computed ahead once its wait has passed,
+    # its view too (not settled: the tab asked it less than VIEWED_SECONDS ago).
     append_balanced_steps(logdir)
     seen = warm(seen)
     assert store.computed["summary"] == 4 and store.computed["refresh"] == 1
+    assert store.computed["body"] == views
     now[0] = 13.0
     seen = warm(seen)
     assert store.computed["summary"] == 5 and store.computed["warm"] == 9
+    views_of_loop = store.computed["body"] - views
+    assert views_of_loop >= 1
+    get_json(client, f"/inputs?run=loop_15_7/replicas&{view}")
+    assert store.computed["body"] == views + views_of_loop  # built ahead at the new version
+    seen = warm(seen)  # now settled: its view was built already
+    assert store.computed["warm"] == 9 and store.computed["body"] == views + views_of_loop
     _, runs = get_json(client, "/runs")
     loop = {r["run"]: r for r in runs["runs"]}["loop_15_7/replicas"]
     assert store.computed["summary"] == 5 and store.computed["read"] == 4
