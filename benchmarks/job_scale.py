@@ -10,8 +10,9 @@ arguments for its replicas, `plugin.run_view_query`; 6 at a time and gzip accept
 browser). With `--live_steps N`, every worker then appends N logged steps and a heartbeat each
 (`benchmarks.live_job`, as a running job does) and the run view is timed again once TensorBoard
 has reloaded. With `--live_period S`, every worker then keeps appending a step every S seconds
-(a job that never settles) while the run view is timed again. Then `tb-replica report --json`
-on the same log dir. Prints one JSON line (and each loader's figures on stderr as they come).
+(a job that never settles) while the run view is opened afresh and reloaded. Then
+`tb-replica report --json` on the same log dir. Prints one JSON line (and each loader's figures
+on stderr as they come).
 
 The job: worker 0 is written by the real write path, a Keras `fit` with `ReplicaCallback`
 (every family: inputs, step time, gradients, rng from a Dropout layer, examples, variables; the
@@ -28,11 +29,11 @@ its CPU seconds over the requests, a browser's own parsing differs) and
 `first_load_cpu_s` / `cached_load_cpu_s` (CPU seconds of the tensorboard processes meanwhile),
 `tensorboard_load_s` / `tensorboard_load_cpu_s` (until loaded and idle, what the plugin
 computed ahead included), `refresh_load_s` / `refresh_load_cpu_s` (the run view after the new
-steps), `live_load_s` (each run view of the growing job), `peak_rss_mb` (high-water mark of
-the tensorboard process and its data server), and for the report `report_s`, `report_cpu_s` and
-`report_peak_rss_mb`. A loader that fails (TensorBoard exits, e.g. killed when out of memory, or
-a request fails) gives the figures it reached and `error`; a failed report gives
-`report_error`.
+steps), `live_first_load_s` / `live_load_s` (the growing job's view opened, then reloaded),
+`peak_rss_mb` (high-water mark of the tensorboard process and its data server), and for the
+report `report_s`, `report_cpu_s` and `report_peak_rss_mb`. A loader that fails (TensorBoard
+exits, e.g. killed when out of memory, or a request fails) gives the figures it reached and
+`error`; a failed report gives `report_error`.
 """
 
 import argparse
@@ -318,6 +319,7 @@ def measure_tensorboard(
     known=None,
     keep_all=True,
     live_period=0.0,
+    live_wait=None,
 ):
     """The figures of one loader: load, first and cached run view, peak RSS.
 
@@ -332,8 +334,8 @@ def measure_tensorboard(
     / `refresh_load_cpu_s`, and `refresh_steps_served` (the inputs' steps it shows).
 
     `live_period`: then every worker appends a logged step (and a heartbeat) every that many
-    seconds, a job that never settles, while the run view is timed `LIVE_LOADS` times
-    (`_live_loads`).
+    seconds, a job that never settles, while the run view is timed once after `live_wait`
+    seconds and `LIVE_LOADS` times more (`_live_loads`).
 
     `keep_all`: TensorBoard keeps every sample of the plugin's tensors
     (`--samples_per_plugin replicas=0`); False: its default sample (the plugin reads the event
@@ -376,7 +378,7 @@ def measure_tensorboard(
         if live_steps:
             figures.update(_refresh(url, process, logdir, live_steps, known, timeout))
         if live_period:
-            figures.update(_live_loads(url, process, logdir, live_period, known))
+            figures.update(_live_loads(url, process, logdir, live_period, known, live_wait))
         figures["peak_rss_mb"] = round(_peak_rss_mb(process.pid), 1)
         return figures
     except (OSError, RuntimeError, TimeoutError) as error:  # a failure is a figure too
@@ -411,21 +413,24 @@ def _refresh(url, process, logdir, steps, known, timeout):
     return figures
 
 
-def _live_loads(url, process, logdir, period, known, loads=LIVE_LOADS):
+def _live_loads(url, process, logdir, period, known, wait=None, loads=LIVE_LOADS):
     """The run view of a job that keeps growing: a thread appends a logged step (and a
     heartbeat) to every worker every `period` seconds, so its data version changes between the
-    plugin's looks and it never settles (the plugin never builds its views ahead); once the
-    plugin has looked at the growing job (two `WARM_SECONDS` and a reload), the run view is
-    timed `loads` times, `period` apart, each the first answer for its data version.
+    plugin's looks and it never settles.
+
+    First, after `wait` seconds (default: the plugin's `VIEWED_SECONDS` and a look, so it no
+    longer keeps this view current: the tab is opened afresh on a job the plugin has been
+    reading), the run view once: `live_first_load_s`. Then, as an open tab reloads, `loads`
+    times `period` apart: `live_load_s`.
 
     Returns:
-      `live_load_s` / `live_load_cpu_s` (each load's wall and TensorBoard CPU seconds),
-      `live_load_median_s`, `live_steps_appended` (steps per worker meanwhile), and
-      `live_last_step_served` (the job's last step in `/overview`, first and last load: the
-      job grew).
+      `live_first_load_s` / `live_first_load_cpu_s`, `live_load_s` / `live_load_cpu_s` (each
+      load's wall and TensorBoard CPU seconds), `live_load_median_s`, `live_steps_appended`
+      (steps per worker meanwhile), and `live_last_step_served` (the job's last step in
+      `/overview` at the first and the last load: the job grew).
     """
     from benchmarks import live_job
-    from tb_replica_plugin import plugin
+    from tb_replica_plugin import plugin, store
 
     job_dir, stop, appended = os.path.join(logdir, JOB), threading.Event(), [0]
 
@@ -436,28 +441,35 @@ def _live_loads(url, process, logdir, period, known, loads=LIVE_LOADS):
             appended[0] += 1
             stop.wait(max(0.0, period - (time.monotonic() - start)))
 
+    def timed():
+        cpu, wall = _cpu_s(process.pid), time.perf_counter()
+        entry, _, _ = _run_view(url)
+        return round(time.perf_counter() - wall, 3), round(_cpu_s(process.pid) - cpu, 3), entry
+
     thread = threading.Thread(target=append, name="live_job", daemon=True)
     thread.start()
-    walls, cpus, last_steps = [], [], []
+    walls, cpus = [], []
     try:
-        time.sleep(2 * plugin.WARM_SECONDS + RELOAD_S)
+        time.sleep(store.VIEWED_SECONDS + plugin.WARM_SECONDS if wait is None else wait)
+        first_wall, first_cpu, entry = timed()
+        first_step = entry["last_step"]
         for _ in range(loads):
             time.sleep(period)
-            cpu, wall = _cpu_s(process.pid), time.perf_counter()
-            entry, _, _ = _run_view(url)
-            walls.append(round(time.perf_counter() - wall, 3))
-            cpus.append(round(_cpu_s(process.pid) - cpu, 3))
-            last_steps.append(entry["last_step"])
+            wall, cpu, entry = timed()
+            walls.append(wall)
+            cpus.append(cpu)
     finally:
         stop.set()
         thread.join(timeout=120)
     return {
         "live_period_s": period,
+        "live_first_load_s": first_wall,
+        "live_first_load_cpu_s": first_cpu,
         "live_load_s": walls,
         "live_load_cpu_s": cpus,
         "live_load_median_s": sorted(walls)[len(walls) // 2],
         "live_steps_appended": appended[0],
-        "live_last_step_served": [last_steps[0], last_steps[-1]],
+        "live_last_step_served": [first_step, entry["last_step"]],
     }
 
 
@@ -523,7 +535,13 @@ def main(argv=None):
         type=float,
         default=0.0,
         help="then every worker appends a step every this many seconds while the run view is "
-        f"timed {LIVE_LOADS} times: a job that never settles (live_load_s)",
+        f"timed once, then {LIVE_LOADS} times: a job that never settles (live_*_load_s)",
+    )
+    parser.add_argument(
+        "--live_wait",
+        type=float,
+        help="with --live_period: seconds before the first view of the growing job (default: "
+        "the plugin's VIEWED_SECONDS and a look, so the view is opened afresh)",
     )
     parser.add_argument(
         "--logdir",
@@ -567,6 +585,7 @@ def main(argv=None):
                 known=known,
                 keep_all=not args.sampled,
                 live_period=args.live_period,
+                live_wait=args.live_wait,
             )
             result[loader] = figures
             print(json.dumps({loader: figures}), file=sys.stderr, flush=True)  # kept if later fails

@@ -115,6 +115,8 @@ def test_job_scale_serves_the_whole_job_on_both_loaders():
         "2",
         "--live_period",
         "2",
+        "--live_wait",
+        "12",
     )
     result = json.loads(stdout.strip().splitlines()[-1])
     assert (result["workers"], result["replicas"], result["steps"]) == (2, 2, 4)
@@ -133,6 +135,7 @@ def test_job_scale_serves_the_whole_job_on_both_loaders():
         assert figures["peak_rss_mb"] > 50
         # Each view of the growing job answered, and the job grew in between.
         assert len(figures["live_load_s"]) == 5 and min(figures["live_load_s"]) > 0
+        assert figures["live_first_load_s"] > 0
         first, last = figures["live_last_step_served"]
         assert steps + 2 <= first < last <= steps + 1 + figures["live_steps_appended"]
     assert result["report_replicas"] == 4 and result["report_s"] > 0
