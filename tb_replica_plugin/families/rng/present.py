@@ -91,7 +91,7 @@ def match_fraction(fingerprint):
     labels = fingerprint[some & ~every]
     counts = np.ones(len(labels), dtype=np.int64)
     if len(labels) * replicas * replicas > MATCH_CELLS:  # worth finding the distinct labellings
-        labels, counts = np.unique(first_equal_replica(labels), axis=0, return_counts=True)
+        labels, counts = distinct_rows(first_equal_replica(labels))
     chunk = max(1, MATCH_CELLS // max(replicas * replicas, 1))
     for count in np.unique(counts):
         group = labels[counts == count]
@@ -99,6 +99,16 @@ def match_fraction(fingerprint):
             part = group[start : start + chunk]
             equal += count * (part[:, :, None] == part[:, None, :]).sum(axis=0)
     return equal / steps
+
+
+def distinct_rows(rows):
+    """`(distinct rows, how many times each occurs)` of an int [S, R] array: what
+    `np.unique(rows, axis=0, return_counts=True)` gives (in another order), sorting each row's
+    bytes as one value (about 30 times faster at 1,000 × 2048)."""
+    rows = np.ascontiguousarray(rows)
+    as_bytes = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    _, first, counts = np.unique(as_bytes, return_index=True, return_counts=True)
+    return rows[first], counts
 
 
 def first_equal_replica(fingerprint):
