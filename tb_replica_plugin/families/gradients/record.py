@@ -441,7 +441,6 @@ class Recorder(RecorderBase):
         def write_nonfinite():
             with tf.device("/cpu:0"):
                 healthy = tf.math.is_finite(tf.reduce_sum(floats, axis=1))  # [R]
-            recording = probe.recording()
             counts = tf.cast(tf.transpose(delivery.value(_COUNTS)), tf.int32)  # [4, R]
             probe.write(
                 tf.reduce_any(counts > 0),
@@ -451,7 +450,7 @@ class Recorder(RecorderBase):
                 schema.KIND_GRAD_NONFINITE,
             )
             job = tf.constant(False) if job_bad is None else job_bad > 0
-            self._update_fault(step, local_fault, job, healthy, call.batch_names, batch, recording)
+            self._update_fault(step, local_fault, job, healthy, call.batch_names, batch)
 
         run_if(any_fault, write_nonfinite, as_function=probe.branches_as_functions)
 
@@ -473,7 +472,7 @@ class Recorder(RecorderBase):
             schema.KIND_GRAD_NORMS,
         )
 
-    def _update_fault(self, step, local_fault, job, healthy, batch_names, batch, recording):
+    def _update_fault(self, step, local_fault, job, healthy, batch_names, batch):
         """At a step with a fault: capture the culprit batches, then update the fault state.
 
         A batch is captured at the first step of a run of faulty steps (the step before was
@@ -485,9 +484,10 @@ class Recorder(RecorderBase):
         fresh = tf.not_equal(before[FAULT_LAST], step - 1)
         captured = tf.constant(0, tf.int64)
         if batch is not None and self.capture_limit > 0:
-            take = tf.logical_and(
-                tf.logical_and(fresh, local_fault),
-                tf.logical_and(before[FAULT_CAPTURES] < self.capture_limit, recording),
+            take = self.probe.gated(
+                tf.logical_and(
+                    tf.logical_and(fresh, local_fault), before[FAULT_CAPTURES] < self.capture_limit
+                )
             )
             replicas = self.probe.static["replicas"]
             devices = self.probe.static["devices"]
