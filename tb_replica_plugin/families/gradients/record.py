@@ -134,7 +134,9 @@ class _Call:
         self.scaling_word = static["scaling"]
         self.loss_scaled = bool(static["loss_scaled"])
         self.has_loss = loss is not None
-        self.scaling = replica.host_scaling(self.grad_scale, self.loss_scale)
+        self.scaling = replica.host_scaling(
+            self.grad_scale, self.loss_scale, static.get("loss_factor")
+        )
         self.distributed = isinstance(loss, tf.distribute.DistributedValues) or any(
             isinstance(g, tf.distribute.DistributedValues) for g in grads
         )
@@ -225,12 +227,14 @@ class Recorder(RecorderBase):
         scaling,
         loss_scaled=False,
         batch=None,
+        loss_factor=None,
     ):
         """`observe_gradients` with separate divisors for gradients and loss (used by fit).
 
         `loss_scaled` tells readers that a loss-scale optimizer is in use (its overflow steps
         are expected and skipped by the rules). `batch` (the replica's input structure, or
-        None) is captured at the first step of a fault.
+        None) is captured at the first step of a fault. `loss_factor`: a float32 constant the
+        loss was multiplied by in the step, the host's to apply (`replica.constant_factor`).
         """
         probe = self.probe
         if not probe.build():
@@ -252,6 +256,7 @@ class Recorder(RecorderBase):
                 loss_scale=loss_scale,
                 scaling=scaling,
                 loss_scaled=loss_scaled,
+                loss_factor=loss_factor,
             )
             context = distribute.replica_context_of(probe.strategy)
             if context is not None and not call.distributed:
