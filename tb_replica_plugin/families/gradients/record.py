@@ -24,7 +24,7 @@ from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.halt import FaultState
 from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.core.recorder import run_if
+from tb_replica_plugin.core.recorder import cond_value, run_if
 from tb_replica_plugin.families.gradients import capture, replica, schema
 from tb_replica_plugin.families.gradients.replica import (  # noqa: F401 - the family's helpers
     nonfinite_counts,
@@ -439,12 +439,12 @@ class Recorder(RecorderBase):
         are not healthy is read inside the branch."""
         probe = self.probe
         with tf.device("/cpu:0"):
-            local_fault = tf.logical_not(tf.math.is_finite(tf.reduce_sum(floats)))
-        any_fault = local_fault if job_bad is None else tf.logical_or(local_fault, job_bad > 0)
+            finite = tf.math.is_finite(tf.reduce_sum(floats))
         batch = delivery.kept(_BATCH)  # None when not captured
 
         def write_nonfinite():
             with tf.device("/cpu:0"):
+                local_fault = tf.logical_not(finite)
                 healthy = tf.math.is_finite(tf.reduce_sum(floats, axis=1))  # [R]
             counts = tf.cast(tf.transpose(delivery.value(_COUNTS)), tf.int32)  # [4, R]
             probe.write(
@@ -457,7 +457,13 @@ class Recorder(RecorderBase):
             job = tf.constant(False) if job_bad is None else job_bad > 0
             self._update_fault(step, local_fault, job, healthy, call.batch_names, batch)
 
-        run_if(any_fault, write_nonfinite, as_function=probe.branches_as_functions)
+        as_function = probe.branches_as_functions
+        if job_bad is None:
+            # The branch where the sum is not finite: no negation to run at clean steps.
+            cond_value(finite, lambda: None, write_nonfinite, as_function=as_function)
+        else:
+            fault = tf.logical_or(tf.logical_not(finite), job_bad > 0)
+            run_if(fault, write_nonfinite, as_function=as_function)
 
     def _keep_or_write_norms(self, call, floats, step):
         """Step 3: the norms at logged steps, or the step's values kept for the host's write."""
