@@ -32,7 +32,7 @@ from tb_replica_plugin import metadata
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.flusher import FLUSHER
 from tb_replica_plugin.core.lifecycle import Lifecycle
-from tb_replica_plugin.core.recorder import host_variable, recorder_classes, run_if
+from tb_replica_plugin.core.recorder import host_variable, recorder_classes
 from tb_replica_plugin.core.shipping import Shipping
 from tb_replica_plugin.core.steps import StepAxis
 
@@ -433,22 +433,26 @@ class ProbeCore(Shipping, Lifecycle):
         (in-graph or eagerly). See `write_all`."""
         self.write_all(condition, [(tag, value_fn, kind)], step)
 
-    def write_all(self, condition, writes, step):
+    def write_all(self, condition, writes, step, gate=True):
         """Queues summaries in the writer when `condition` holds and recording is on (in-graph
         or eagerly): one `tf.cond` for all of them, on `gated(condition)`.
 
         `tf.summary.write` inside `writer.as_default()` would add a flush op to the step's graph
         on exit, and so an I/O error (full disk, removed directory) would fail the training step.
         The raw `WriteSummary` op only queues the event; host-side flushes write the file. The
-        values are computed in the taken branch only, in the order given.
+        values are computed in the taken branch only, in the order given. In the step's graph
+        the writes of one condition share one cond with other writes and bodies of that
+        condition (`when`).
 
         Args:
           condition: a bool scalar tensor, or a Python bool.
           writes: `[(tag, value_fn, kind)]`: the summary's tag, a function of no arguments
             returning its value, its kind (`metadata.create_summary_metadata`).
           step: the step the summaries are at (an integer or int tensor).
+          gate: False where the caller runs under `gated(...)` already (a body given to
+            `when` with such a condition): then `condition` alone decides.
         """
-        predicate = self.gated(condition)
+        predicate = self.gated(condition) if gate else condition
         if predicate is False or not writes:
             return
         resource = self._writer._resource  # noqa: SLF001 - the writer's resource handle
@@ -469,7 +473,7 @@ class ProbeCore(Shipping, Lifecycle):
                         summary_metadata=summary_metadata,
                     )
 
-        run_if(predicate, write)
+        self.when(predicate, write)
 
     def write_now(self, tag, value_fn, step, kind):
         """Host side: queues one summary now (outside any graph)."""

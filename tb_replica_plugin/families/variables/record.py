@@ -18,7 +18,6 @@ from tensorflow.core.protobuf import config_pb2
 
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.core.recorder import run_if
 from tb_replica_plugin.families.variables import check, fingerprint, rotation, schema
 
 # The family's state vector: placement written, placement fingerprint.
@@ -226,7 +225,8 @@ class Recorder(RecorderBase):
             elif probe.update_freq is None:
                 record(step_value)
             else:
-                run_if(probe.logged(step_value), lambda: record(step_value))
+                # With the other families' writes of a logged step, in one cond (`when`).
+                probe.when(probe.gated(probe.logged(step_value)), lambda: record(step_value))
         except Exception as error:  # noqa: BLE001 - must never break training
             self.warn(error)
 
