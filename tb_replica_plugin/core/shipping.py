@@ -15,6 +15,7 @@ import threading
 import tensorflow as tf
 
 from tb_replica_plugin.core import transfer as transfer_lib
+from tb_replica_plugin.core.recorder import run_if
 
 
 class _Scope:
@@ -37,6 +38,7 @@ class Shipping:
         self._scopes = {}  # graph key -> _Scope
         self._scope_lock = threading.Lock()
         self._decisions = None
+        self._groups = None  # (graph key, {id: (condition, [bodies])}) while delivering
 
     @contextlib.contextmanager
     def step(self):
@@ -127,6 +129,7 @@ class Shipping:
             if delivery is None:
                 return
             self._decisions = {}  # the step decisions, shared by the families while delivering
+            self._groups = (_graph_key(), {})
             try:
                 for family, handler in transfer.handlers():
                     with tf.name_scope(family.replace("/", "_")):
@@ -139,8 +142,51 @@ class Shipping:
                         recorder.delivered(delivery)
                     except Exception as error:  # noqa: BLE001 - never break the training
                         self.warn_failed(recorder.name, error)
+                self._run_groups()
             finally:
                 self._decisions = None
+                self._groups = None
+
+    def when(self, condition, body):
+        """Runs `body()` (for its writes and assigns) where the bool tensor `condition` holds.
+
+        While a transfer is delivered, the bodies given in the step's own graph wait for the end
+        of the delivery, where those of one condition (the same tensor: a shared decision such
+        as `gated(logged(step))`) share one `tf.cond`, in the order they came: one branch to
+        trace for every family's writes at a logged step. Elsewhere (inside a branch, eagerly,
+        outside a delivery) it is `run_if`. A body must not read state that the delivery
+        changes after it was given (the families' bodies read tensors computed before, or their
+        own state).
+
+        Args:
+          condition: a bool scalar tensor, or a Python bool.
+          body: a function of no arguments; its return value is ignored.
+        """
+        groups = self._groups
+        if (
+            groups is None
+            or isinstance(condition, bool)
+            or tf.executing_eagerly()
+            or groups[0] != _graph_key()
+        ):
+            run_if(condition, body)
+            return
+        groups[1].setdefault(id(condition), (condition, []))[1].append(body)
+
+    def _run_groups(self):
+        """One `tf.cond` per condition given to `when` during this delivery."""
+        _, groups = self._groups
+        self._groups = None  # the bodies' own `when` calls run in their branch, at once
+        for condition, bodies in groups.values():
+
+            def run(bodies=bodies):
+                for body in bodies:
+                    body()
+
+            try:
+                run_if(condition, run)
+            except Exception as error:  # noqa: BLE001 - never break the training
+                self.warn_failed("step", error, "the step's writes")
 
     def _receive(self, transfer):
         """The `Delivery` of `transfer`: its vectors built, received, stacked and, for a step

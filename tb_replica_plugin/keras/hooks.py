@@ -13,6 +13,7 @@ import threading
 
 import tensorflow as tf
 
+from tb_replica_plugin.families.gradients import replica as gradients_replica
 from tb_replica_plugin.families.gradients.record import SCALING_AS_GIVEN, SCALING_REPLICA_LOSS
 from tb_replica_plugin.families.rng import record as rng_record
 from tb_replica_plugin.keras import compat
@@ -207,7 +208,9 @@ def gradient_observer(probe, model, optimizer, capture, batches=None):
 
         try:
             graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-            loss = capture.take(graph)
+            # Keras's `loss * (1 / replicas)`: the replica sends the loss before that product,
+            # the host applies it (the step no longer computes it for nothing else).
+            loss, loss_factor = gradients_replica.constant_factor(capture.take(graph))
             batch = batches.take(graph) if batches is not None else None
             replica_loss = loss is not None and keras_loss
             divide = 1.0 / replicas if replica_loss else 1.0
@@ -223,6 +226,7 @@ def gradient_observer(probe, model, optimizer, capture, batches=None):
                 scaling=SCALING_REPLICA_LOSS if replica_loss else SCALING_AS_GIVEN,
                 loss_scaled=info.loss_scaled,
                 batch=batch,
+                loss_factor=loss_factor,
             )
         except Exception as error:  # noqa: BLE001 - never break training
             recorder.warn(error)

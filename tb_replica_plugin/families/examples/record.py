@@ -313,7 +313,7 @@ class Recorder(RecorderBase):
         if probe.update_freq is None:
             count = counters[_WIN_COUNT] + 1
         else:
-            write = tf.logical_and(probe.logged(step_value), probe.recording())
+            write = probe.gated(probe.logged(step_value))
             self._write(examples, overlap, step_value, write)
             count = tf.where(write, tf.constant(0, tf.int64), counters[_WIN_COUNT] + 1)
         for name, value in (
@@ -327,16 +327,13 @@ class Recorder(RecorderBase):
         state["counters"].assign(tf.stack([step_value, count]))
 
     def _write(self, examples, overlap, step, condition):
-        probe = self.probe
-        probe.write(
-            condition, schema.TAG_DATA_EXAMPLES, lambda: examples, step, schema.KIND_DATA_EXAMPLES
-        )
-        probe.write(
+        self.probe.write_all(
             condition,
-            schema.TAG_DATA_OVERLAP,
-            lambda: _int32(overlap),
+            [
+                (schema.TAG_DATA_EXAMPLES, lambda: examples, schema.KIND_DATA_EXAMPLES),
+                (schema.TAG_DATA_OVERLAP, lambda: _int32(overlap), schema.KIND_DATA_OVERLAP),
+            ],
             step,
-            schema.KIND_DATA_OVERLAP,
         )
 
     def write_window(self):

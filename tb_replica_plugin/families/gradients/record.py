@@ -24,7 +24,7 @@ from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.halt import FaultState
 from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.core.recorder import run_if
+from tb_replica_plugin.core.recorder import cond_value, run_if
 from tb_replica_plugin.families.gradients import capture, replica, schema
 from tb_replica_plugin.families.gradients.replica import (  # noqa: F401 - the family's helpers
     nonfinite_counts,
@@ -134,7 +134,9 @@ class _Call:
         self.scaling_word = static["scaling"]
         self.loss_scaled = bool(static["loss_scaled"])
         self.has_loss = loss is not None
-        self.scaling = replica.host_scaling(self.grad_scale, self.loss_scale)
+        self.scaling = replica.host_scaling(
+            self.grad_scale, self.loss_scale, static.get("loss_factor")
+        )
         self.distributed = isinstance(loss, tf.distribute.DistributedValues) or any(
             isinstance(g, tf.distribute.DistributedValues) for g in grads
         )
@@ -225,12 +227,14 @@ class Recorder(RecorderBase):
         scaling,
         loss_scaled=False,
         batch=None,
+        loss_factor=None,
     ):
         """`observe_gradients` with separate divisors for gradients and loss (used by fit).
 
         `loss_scaled` tells readers that a loss-scale optimizer is in use (its overflow steps
         are expected and skipped by the rules). `batch` (the replica's input structure, or
-        None) is captured at the first step of a fault.
+        None) is captured at the first step of a fault. `loss_factor`: a float32 constant the
+        loss was multiplied by in the step, the host's to apply (`replica.constant_factor`).
         """
         probe = self.probe
         if not probe.build():
@@ -252,6 +256,7 @@ class Recorder(RecorderBase):
                 loss_scale=loss_scale,
                 scaling=scaling,
                 loss_scaled=loss_scaled,
+                loss_factor=loss_factor,
             )
             context = distribute.replica_context_of(probe.strategy)
             if context is not None and not call.distributed:
@@ -434,14 +439,13 @@ class Recorder(RecorderBase):
         are not healthy is read inside the branch."""
         probe = self.probe
         with tf.device("/cpu:0"):
-            local_fault = tf.logical_not(tf.math.is_finite(tf.reduce_sum(floats)))
-        any_fault = local_fault if job_bad is None else tf.logical_or(local_fault, job_bad > 0)
+            finite = tf.math.is_finite(tf.reduce_sum(floats))
         batch = delivery.kept(_BATCH)  # None when not captured
 
         def write_nonfinite():
             with tf.device("/cpu:0"):
+                local_fault = tf.logical_not(finite)
                 healthy = tf.math.is_finite(tf.reduce_sum(floats, axis=1))  # [R]
-            recording = probe.recording()
             counts = tf.cast(tf.transpose(delivery.value(_COUNTS)), tf.int32)  # [4, R]
             probe.write(
                 tf.reduce_any(counts > 0),
@@ -451,9 +455,15 @@ class Recorder(RecorderBase):
                 schema.KIND_GRAD_NONFINITE,
             )
             job = tf.constant(False) if job_bad is None else job_bad > 0
-            self._update_fault(step, local_fault, job, healthy, call.batch_names, batch, recording)
+            self._update_fault(step, local_fault, job, healthy, call.batch_names, batch)
 
-        run_if(any_fault, write_nonfinite, as_function=probe.branches_as_functions)
+        as_function = probe.branches_as_functions
+        if job_bad is None:
+            # The branch where the sum is not finite: no negation to run at clean steps.
+            cond_value(finite, lambda: None, write_nonfinite, as_function=as_function)
+        else:
+            fault = tf.logical_or(tf.logical_not(finite), job_bad > 0)
+            run_if(fault, write_nonfinite, as_function=as_function)
 
     def _keep_or_write_norms(self, call, floats, step):
         """Step 3: the norms at logged steps, or the step's values kept for the host's write."""
@@ -473,7 +483,7 @@ class Recorder(RecorderBase):
             schema.KIND_GRAD_NORMS,
         )
 
-    def _update_fault(self, step, local_fault, job, healthy, batch_names, batch, recording):
+    def _update_fault(self, step, local_fault, job, healthy, batch_names, batch):
         """At a step with a fault: capture the culprit batches, then update the fault state.
 
         A batch is captured at the first step of a run of faulty steps (the step before was
@@ -485,9 +495,10 @@ class Recorder(RecorderBase):
         fresh = tf.not_equal(before[FAULT_LAST], step - 1)
         captured = tf.constant(0, tf.int64)
         if batch is not None and self.capture_limit > 0:
-            take = tf.logical_and(
-                tf.logical_and(fresh, local_fault),
-                tf.logical_and(before[FAULT_CAPTURES] < self.capture_limit, recording),
+            take = self.probe.gated(
+                tf.logical_and(
+                    tf.logical_and(fresh, local_fault), before[FAULT_CAPTURES] < self.capture_limit
+                )
             )
             replicas = self.probe.static["replicas"]
             devices = self.probe.static["devices"]

@@ -75,10 +75,13 @@ class ReplicaGradients(NamedTuple):
 
 class HostScaling(NamedTuple):
     """How the host scales the packed values: `scale` and `loss_scale`, each a number (known
-    when tracing) or None (a tensor, packed after the loss: `ReplicaGradients.scales`)."""
+    when tracing) or None (a tensor, packed after the loss: `ReplicaGradients.scales`); and
+    `loss_factor`, a float32 constant the packed loss is multiplied by first (None: none), where
+    the step computed the loss as a product by that constant (`constant_factor`)."""
 
     scale: object
     loss_scale: object
+    loss_factor: object = None
 
     @property
     def packed(self):
@@ -86,13 +89,46 @@ class HostScaling(NamedTuple):
         return int(self.scale is None) + int(self.loss_scale is None)
 
 
-def host_scaling(scale, loss_scale=None):
-    """The `HostScaling` of these divisors (`replica_values`)."""
+def host_scaling(scale, loss_scale=None, loss_factor=None):
+    """The `HostScaling` of these divisors (`replica_values`) and the loss's constant factor
+    (`constant_factor`, or None)."""
     loss_scale = scale if loss_scale is None else loss_scale
     return HostScaling(
         float(scale) if is_number(scale) else None,
         float(loss_scale) if is_number(loss_scale) else None,
+        None if loss_factor is None else np.float32(loss_factor),
     )
+
+
+def constant_factor(loss):
+    """`(value, factor)` of a float32 scalar loss computed in the step's graph as `value *
+    factor`, `factor` a constant in (0, 1] (Keras divides each replica's loss by the replica
+    count so): the host multiplies the packed `value` by `factor` in float32 (`scaled_rows`),
+    the product the device would have computed, bit for bit. The step needs that product for
+    nothing else (Grappler folds it with Keras's own unscaling for its loss metric), so taking
+    `value` spares each replica its multiplications. Its finiteness is the product's (the
+    factor is finite, nonzero and at most 1). Anything else: `(loss, None)`.
+
+    Args:
+      loss: the captured loss (a tensor or a `PerReplica` value), or None.
+
+    Returns:
+      `(value, factor)`: a tensor and a numpy float32, or `(loss, None)`.
+    """
+    if not isinstance(loss, tf.Tensor) or tf.executing_eagerly():
+        return loss, None
+    op = loss.op
+    if op.type != "Mul" or loss.dtype != tf.float32 or loss.shape.rank != 0:
+        return loss, None
+    for index in (1, 0):
+        constant = op.inputs[index]
+        if constant.op.type != "Const" or constant.shape.rank != 0:
+            continue
+        factor = np.float32(tf.get_static_value(constant))
+        value = op.inputs[1 - index]
+        if 0 < factor <= 1 and value.dtype == tf.float32 and value.shape.rank == 0:
+            return value, factor
+    return loss, None
 
 
 def replica_values(grads, loss=None, scale=1.0, loss_scale=None):
@@ -153,7 +189,10 @@ def scaled_rows(floats, count, has_loss, scaling):
     divisor = (
         values[:, column] if scaling.loss_scale is None else float32_factor(scaling.loss_scale)
     )
-    return sq, values[:, count] / divisor
+    loss = values[:, count]
+    if scaling.loss_factor is not None:
+        loss = loss * scaling.loss_factor  # the step's own product (`constant_factor`)
+    return sq, loss / divisor
 
 
 def stop_flag(gradients, has_loss, loss_only):

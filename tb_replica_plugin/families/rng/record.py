@@ -330,7 +330,7 @@ class Recorder(RecorderBase):
                 count = counters[_WIN_COUNT] + 1
                 doc = counters[_DOC]
             else:
-                write = tf.logical_and(probe.logged(step_value), probe.recording())
+                write = probe.gated(probe.logged(step_value))
                 doc = self._write(streams, step_value, document, write, counters[_DOC])
                 count = tf.where(write, tf.constant(0, tf.int64), counters[_WIN_COUNT] + 1)
             self.state["last"].assign(streams)

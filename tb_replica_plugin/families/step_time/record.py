@@ -24,7 +24,6 @@ import tensorflow as tf
 
 from tb_replica_plugin.core import transfer as transfer_lib
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.core.recorder import run_if
 from tb_replica_plugin.families.step_time import schema
 
 # Timed steps kept for the window statistics (per replica: a step's start and arrival).
@@ -123,10 +122,12 @@ class Recorder(RecorderBase):
 
         def write():
             rows, _ = window_stats(self.state["ring"].read_value(), written.read_value(), step)
-            probe.write(True, schema.TAG_REPLICA_TIME, lambda: rows, step, schema.KIND_REPLICA_TIME)
+            kept = [(schema.TAG_REPLICA_TIME, lambda: rows, schema.KIND_REPLICA_TIME)]
+            probe.write_all(True, kept, step, gate=False)  # under the gated condition
             written.assign(step)
 
-        run_if(probe.logged(step), write)
+        # With the other families' writes of a logged step, in one cond (`when`).
+        probe.when(probe.gated(probe.logged(step)), write)
 
     def _record_time(self, now, step):
         """Step timing of a multi-worker job: arrival time, period, window mean (in-graph)."""

@@ -18,7 +18,6 @@ from tensorflow.core.protobuf import config_pb2
 
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.core.recorder import run_if
 from tb_replica_plugin.families.variables import check, fingerprint, rotation, schema
 
 # The family's state vector: placement written, placement fingerprint.
@@ -226,7 +225,8 @@ class Recorder(RecorderBase):
             elif probe.update_freq is None:
                 record(step_value)
             else:
-                run_if(probe.logged(step_value), lambda: record(step_value))
+                # With the other families' writes of a logged step, in one cond (`when`).
+                probe.when(probe.gated(probe.logged(step_value)), lambda: record(step_value))
         except Exception as error:  # noqa: BLE001 - must never break training
             self.warn(error)
 
@@ -249,9 +249,8 @@ class Recorder(RecorderBase):
         stats = check.VariablesStats(
             entries, self.probe.num_replicas, exact, self._layouts, fused_min_copies, part
         )
-        recording = self.probe.recording()
-        self._write_placement(placement, placement_fp, step, recording)
-        self._write_stats(stats, extent, step, recording)
+        self._write_placement(placement, placement_fp, step)
+        self._write_stats(stats, extent, step)
         counters = self.state["counters"]
         counters.assign(
             tf.tensor_scatter_nd_update(
@@ -281,7 +280,7 @@ class Recorder(RecorderBase):
         whole = [-1 if n is None else n for n in sizes]
         return None, tf.constant([[0, n] for n in whole], tf.int64)
 
-    def _write_placement(self, placement, placement_fp, step, recording):
+    def _write_placement(self, placement, placement_fp, step):
         """Step 2: the placement event, where no placement was written yet or its fingerprint
         `placement_fp` differs from the last one written."""
         current = self.state["counters"].read_value()
@@ -290,14 +289,14 @@ class Recorder(RecorderBase):
             tf.not_equal(current[_PLACEMENT_FP], placement_fp),
         )
         self.probe.write(
-            tf.logical_and(changed, recording),
+            changed,
             schema.TAG_VARIABLE_PLACEMENT,
             lambda: tf.constant(placement),
             step,
             schema.KIND_VARIABLE_PLACEMENT,
         )
 
-    def _write_stats(self, stats, extent, step, recording):
+    def _write_stats(self, stats, extent, step):
         """Step 3: the hash and fingerprint rows of `stats` (a `check.VariablesStats`), the
         window's `extent` when one is checked, and the exact values when kept."""
         probe = self.probe
@@ -315,8 +314,7 @@ class Recorder(RecorderBase):
             writes.append(
                 (schema.TAG_VARIABLE_EXACT, lambda: stats.exact, schema.KIND_VARIABLE_EXACT)
             )
-        for tag, value_fn, kind in writes:
-            probe.write(recording, tag, value_fn, step, kind)
+        probe.write_all(True, writes, step)  # one cond, on the recording gate
 
 
 class Recording:
