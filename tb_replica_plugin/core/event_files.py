@@ -32,6 +32,7 @@ class _Tag:
     metadata: object  # the SummaryMetadata of the tag's first value that had one
     max_step: int
     max_wall_time: float
+    maybe_ours: bool = True  # its metadata names the reading plugin, or is not known yet
 
 
 class EventFilesProvider:
@@ -353,7 +354,6 @@ class RunTail:
         self._plugin = plugin_name
         self._files = {}  # path -> _Records, each holding its offset
         self._tags = {}  # tag -> _Tag (its first metadata)
-        self._maybe_ours = {}  # tag -> whether its metadata names the plugin (or is not known)
         self.values_read = 0
 
     def _paths(self):
@@ -398,25 +398,17 @@ class RunTail:
 
     def _take(self, event, value, found):
         """Notes the tag's metadata and keeps a tensor value of a tag that is (or may be) ours
-        (run for every value read: kept to a few lookups)."""
-        name = value.tag
-        tag = self._tags.get(name)
+        (whether it is: worked out once per tag, `_Tag.maybe_ours`)."""
+        tag = self._tags.get(value.tag)
         if tag is None:
             metadata = value.metadata if value.HasField("metadata") else None
-            tag = self._tags[name] = _Tag(metadata, event.step, event.wall_time)
-            self._maybe_ours[name] = self._names_us(metadata)
+            tag = self._tags[value.tag] = _Tag(metadata, event.step, event.wall_time)
+            tag.maybe_ours = self._names_us(metadata)
         elif tag.metadata is None and value.HasField("metadata"):
             tag.metadata = value.metadata
-            self._maybe_ours[name] = self._names_us(tag.metadata)
-        if self._maybe_ours[name] and value.HasField("tensor"):
-            datum = provider.TensorDatum(
-                step=event.step, wall_time=event.wall_time, numpy=tensor_to_numpy(value.tensor)
-            )
-            series = found.get(name)
-            if series is None:
-                found[name] = [datum]
-            else:
-                series.append(datum)
+            tag.maybe_ours = self._names_us(tag.metadata)
+        if tag.maybe_ours and value.HasField("tensor"):
+            found.setdefault(value.tag, []).append(_datum(event, value))
 
     def _names_us(self, metadata):
         """Whether a tag whose first metadata is `metadata` may be ours (None: not known yet)."""

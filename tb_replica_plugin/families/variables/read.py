@@ -7,7 +7,6 @@ import dataclasses
 import functools
 import json
 import math
-import threading
 
 import numpy as np
 
@@ -274,8 +273,8 @@ def copy_algorithms(variables, num_r):
 def document_layout(document):
     """What a placement document says of its copies, for the drift arrays.
 
-    Computed once per document parsed by `placement_document` (one object per distinct
-    document: a run re-read at each look keeps its layout); the arrays are read-only.
+    Kept on a document parsed by `placement_document` (one object per distinct document: a
+    run re-read at each look keeps its layout); the arrays are read-only.
 
     Returns:
       `{"variables", "devices", "replicas", "sizes", "present", "both", "comparable",
@@ -285,11 +284,9 @@ def document_layout(document):
       version 1: "mix64"), and object [V, R] the hash algorithm of each copy
       (`copy_algorithms`).
     """
-    with _LAYOUTS_LOCK:
-        kept = _LAYOUTS.get(id(document))
-    parsed = kept is not None and kept[0] is document
-    if parsed and kept[1] is not None:
-        return kept[1]
+    kept = getattr(document, "layout", None)
+    if kept is not None:
+        return kept
     variables = list(document.get("variables", []))
     devices = [str(d) for d in document.get("devices", [])]
     present, algorithm = copy_algorithms(variables, len(devices))
@@ -308,28 +305,19 @@ def document_layout(document):
     for value in layout.values():
         if isinstance(value, np.ndarray):
             value.setflags(write=False)
-    if parsed:
-        with _LAYOUTS_LOCK:
-            _LAYOUTS[id(document)] = (document, layout)
+    if isinstance(document, PlacementDocument):
+        document.layout = layout
     return layout
 
 
-def _keep_document(document):
-    """Notes a parsed placement document (`document_layout` keeps its layout)."""
-    with _LAYOUTS_LOCK:
-        if len(_LAYOUTS) >= _KEPT_DOCUMENTS:
-            _LAYOUTS.pop(next(iter(_LAYOUTS)))  # the oldest
-        _LAYOUTS[id(document)] = (document, None)  # the document held: its id stays its own
+class PlacementDocument(dict):
+    """A parsed placement document (a dict, equal to the JSON's), holding its `layout` once
+    `document_layout` computed it (None before)."""
+
+    layout = None
 
 
-# The placement documents parsed last (`placement_document`), by id: {id: (document, layout
-# or None until `document_layout` computed it)}.
-_KEPT_DOCUMENTS = 4096
-_LAYOUTS = {}
-_LAYOUTS_LOCK = threading.Lock()
-
-
-@functools.lru_cache(maxsize=_KEPT_DOCUMENTS)
+@functools.lru_cache(maxsize=4096)
 def placement_document(raw):
     """The placement document of a placement event's value (`bytes` or `str` of JSON), parsed
     once per distinct value: the same dict for the same text (do not modify it).
@@ -340,8 +328,7 @@ def placement_document(raw):
     document = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
     if not isinstance(document, dict) or not isinstance(document.get("variables"), list):
         raise ValueError("not a placement event")
-    _keep_document(document)
-    return document
+    return PlacementDocument(document)
 
 
 def drift_estimates(rows, row_of, identical, layout):
