@@ -250,6 +250,23 @@ def test_flushed_at_train_end_without_close(tmp_path):
     assert series.dense_steps.tolist() == list(range(6))
 
 
+def test_evaluate_and_predict_with_the_callback_begin_no_run_and_fit_then_does(tmp_path):
+    # Keras calls the callback's set_model for evaluate/predict too: the probe is built, but a
+    # run begins only with a fit, so a notebook that evaluated shows no phantom "running" run.
+    model = small_model(mirrored(2), 3)
+    x, y = xy(16)
+    callback = ReplicaCallback(str(tmp_path), flush_secs=NEVER)
+    model.evaluate(x, y, batch_size=8, verbose=0, callbacks=[callback])
+    model.predict(x, batch_size=8, verbose=0, callbacks=[callback])
+    callback._probe.flush()
+    assert tb_replica_plugin.load(str(tmp_path)).runs == {}
+    model.fit(x, y, batch_size=8, verbose=0, callbacks=[callback])
+    status = tb_replica_plugin.load(str(tmp_path)).runs["replicas"].status
+    assert [e["type"] for e in status.events] == ["start", "end"]
+    assert (status.start["source"], status.start["how"]) == ("fit", "fit")
+    assert (status.end["state"], status.end["how"], status.end["step"]) == ("finished", "fit", 1)
+
+
 def test_exception_escaping_fit_restores_the_model_and_flushes(tmp_path):
     # The 41st example is NaN: check_numerics fails in the input pipeline at step 5 or 6.
     x, y = xy(64)

@@ -262,7 +262,11 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle):
                 recorder.create_state()
         self._next_flush = time.monotonic() + self.flush_secs
         FLUSHER.register(self)
-        self.begin_run(self.source)
+        if self.source != "fit":
+            # A custom loop's run begins at its first record. `ReplicaCallback` ("fit") begins
+            # each fit's itself (`on_train_begin`): an `evaluate` or `predict` given the
+            # callback builds its probe but trains nothing, and must not read as running.
+            self.begin_run(self.source)
         return True
 
     # ------------------------------------------------------------ the step decision
