@@ -924,6 +924,12 @@ def test_the_match_matrix_of_many_replicas_is_a_canvas(demo_server, browser):
     # Blocks of 1 CSS pixel: the pointer lands on block 0 or 1 (replicas 0–1 or 2–3) of each
     # axis; the tooltip names the blocks under it and their cell's largest share.
     page.mouse.move(box["x"] + 1.5, box["y"] + 1.5)
+    # The tooltip follows the pointer's event: wait for it (bounded) rather than read it at once.
+    page.wait_for_function(
+        "sel => (document.querySelector(sel)?.textContent || '').startsWith('replicas ')",
+        arg=block + " .chart-tooltip",
+        timeout=10_000,
+    )
     tooltip = page.text_content(block + " .chart-tooltip")
     found = re.fullmatch(r"replicas (\d+)–(\d+) and replicas (\d+)–(\d+): up to (\d+)%", tooltip)
     assert found, tooltip
