@@ -38,6 +38,7 @@ exits, e.g. killed when out of memory, or a request fails) gives the figures it 
 
 import argparse
 import concurrent.futures
+import contextlib
 import gzip
 import json
 import os
@@ -574,24 +575,47 @@ def main(argv=None):
             ),
         }
         known = {}  # the workers' last steps, parsed once (`live_job.append_steps`)
-        for loader in filter(None, args.loaders.split(",")):  # "": the report alone
-            figures = measure_tensorboard(
-                logdir,
-                args.workers,
-                load_fast=loader == "rust",
-                timeout=args.timeout,
-                warm=not args.cold,
-                live_steps=args.live_steps,
-                known=known,
-                keep_all=not args.sampled,
-                live_period=args.live_period,
-                live_wait=args.live_wait,
-            )
-            result[loader] = figures
-            print(json.dumps({loader: figures}), file=sys.stderr, flush=True)  # kept if later fails
-        result.update(measure_report(logdir))
+        with _appends_undone(job_dir):  # the job as written, for the next run's reuse
+            _measure(args, logdir, known, result)
     print(json.dumps(result))
     return result
+
+
+def _measure(args, logdir, known, result):
+    """Each loader's TensorBoard figures, then the report's, into `result`."""
+    for loader in filter(None, args.loaders.split(",")):  # "": the report alone
+        figures = measure_tensorboard(
+            logdir,
+            args.workers,
+            load_fast=loader == "rust",
+            timeout=args.timeout,
+            warm=not args.cold,
+            live_steps=args.live_steps,
+            known=known,
+            keep_all=not args.sampled,
+            live_period=args.live_period,
+            live_wait=args.live_wait,
+        )
+        result[loader] = figures
+        print(json.dumps({loader: figures}), file=sys.stderr, flush=True)  # kept if later fails
+    result.update(measure_report(logdir))
+
+
+@contextlib.contextmanager
+def _appends_undone(job_dir):
+    """Cuts every event file of `job_dir` back to its size on entry when the block ends: the
+    steps the live phases appended are removed from a kept `--logdir`."""
+    sizes = {
+        os.path.join(root, name): os.path.getsize(os.path.join(root, name))
+        for root, _, names in os.walk(job_dir)
+        for name in names
+    }
+    try:
+        yield
+    finally:
+        for path, size in sizes.items():
+            if os.path.exists(path) and os.path.getsize(path) > size:
+                os.truncate(path, size)
 
 
 if __name__ == "__main__":

@@ -142,6 +142,23 @@ def test_job_scale_serves_the_whole_job_on_both_loaders():
     assert result["report_peak_rss_mb"] > 50
 
 
+def test_job_scale_leaves_a_kept_job_as_it_was_written(tmp_path):
+    """The live phases append steps to the job's event files; a kept `--logdir` gets its files
+    back at their written sizes (the next run reuses the job as written)."""
+    from benchmarks import job_scale
+
+    worker = tmp_path / "job" / "worker_0"
+    worker.mkdir(parents=True)
+    events = worker / "events.out.tfevents.1"
+    events.write_bytes(b"written")
+    with job_scale._appends_undone(str(tmp_path / "job")):
+        with open(events, "ab") as handle:
+            handle.write(b" and appended")
+        (worker / "events.out.tfevents.2").write_bytes(b"new")
+    assert events.read_bytes() == b"written"
+    assert (worker / "events.out.tfevents.2").read_bytes() == b"new"  # not the job's: kept
+
+
 def test_fit_alternated_times_both_copies_every_round():
     """`benchmarks.fit_alternated` at a tiny size (run on its own, not by `-m benchmarks`)."""
     result = json.loads(_run_benchmark("benchmarks.fit_alternated", "--quick"))
