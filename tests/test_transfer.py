@@ -113,37 +113,6 @@ def test_the_callback_adds_one_transfer_per_replica_to_the_step(tmp_path, make_m
     assert expected <= tags
 
 
-def test_the_fault_branch_is_traced_once_for_every_replica(tmp_path, monkeypatch):
-    # The gradients' NaN/Inf counts and the outputs' exact stats take each replica's tensors as
-    # arguments of one `tf.function`: traced once for both replicas, not once per replica.
-    from tb_replica_plugin.families.gradients import record as gradients_record
-    from tb_replica_plugin.families.watch import record as watch_record
-
-    traced = {"counts": 0, "stats": 0}
-
-    def counting(name, fn):
-        def wrapper(*args, **kwargs):
-            traced[name] += 1
-            return fn(*args, **kwargs)
-
-        return wrapper
-
-    monkeypatch.setattr(
-        gradients_record, "nonfinite_counts", counting("counts", gradients_record.nonfinite_counts)
-    )
-    monkeypatch.setattr(watch_record, "_exact_stats", counting("stats", watch_record._exact_stats))
-    strategy = mirrored(2)
-    model = _mlp(strategy)
-    model.fit(
-        _data(32),
-        epochs=1,
-        verbose=0,
-        steps_per_epoch=2,
-        callbacks=[ReplicaCallback(str(tmp_path))],
-    )
-    assert traced == {"counts": 1, "stats": 1}
-
-
 class _SlowReplica(keras.layers.Layer):
     """Identity, except that replica `slow` sleeps `SLEEP_S` first (a stand-in for a slower
     device: its forward pass, and so its vector, comes later)."""

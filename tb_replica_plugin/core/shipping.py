@@ -205,10 +205,10 @@ class Shipping:
         start = transfer_lib.step_start() if timed else None
         matrix = stamps = None
         if words:
-            vectors, branches = [], {}
+            vectors = []
             for index, packet in enumerate(transfer.packets):
                 with tf.name_scope(f"pack_{index}"):
-                    vectors.append(packet.vector(slots, branches))
+                    vectors.append(packet.vector(slots))
             matrix, stamps = transfer_lib.receive(vectors, timed)
         step = None
         if transfer.scope:

@@ -71,7 +71,7 @@ class Packet:
         self._shapes = []  # (key, [dense tensors of known rank])
         self._ints = []  # (key, int64 [n])
         self._floats = []  # (key, float32 or float64 vector, or a list of such scalars)
-        self._faults = []  # (key, fn, size, dtype, guard, args)
+        self._faults = []  # (key, fn, size, dtype, guard)
 
     def shapes(self, key, tensors):
         """The shapes of dense `tensors` (each of known rank), as one int64 value.
@@ -113,19 +113,13 @@ class Packet:
                 _static_length(key, values)
         self._floats.append((key, values))
 
-    def on_fault(self, key, fn, size, dtype, guard=(), args=()):
+    def on_fault(self, key, fn, size, dtype, guard=()):
         """A value computed on the replica's device only where one of its float values is not
-        finite (zeros elsewhere): `fn(*args)` returns a vector of `size` values of `dtype` (int64
-        or float64). `guard`: keys of the float values whose finiteness alone decides it (inside
+        finite (zeros elsewhere): `fn()` returns a vector of `size` values of `dtype` (int64 or
+        float64). `guard`: keys of the float values whose finiteness alone decides it (inside
         the fault branch, the value is zeroed where they are finite); empty: any of the packet's
-        float values.
-
-        Pass the replica's tensors as `args` and the same `fn` to every packet of a transfer:
-        the fault branch is then traced once for all its replicas (a `tf.function`), and its ops
-        are compiled only at the first step that takes it, not with the step (a branch that
-        closes over a replica's tensors is traced for each replica).
-        """
-        self._faults.append((key, fn, int(size), tf.as_dtype(dtype), tuple(guard), args))
+        float values."""
+        self._faults.append((key, fn, int(size), tf.as_dtype(dtype), tuple(guard)))
 
     def keep(self, key, value):
         """`value` handed to the host as it is (see `kept`)."""
@@ -148,7 +142,7 @@ class Packet:
             (SHAPES, [(k, sum(t.shape.rank for t in ts), tf.int64) for k, ts in self._shapes]),
             (INTS, [(k, int(v.shape[0]), tf.int64) for k, v in self._ints]),
             (FLOATS, [(k, _length(v), tf.float64) for k, v in self._float_order()]),
-            (FAULTS, [(k, size, dtype) for k, _, size, dtype, _, _ in self._faults]),
+            (FAULTS, [(k, size, dtype) for k, _, size, dtype, _ in self._faults]),
         )
         for region, entries in regions:
             start = 0
@@ -172,13 +166,11 @@ class Packet:
     def empty(self):
         return not (self._shapes or self._ints or self._floats or self._faults)
 
-    def vector(self, slots, branches=None):
+    def vector(self, slots):
         """int64 [words]: this packet's values packed on its device (see the module docstring).
 
         Args:
           slots: `layout()`'s slots (the same for every replica of the transfer).
-          branches: a dict the transfer's packets share, where each keeps the fault branch it
-            traced, for the others to call (`on_fault`); None: traced for this packet alone.
         """
         with tf.device(self.device):
             words = []
@@ -188,7 +180,7 @@ class Packet:
             if floats is not None:
                 words.append(tf.bitcast(floats, tf.int64))
             if self._faults:
-                words.append(self._fault_words(floats, slots, branches))
+                words.append(self._fault_words(floats, slots))
             if not words:
                 return tf.zeros([0], tf.int64)
             return tf.concat(words, axis=0) if len(words) > 1 else tf.reshape(words[0], [-1])
@@ -215,65 +207,39 @@ class Packet:
             return None
         return tf.concat(groups, axis=0) if len(groups) > 1 else groups[0]
 
-    def _fault_words(self, floats, slots, branches):
+    def _fault_words(self, floats, slots):
         """int64 [fault words]: the fault branch's values where a float value is not finite."""
-        size = sum(size for _, _, size, _, _, _ in self._faults)
+        size = sum(size for _, _, size, _, _ in self._faults)
+        float_slots = {s.key: s for s in slots if s.region == FLOATS}
+
+        def guarded(fn, dtype, guard):
+            # Inside the fault branch (a faulty step only): the value computed, then zeroed
+            # where its own floats are finite. A mask, not a second cond per value: one op at
+            # those steps instead of two branch functions to trace for every replica.
+            words = _as_words(fn(), dtype)
+            if not guard or floats is None:
+                return words
+            own = tf.concat(
+                [
+                    floats[float_slots[k].start : float_slots[k].start + float_slots[k].size]
+                    for k in guard
+                ],
+                axis=0,
+            )
+            return tf.where(tf.math.is_finite(tf.reduce_sum(own)), tf.zeros_like(words), words)
+
+        def branch():
+            parts = [guarded(fn, dtype, guard) for _, fn, _, dtype, guard in self._faults]
+            return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+
         if floats is None:
             return tf.zeros([size], tf.int64)
-        branch = self._fault_branch(slots, {} if branches is None else branches)
-        args = [args for *_, args in self._faults]
         return cond_value(
             tf.math.is_finite(tf.reduce_sum(floats)),
             lambda: tf.zeros([size], tf.int64),
-            lambda: _call_on_the_ifs_device(branch, floats, args),
+            branch,
             as_function=True,
         )
-
-    def _fault_branch(self, slots, branches):
-        """The fault branch as a function of the packed floats and the faults' `args`: inside a
-        step's graph a `tf.function` kept in `branches` for every packet with the same faults,
-        marked not to be inlined (so the `If` that calls it compiles one call op with the step,
-        and the branch's ops at the first faulty step only)."""
-        float_slots = {s.key: s for s in slots if s.region == FLOATS}
-        faults = [
-            (fn, dtype, [float_slots[k] for k in guard])
-            for _, fn, _, dtype, guard, _ in self._faults
-        ]
-
-        def branch(floats, args):
-            parts = [
-                _guarded(_as_words(fn(*fn_args), dtype), floats, guard)
-                for (fn, dtype, guard), fn_args in zip(faults, args, strict=True)
-            ]
-            return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
-
-        if not tf.inside_function():
-            return branch
-        signature = tuple(
-            (key, fn, size, dtype, guard) for key, fn, size, dtype, guard, _ in self._faults
-        )
-        if signature not in branches:
-            branches[signature] = tf.function(
-                branch, autograph=False, experimental_attributes={"_noinline": True}
-            )
-        return branches[signature]
-
-
-def _call_on_the_ifs_device(branch, *args):
-    """`branch(*args)` with no device of its own: the call runs where the `If` around it does
-    (the replica's device), and a `tf.function` traced under one replica's device scope is not
-    traced again for the next (the device scope is part of its cache key)."""
-    with tf.compat.v1.device(None):
-        return branch(*args)
-
-
-def _guarded(words, floats, guard):
-    """`words`, zeroed where the float slots `guard` of `floats` are all finite (a mask, not a
-    second cond per value: one op at a faulty step instead of two branch functions to trace)."""
-    if not guard:
-        return words
-    own = tf.concat([floats[slot.start : slot.start + slot.size] for slot in guard], axis=0)
-    return tf.where(tf.math.is_finite(tf.reduce_sum(own)), tf.zeros_like(words), words)
 
 
 def _shapes(tensors):

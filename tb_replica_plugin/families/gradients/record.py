@@ -371,17 +371,17 @@ class Recorder(RecorderBase):
         probe = self.probe
         probe.check_replicas(len(per_replica), "gradients")
         transfer = probe.transfer()
-        # One function for every replica (its tensors as arguments): the fault branch is
-        # traced once for all of them.
-        counts = functools.partial(nonfinite_counts, has_loss=call.has_loss)
         try:
             for index, packet in enumerate(transfer.packets):
                 values = per_replica[index]
                 with tf.device(packet.device):
                     packet.floats(_FLOATS, replica.packed_floats(values, call.has_loss))
+
+                def counts(values=values):
+                    return nonfinite_counts(values.values, values.loss, call.has_loss)
+
                 size = len(schema.NONFINITE_ROWS)
-                args = (values.values, values.loss)
-                packet.on_fault(_COUNTS, counts, size, tf.int64, guard=[_FLOATS], args=args)
+                packet.on_fault(_COUNTS, counts, size, tf.int64, guard=[_FLOATS])
                 if batch is not None:
                     packet.keep(_BATCH, batch[index])
             deliver = functools.partial(self._deliver, call=call, job_bad=job_bad)

@@ -71,16 +71,13 @@ def _put_values(transfer, owner, per_replica, plan):
             key for key, found in (((owner, "values"), packed), ((owner, "kept"), sums)) if found
         ]
         if plan.packed:
+
+            def exact(leaves=leaves):
+                return tf.concat([stats.leaf_stats(leaves[i]) for i in plan.packed], axis=0)
+
             size = len(plan.packed) * len(schema.STAT_ROWS)
-            args = [leaves[i] for i in plan.packed]
-            packet.on_fault((owner, "exact"), _exact_stats, size, tf.float64, guard, args)
+            packet.on_fault((owner, "exact"), exact, size, tf.float64, guard=guard)
     return guard
-
-
-def _exact_stats(*leaves):
-    """float64 [len(leaves) * len(schema.STAT_ROWS)]: each leaf's exact stats (one replica's, in
-    its fault branch)."""
-    return tf.concat([stats.leaf_stats(leaf) for leaf in leaves], axis=0)
 
 
 class Recorder(RecorderBase):
