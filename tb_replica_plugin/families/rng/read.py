@@ -61,36 +61,12 @@ def from_samples(run, samples, notes, needed=None):
     streams = samples.get(schema.TAG_RNG_STREAMS, [])
     if not streams:
         return None
-    documents = {}
-    for step, value in samples.get(schema.TAG_RNG_GENERATORS, []):
-        try:
-            text = value.item()
-            documents[step] = json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
-        except (ValueError, AttributeError, UnicodeDecodeError):
-            continue
-    # The document is written at the first logged step of each layout: each streams sample
-    # takes the latest document written at or before its step.
-    document_steps = sorted(documents)
-    paired = []
-    for step, value in streams:
-        at = bisect.bisect_right(document_steps, step) - 1
-        document = documents[document_steps[at]] if at >= 0 else None
-        if document is None or value.ndim != 3:
-            continue
-        if value.shape[0] != len(document.get("generators", [])):
-            continue
-        paired.append((step, value, document))
+    paired = _paired_with_documents(streams, samples.get(schema.TAG_RNG_GENERATORS, []))
     if not paired:
         notes.append("rng: no readable generator series (missing generator names).")
         return None
     last = paired[-1][2]
-    layout = [g.get("name") for g in last["generators"]]
-    kept = [
-        (step, value)
-        for step, value, document in paired
-        if [g.get("name") for g in document["generators"]] == layout
-        and value.shape == paired[-1][1].shape
-    ]
+    kept = _in_the_last_layout(paired)
     if len(kept) < len(streams):
         notes.append(
             f"rng: {len(streams) - len(kept)} logged step(s) with another generator layout "
@@ -102,22 +78,59 @@ def from_samples(run, samples, notes, needed=None):
         run=run,
         replicas=[int(r) for r in last.get("replicas", range(num))],
         devices=[str(d) for d in last.get("devices", [""] * num)],
-        generators=[
-            {
-                "name": str(g.get("name")),
-                "kind": str(g.get("kind", "")),
-                "layer": g.get("layer"),
-                "layer_class": g.get("layer_class"),
-                "mirrored": bool(g.get("mirrored", False)),
-                "state_size": int(g.get("state_size", values.shape[3] - 1)),
-            }
-            for g in last["generators"]
-        ],
+        generators=[_generator(g, values.shape[3] - 1) for g in last["generators"]],
         steps=np.array([s for s, _ in kept], dtype=np.int64),
         fingerprint=values[:, :, :, 0],
         state=values[:, :, :, 1:],
         notes=notes,
     )
+
+
+def _paired_with_documents(streams, generator_samples):
+    """`[(step, value, document)]`: each streams sample with the latest generators document
+    written at or before its step (the document is written at the first logged step of each
+    layout), where the two agree on the generator count."""
+    documents = {}
+    for step, value in generator_samples:
+        try:
+            text = value.item()
+            documents[step] = json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            continue
+    document_steps = sorted(documents)
+    paired = []
+    for step, value in streams:
+        at = bisect.bisect_right(document_steps, step) - 1
+        document = documents[document_steps[at]] if at >= 0 else None
+        if document is None or value.ndim != 3:
+            continue
+        if value.shape[0] != len(document.get("generators", [])):
+            continue
+        paired.append((step, value, document))
+    return paired
+
+
+def _in_the_last_layout(paired):
+    """`[(step, value)]` of the pairs with the last one's generator names and value shape."""
+    layout = [g.get("name") for g in paired[-1][2]["generators"]]
+    return [
+        (step, value)
+        for step, value, document in paired
+        if [g.get("name") for g in document["generators"]] == layout
+        and value.shape == paired[-1][1].shape
+    ]
+
+
+def _generator(document, state_size):
+    """One generator's entry of `RngSeries.generators` from its document entry."""
+    return {
+        "name": str(document.get("name")),
+        "kind": str(document.get("kind", "")),
+        "layer": document.get("layer"),
+        "layer_class": document.get("layer_class"),
+        "mirrored": bool(document.get("mirrored", False)),
+        "state_size": int(document.get("state_size", state_size)),
+    }
 
 
 class RngMerger(jobs.Merger):

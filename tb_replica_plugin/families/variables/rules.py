@@ -201,38 +201,7 @@ def _drift_finding(series, index, variable, thresholds):
             **span,
         )
     if above.any():
-        rows = np.flatnonzero(above.any(axis=1))
-        columns = [int(c) for c in np.flatnonzero(above.any(axis=0))]
-        first, last = int(series.steps[rows[0]]), int(series.steps[rows[-1]])
-        worst = float(nanmax(np.where(above, rel, np.nan)))
-        max_abs = float(nanmax(np.where(above, series.max_abs[:, index, :], np.nan)))
-        exact = bool(series.exact[rows].all())
-        abs_text = (
-            f"max |difference| {max_abs:.3g}"
-            if exact
-            else f"max |difference| at least {max_abs:.3g} (bound from the fingerprints; "
-            "run the exact check for the true value)"
-        )
-        head = (
-            f"Variable '{name}' on {_replica_list(series.replicas, columns)} differs from "
-            f"replica 0 from step {first}{_seen_late(series, index, rows[0])} (relative L2 up "
-            f"to {worst:.3g}, {abs_text}); "
-        )
-        trainable = variable.get("trainable", True)
-        cause = "not_all_reduced" if trainable else "non_trainable_per_replica"
-        return Finding(
-            kind="variable_drift",
-            severity="error" if trainable else "warning",
-            first_step=first,
-            last_step=last,
-            count=int(rows.size),
-            replicas=[series.replicas[c] for c in columns],
-            value=round(worst, 9),
-            threshold=thresholds.variable_drift_rel_l2,
-            message=head + _CAUSE_TEXT[("variable_drift", cause)],
-            cause=cause,
-            **base,
-        )
+        return _above_tolerance(series, index, variable, above, thresholds, base)
     if differ.any():
         span = _span(series, differ, rel, base)
         return Finding(
@@ -249,6 +218,44 @@ def _drift_finding(series, index, variable, thresholds):
             **span,
         )
     return None
+
+
+def _above_tolerance(series, index, variable, above, thresholds, base):
+    """The `variable_drift` finding of a variable whose copies differ beyond the tolerance at
+    the `above` [steps, replicas] cells: an error for a trainable variable, else a warning."""
+    rel = series.rel_l2[:, index, :]
+    rows = np.flatnonzero(above.any(axis=1))
+    columns = [int(c) for c in np.flatnonzero(above.any(axis=0))]
+    first, last = int(series.steps[rows[0]]), int(series.steps[rows[-1]])
+    worst = float(nanmax(np.where(above, rel, np.nan)))
+    max_abs = float(nanmax(np.where(above, series.max_abs[:, index, :], np.nan)))
+    exact = bool(series.exact[rows].all())
+    abs_text = (
+        f"max |difference| {max_abs:.3g}"
+        if exact
+        else f"max |difference| at least {max_abs:.3g} (bound from the fingerprints; "
+        "run the exact check for the true value)"
+    )
+    head = (
+        f"Variable '{variable['name']}' on {_replica_list(series.replicas, columns)} differs "
+        f"from replica 0 from step {first}{_seen_late(series, index, rows[0])} (relative L2 up "
+        f"to {worst:.3g}, {abs_text}); "
+    )
+    trainable = variable.get("trainable", True)
+    cause = "not_all_reduced" if trainable else "non_trainable_per_replica"
+    return Finding(
+        kind="variable_drift",
+        severity="error" if trainable else "warning",
+        first_step=first,
+        last_step=last,
+        count=int(rows.size),
+        replicas=[series.replicas[c] for c in columns],
+        value=round(worst, 9),
+        threshold=thresholds.variable_drift_rel_l2,
+        message=head + _CAUSE_TEXT[("variable_drift", cause)],
+        cause=cause,
+        **base,
+    )
 
 
 def find_variables(series, thresholds=Thresholds()):
