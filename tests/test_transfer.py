@@ -199,6 +199,29 @@ def test_ready_times_are_written_in_the_step_at_logged_steps(tmp_path):
     assert all(rows[step_time_schema.READY_MEDIAN, 1] > SLEEP_S for _, rows in series)
 
 
+def test_a_faulty_step_is_left_out_of_the_ready_times(tmp_path):
+    # Replica 1's label is NaN at step 3 (TerminateOnNaN stops there): its fault branch counts
+    # NaN/Inf over every gradient at that step, the tool's work, so the step is not timed. With
+    # update_freq=1 each step is its own window: step 3's has no timed step and is not written.
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16 * 6, 6)).astype("float32")
+    y = rng.normal(size=(16 * 6, 1)).astype("float32")
+    y[3 * 16 + 12, 0] = np.nan  # the second half of step 3's batch: replica 1's
+    callbacks = [ReplicaCallback(str(tmp_path), update_freq=1), keras.callbacks.TerminateOnNaN()]
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    model.fit(data, epochs=1, verbose=0, callbacks=callbacks)
+    run = os.path.join(str(tmp_path), "replicas")
+    nonfinite = _events(run, "gradients/nonfinite")["gradients/nonfinite"]
+    assert [step for step, _ in nonfinite] == [3]
+    series = _events(run, step_time_schema.TAG_REPLICA_TIME)[step_time_schema.TAG_REPLICA_TIME]
+    assert [step for step, _ in series] == [0, 1, 2]
+    assert all(rows[step_time_schema.WINDOW_STEPS, 0] == 1 for _, rows in series)
+
+
 def test_window_stats_are_numpy_medians_over_the_window():
     rng = np.random.default_rng(1)
     steps = np.arange(10, 19, dtype=np.float64)  # steps 10..18 in a ring of 12 rows

@@ -322,6 +322,11 @@ class Transfer:
         return all(packet.empty for packet in self.packets)
 
 
+# `Delivery.cache` key: bool scalar tensor, every local replica's gradients and loss finite at
+# the delivered step (set by the gradients family, read by the families delivered after it).
+GRADIENTS_FINITE = "gradients_finite"
+
+
 class Delivery:
     """The host's view of one delivered transfer (cross-replica context, on the host CPU).
 

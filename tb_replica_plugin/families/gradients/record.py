@@ -21,6 +21,7 @@ import json
 import tensorflow as tf
 
 from tb_replica_plugin.core import distribute
+from tb_replica_plugin.core import transfer as transfer_lib
 from tb_replica_plugin.core.halt import FaultState
 from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
@@ -440,6 +441,8 @@ class Recorder(RecorderBase):
         probe = self.probe
         with tf.device("/cpu:0"):
             finite = tf.math.is_finite(tf.reduce_sum(floats))
+        # For the step-time family, which leaves a faulty step out of the ready times.
+        delivery.cache[transfer_lib.GRADIENTS_FINITE] = finite
         batch = delivery.kept(_BATCH)  # None when not captured
 
         def write_nonfinite():

@@ -112,7 +112,13 @@ class Recorder(RecorderBase):
         probe = self.probe
         step = delivery.step
         with tf.device("/cpu:0"):
-            row = tf.stack([tf.cast(step, tf.float64), delivery.start, *delivery.arrival_stamps])
+            at = tf.cast(step, tf.float64)
+            finite = delivery.cache.get(transfer_lib.GRADIENTS_FINITE)
+            if finite is not None:
+                # A faulty step is not timed: its faulty replica also ran the fault branch
+                # (NaN/Inf counts over every gradient), the tool's work, not the replica's.
+                at = tf.where(finite, at, math.nan)
+            row = tf.stack([at, delivery.start, *delivery.arrival_stamps])
             tf.raw_ops.ResourceScatterUpdate(
                 resource=self.state["ring"].handle, indices=step % RING_STEPS, updates=row
             )
@@ -121,9 +127,11 @@ class Recorder(RecorderBase):
         written = self.state["written"]
 
         def write():
-            rows, _ = window_stats(self.state["ring"].read_value(), written.read_value(), step)
+            ring = self.state["ring"].read_value()
+            rows, count = window_stats(ring, written.read_value(), step)
             kept = [(schema.TAG_REPLICA_TIME, lambda: rows, schema.KIND_REPLICA_TIME)]
-            probe.write_all(True, kept, step, gate=False)  # under the gated condition
+            # Under the gated condition; a window of faulty steps alone has no timed step.
+            probe.write_all(count > 0, kept, step, gate=False)
             written.assign(step)
 
         # With the other families' writes of a logged step, in one cond (`when`).
