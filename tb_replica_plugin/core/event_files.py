@@ -408,7 +408,11 @@ class RunTail:
             tag.metadata = value.metadata
             tag.maybe_ours = self._names_us(tag.metadata)
         if tag.maybe_ours and value.HasField("tensor"):
-            found.setdefault(value.tag, []).append(_datum(event, value))
+            series = found.get(value.tag)  # not setdefault: no list made per value read
+            if series is None:
+                found[value.tag] = [_datum(event, value)]
+            else:
+                series.append(_datum(event, value))
 
     def _names_us(self, metadata):
         """Whether a tag whose first metadata is `metadata` may be ours (None: not known yet)."""

@@ -5,7 +5,9 @@ A step scope (`ReplicaProbe.step()`, the train step of `ReplicaCallback`) is tim
 has arrived on the host. A replica's *ready time* is the second minus the first: its forward and
 backward pass up to the values it sends (on an accelerator, the end of that work: the stamp waits
 for the copy, a data dependency). This recorder keeps every timed step in a ring of the last
-`RING_STEPS` steps (step, start, arrivals: one row, one scatter per step) and writes, at logged
+`RING_STEPS` steps (step, start, arrivals: one row, one scatter per step; a step where a
+replica's gradients or loss were not finite gets no step number, so it is not timed) and writes,
+at logged
 steps in-graph and from the host at window writes (epoch ends, `flush`, `close`), the window's
 statistics (`step_time/replicas`, `schema.TAG_REPLICA_TIME`): each replica's median and largest
 ready time and the median time it waited for the slowest replica of its worker, over the steps
@@ -127,8 +129,7 @@ class Recorder(RecorderBase):
         written = self.state["written"]
 
         def write():
-            ring = self.state["ring"].read_value()
-            rows, count = window_stats(ring, written.read_value(), step)
+            rows, count = window_stats(self.state["ring"].read_value(), written.read_value(), step)
             kept = [(schema.TAG_REPLICA_TIME, lambda: rows, schema.KIND_REPLICA_TIME)]
             # Under the gated condition; a window of faulty steps alone has no timed step.
             probe.write_all(count > 0, kept, step, gate=False)
