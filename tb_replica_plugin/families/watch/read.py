@@ -126,49 +126,69 @@ def from_samples(run, samples, notes, needed=None):
     Returns:
       A `WatchSeries`, or None when the run watched nothing.
     """
-    by_name = {}
+    by_name, last_event = _parts_by_name(samples, notes)
+    if not by_name:
+        return None
+    values = {name: _watched_value(name, by_name[name]) for name in sorted(by_name)}
+    count = _replica_count(values)
+    replicas = (last_event or {}).get("replicas") or list(range(count))
+    devices = (last_event or {}).get("devices") or [""] * len(replicas)
+    source = (last_event or {}).get("source", "")
+    return WatchSeries(run=run, replicas=replicas, devices=devices, values=values, source=source)
+
+
+# Each watch tag pattern and the part of a watched value its samples are.
+_PARTS = (
+    (schema.TAG_SHAPES, "events"),
+    (schema.TAG_STATS, "stats"),
+    (schema.TAG_NONFINITE, "nonfinite"),
+)
+
+
+def _parts_by_name(samples, notes):
+    """`({name: {"events": {step: event}, "stats": points, "nonfinite": points}}, last shapes
+    event)` of a run's watch samples; unreadable shapes events are counted in `notes`."""
+    by_name, last_event, bad = {}, None, 0
     rows = len(schema.STAT_ROWS)
-    last_event = None
-    bad = 0
     for tag, tag_samples in samples.items():
-        for pattern, part in (
-            (schema.TAG_SHAPES, "events"),
-            (schema.TAG_STATS, "stats"),
-            (schema.TAG_NONFINITE, "nonfinite"),
-        ):
+        for pattern, part in _PARTS:
             name = schema.name_of(pattern, tag)
             if name is None:
                 continue
             entry = by_name.setdefault(name, {"events": {}, "stats": [], "nonfinite": []})
-            if part == "events":
-                for step, value in tag_samples:
-                    try:
-                        event = parse_watch_event(step, value.item())
-                    except (ValueError, KeyError, TypeError, AttributeError):
-                        bad += 1
-                        continue
-                    entry["events"][event["step"]] = event  # a later write at a step wins
-                    if last_event is None or event["step"] >= last_event["step"]:
-                        last_event = event
-            else:
+            if part != "events":
                 entry[part] = _points(tag_samples, tag, rows, notes)
+                break
+            for step, value in tag_samples:
+                try:
+                    event = parse_watch_event(step, value.item())
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    bad += 1
+                    continue
+                entry["events"][event["step"]] = event  # a later write at a step wins
+                if last_event is None or event["step"] >= last_event["step"]:
+                    last_event = event
             break
     if bad:
         notes.append(f"{bad} unreadable watch shapes event(s) skipped.")
-    if not by_name:
-        return None
-    values = {}
-    for name in sorted(by_name):
-        entry = by_name[name]
-        events = [entry["events"][step] for step in sorted(entry["events"])]
-        values[name] = WatchedValue(
-            name=name,
-            shape_events=[
-                {"step": e["step"], "explain": e["explain"], "leaves": e["leaves"]} for e in events
-            ],
-            stats=entry["stats"],
-            nonfinite=entry["nonfinite"],
-        )
+    return by_name, last_event
+
+
+def _watched_value(name, entry):
+    """The `WatchedValue` of one name's parts (`_parts_by_name`), its shapes events by step."""
+    events = [entry["events"][step] for step in sorted(entry["events"])]
+    return WatchedValue(
+        name=name,
+        shape_events=[
+            {"step": e["step"], "explain": e["explain"], "leaves": e["leaves"]} for e in events
+        ],
+        stats=entry["stats"],
+        nonfinite=entry["nonfinite"],
+    )
+
+
+def _replica_count(values):
+    """The most replicas any stats, NaN/Inf counts or shapes event of `values` has."""
     count = 0
     for value in values.values():
         for _, array in value.stats + value.nonfinite:
@@ -176,10 +196,7 @@ def from_samples(run, samples, notes, needed=None):
         for event in value.shape_events:
             for leaf in event["leaves"]:
                 count = max(count, len(leaf["shapes"]))
-    replicas = (last_event or {}).get("replicas") or list(range(count))
-    devices = (last_event or {}).get("devices") or [""] * len(replicas)
-    source = (last_event or {}).get("source", "")
-    return WatchSeries(run=run, replicas=replicas, devices=devices, values=values, source=source)
+    return count
 
 
 class WatchMerger(jobs.Merger):
