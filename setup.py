@@ -25,7 +25,8 @@ setuptools.setup(
         "tf": ["tensorflow>=2.16,<2.22"],
         # tf-keras: the compatibility tests run the callback under Keras 2 too; users need it
         # only if they train with tf_keras (of their TensorFlow's minor version).
-        "test": ["pytest", "playwright", "ruff", "hypothesis", "tf-keras>=2.16,<2.22"],
+        # ipython: a custom loop run cell by cell in a real IPython shell (tests/notebook_child.py).
+        "test": ["pytest", "playwright", "ruff", "hypothesis", "tf-keras>=2.16,<2.22", "ipython"],
     },
     entry_points={
         "tensorboard_plugins": ["replicas = tb_replica_plugin.plugin:ReplicasPlugin"],

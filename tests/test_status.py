@@ -1,6 +1,6 @@
 """The status family's write side on real strategies: how a custom loop ends (`with` block,
-`close`, `halt_on`, an uncaught exception, interpreter exit), heartbeats, a stall's stacks,
-`SIGUSR1`, a dying thread, and that none of it can break training.
+`close`, `halt_on`, an uncaught exception, interpreter exit, a notebook cell), heartbeats, a
+stall's stacks, `SIGUSR1`, a dying thread, and that none of it can break training.
 
 `fit` crashes are in tests/test_compat.py (both Keras flavours); hung and killed multi-worker jobs
 in tests/test_status_jobs.py.
@@ -18,38 +18,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import REPO, mirrored
+from status_loops import loop as _loop
 
 from tb_replica_plugin import ReplicaProbe, load
 from tb_replica_plugin.families.status import record as status_record
 from tb_replica_plugin.families.status import schema
 from tb_replica_plugin.probe import ReplicaFaultError
-
-
-def _loop(probe, strategy, steps, fail_at=None, values=None):
-    """A custom loop of `steps` steps observing inputs; at step `fail_at` replica 1's step asserts
-    on a NaN (`InvalidArgumentError`, "Detected at node replica_1/...")."""
-
-    @tf.function
-    def step(batch):
-        def step_fn(x):
-            probe.observe_inputs({"x": x})
-            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            tf.debugging.assert_all_finite(x * tf.cast(replica, tf.float32), "not finite")
-            return tf.reduce_sum(x)
-
-        return strategy.run(step_fn, args=(batch,))
-
-    for index in range(steps):
-        batch = np.ones([4, 2], np.float32)
-        if index == fail_at:
-            batch[3, 0] = np.nan  # rows 2..3 go to replica 1
-        step(
-            strategy.experimental_distribute_values_from_function(
-                lambda context, b=batch: tf.constant(b[2 * context.replica_id_in_sync_group :][:2])
-            )
-        )
-        if values is not None:
-            values.append(index)
 
 
 def _status(logdir, run="loop"):
@@ -209,15 +183,10 @@ def test_a_failure_of_the_status_family_never_reaches_training(tmp_path, monkeyp
 CHILD = os.path.join(REPO, "tests", "status_child.py")
 
 
-def _child(mode, logdir):
-    result = subprocess.run(
-        [sys.executable, CHILD, mode, logdir],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
+def _child(*args, script=CHILD):
+    return subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, timeout=300, cwd=REPO
     )
-    return result
 
 
 def test_an_uncaught_exception_and_a_dying_thread_are_recorded(tmp_path):
@@ -248,6 +217,48 @@ def test_interpreter_exit_with_the_probe_open_ends_the_run_finished(tmp_path):
     status = load(logdir).runs["loop"].status
     assert (status.end["state"], status.end["how"], status.end["step"]) == ("finished", "exit", 2)
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"closed": False}
+
+
+def test_a_custom_loop_in_a_notebook_ends_with_each_cell_and_says_how(tmp_path):
+    """A child process runs a custom loop cell by cell in a real IPython shell (as a Jupyter
+    kernel does): a cell's exception never reaches `sys.excepthook` and the kernel lives on
+    between cells. Each cell that ran steps ends the run with `how` "cell": finished when its
+    loop returned, crashed at a failing step (replica 1, step 2), interrupted by a `SIGINT`; a
+    `NameError` outside training ends nothing; the next cell's steps begin a new stretch (the
+    run reads running while they go on)."""
+    logdir = str(tmp_path)
+    result = _child(logdir, script=os.path.join(REPO, "tests", "notebook_child.py"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    errors = [None, None, "NameError", "InvalidArgumentError", None, "KeyboardInterrupt", None]
+    assert got["errors"] == [*errors, None]
+    ends = [state["end"] for state in got["states"]]
+    interrupted_at = ends[5][2]
+    assert interrupted_at >= 5  # steps 5.. ran in that cell
+    assert ends == [
+        None,  # the set-up: no step yet, no stretch
+        ["finished", "cell", 1],
+        ["finished", "cell", 1],  # the NameError ended nothing
+        ["crashed", "cell", 2],
+        ["finished", "cell", 4],
+        ["interrupted", "cell", interrupted_at],
+        ["finished", "cell", interrupted_at + 1],
+        ["finished", "cell", interrupted_at + 1],  # close: nothing open
+    ]
+    assert [state["starts"] for state in got["states"]] == [0, 1, 1, 2, 3, 4, 5, 5]
+    assert [state["state"] for state in got["states"]][3:6] == [
+        "crashed",
+        "finished",
+        "interrupted",
+    ]
+    crashed = [state["findings"] for state in got["states"]]
+    assert crashed[3] == ["training_crashed"] and crashed[4] == []  # later: an earlier crash
+    assert got["while_training"]["state"] == "running"
+    assert (got["while_training"]["end"], got["while_training"]["starts"]) == (None, 4)
+    status = load(logdir).runs["loop"].status
+    (crash,) = status.earlier_crashes
+    assert crash["exception"]["class"] == "InvalidArgumentError"
+    assert crash["exception"]["replicas"] == [1]
 
 
 def test_end_states_match_the_schema():

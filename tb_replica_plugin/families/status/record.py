@@ -40,6 +40,8 @@ from tb_replica_plugin.families.status import attribution, schema
 # Seconds without progress before the heartbeat thread writes every thread's stack (once per
 # stall); the read side's `Thresholds.stall_seconds` (default 300) decides what is a stall.
 DEFAULT_STALL_SECS = 60.0
+# `RunEnd.how` of a stretch a notebook cell ended (`notebook.py`: IPython's `post_run_cell`).
+CELL = "cell"
 # The most the process hooks (`sys.excepthook`, `atexit`) wait for a probe's host lock.
 HOOK_WAIT_SECS = 10.0
 # The signal that asks for the stacks (`SIGUSR1`) once a probe installed it, else None.
@@ -72,6 +74,10 @@ class Recorder(RecorderBase):
         self.heartbeat = True
         self.stall_secs = DEFAULT_STALL_SECS
         self._open = False  # a stretch of training begun and not ended
+        self._how = None  # how the last stretch began ("fit", "custom_loop", ...)
+        # `(step,)` where a notebook cell ended the last stretch (`notebook.py`): a step recorded
+        # after it begins a new one (the loop run again in another cell); None otherwise.
+        self._ended_by_cell = None
         self._clock = _StepClock()
         self._last_written = {}  # tag -> last wall-clock step written (strictly increasing)
         self._stacks_requested = False
@@ -82,7 +88,7 @@ class Recorder(RecorderBase):
     def begun(self, how):
         if self._open:
             return
-        self._open = True
+        self._open, self._how, self._ended_by_cell = True, how, None
         LIVE.add(self)
         now = time.time()
         self._clock = _StepClock(now)
@@ -104,6 +110,7 @@ class Recorder(RecorderBase):
 
     def before_flush(self, now):
         if not self._open:
+            self._resume_after_cell()
             return
         step = self._beat(now)
         stalled = self.heartbeat and now - self._clock.active_wall > self.stall_secs
@@ -113,13 +120,16 @@ class Recorder(RecorderBase):
             self.write_stacks(now, reason, step)
 
     def ended(self, run_end):
+        self._resume_after_cell()  # a loop run again and ended before a heartbeat saw it
         if not self._open:
             return
         self._open = False
-        LIVE.discard(self)
+        LIVE.discard(self, ended_by_cell=run_end.how == CELL)
         now = time.time()
         self._beat(now)  # where it ended
         step = run_end.step if run_end.step is not None else self.probe.recorded_step()
+        if run_end.how == CELL:
+            self._ended_by_cell = (step,)
         error = None
         if run_end.error is not None:
             error = self._exception(run_end.error, step, run_end.context)
@@ -135,8 +145,18 @@ class Recorder(RecorderBase):
 
     def close(self):
         LIVE.discard(self)
-        self._open = False
+        self._open, self._ended_by_cell = False, None
         super().close()
+
+    def _resume_after_cell(self):
+        """After a notebook cell ended the stretch (`notebook.py`): once the probe records a
+        step past where it ended (the loop run again in a later cell), a new stretch begins (a
+        "start" event: a new segment; a crash stays listed in the earlier one)."""
+        if self._ended_by_cell is None:
+            return
+        step = self.probe.recorded_step()
+        if step is not None and step != self._ended_by_cell[0]:
+            self.begun(self._how or "custom_loop")
 
     # ------------------------------------------------------------------ events
 
@@ -287,31 +307,42 @@ def _finding_json(finding):
 
 
 class _Live:
-    """The status recorders of open stretches of training, and the process hooks they need.
+    """The status recorders of open stretches of training (and of those a notebook cell ended,
+    which may begin again), and the process hooks they need.
 
     The first recorder that begins installs, once per process, the chained `sys.excepthook` and
-    `threading.excepthook`, the `atexit` handler and the `SIGUSR1` stacks request.
+    `threading.excepthook`, the `atexit` handler, the `SIGUSR1` stacks request and, in IPython,
+    the notebook cells' events (`notebook.py`).
     """
 
     def __init__(self):
         self._recorders = weakref.WeakSet()
+        self._ended_by_cell = weakref.WeakSet()
         self._lock = threading.Lock()
         self._installed = False
 
     def add(self, recorder):
         with self._lock:
             self._recorders.add(recorder)
+            self._ended_by_cell.discard(recorder)
             if not self._installed:
                 self._installed = True
                 _install_hooks()
 
-    def discard(self, recorder):
+    def discard(self, recorder, ended_by_cell=False):
+        """No longer open; with `ended_by_cell`, kept among those a cell ended."""
         with self._lock:
             self._recorders.discard(recorder)
+            if ended_by_cell:
+                self._ended_by_cell.add(recorder)
+            else:
+                self._ended_by_cell.discard(recorder)
 
-    def recorders(self):
+    def recorders(self, ended_by_cell=False):
+        """The open ones; with `ended_by_cell`, also those a notebook cell ended."""
         with self._lock:
-            return list(self._recorders)
+            found = list(self._recorders)
+            return found + list(self._ended_by_cell) if ended_by_cell else found
 
 
 LIVE = _Live()
@@ -336,6 +367,9 @@ def _install_hooks():
     threading.excepthook = thread_excepthook
     atexit.register(_at_exit)
     _listen_for_stacks_signal()
+    from tb_replica_plugin.families.status import notebook
+
+    notebook.watch_cells()
 
 
 def _at_exit():

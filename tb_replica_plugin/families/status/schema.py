@@ -40,7 +40,7 @@ HEARTBEAT_FIELDS = 8
 # - "start": {"wall_time", "pid", "host", "source", "replicas", "devices", "worker" (the probe's
 #   `worker` dict, or null), "heartbeat_secs", "stall_secs"} when the probe starts recording.
 # - "end": {"wall_time", "state" (one of END_STATES), "how" (what ended it: "fit", "close",
-#   "context", "exit", "exception", "halt"), "step" (the last training step, or null),
+#   "context", "exit", "exception", "cell", "halt"), "step" (the last training step, or null),
 #   "exception" (an EXCEPTION object, or null), "findings" (for "halted": the findings that stopped
 #   training, as `Finding.to_json()`; else [])}.
 # - "exception": {"wall_time", "thread", "exception": EXCEPTION}: a thread other than the main one
