@@ -1,4 +1,5 @@
-"""`core.event_files.EventFilesProvider` answers as TensorBoard's multiplexer provider does."""
+"""`core.event_files`: `EventFilesProvider` answers as TensorBoard's multiplexer provider does;
+`RunTail` reads on; a log dir on a TensorFlow file system (`ram://`) reads as a local one."""
 
 import os
 import shutil
@@ -236,3 +237,70 @@ print(processes.event_reader())
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "tensorflow", "False", "tensorflow"]
+
+
+def _copy_to(source, target):
+    """Copies directory `source` into `target` through `tf.io.gfile` (any TensorFlow file
+    system); returns the copied event files' target paths."""
+    import tensorflow as tf
+
+    copied = []
+    for directory, _, names in tf.io.gfile.walk(source):
+        relative = os.path.relpath(directory, source)
+        into = target if relative == "." else os.path.join(target, relative)
+        tf.io.gfile.makedirs(into)
+        for name in names:
+            tf.io.gfile.copy(os.path.join(directory, name), os.path.join(into, name), True)
+            copied.append(os.path.join(into, name))
+    return copied
+
+
+def test_a_log_dir_on_a_tensorflow_file_system_reads_as_a_local_one(unit_logs, tmp_path):
+    """A `gs://`, `s3://` or `hdfs://` log dir is listed with TensorBoard's `io_wrapper` and read
+    through TensorFlow's file systems (the "://" paths of `EventFilesProvider` and `RunTail`).
+    `ram://`, TensorFlow's in-memory file system, takes those same paths: the runs read from it
+    are the local ones, findings included, and a tail reads on as its file grows."""
+    import json
+    import time
+
+    import tensorflow as tf
+
+    from tb_replica_plugin import load
+    from tb_replica_plugin.core.event_files import RunTail
+
+    remote = "ram://tb_replica_tests/unit_logs"
+    _copy_to(unit_logs, remote)
+    now = time.time()  # the runs' status judged at the same time
+    local_report, remote_report = load(unit_logs, now=now), load(remote, now=now)
+    assert sorted(remote_report.runs) == sorted(local_report.runs) and remote_report.runs
+    local_json, remote_json = local_report.to_json(), remote_report.to_json()
+    local_json["logdir"] = remote_json["logdir"] = None
+    assert json.dumps(remote_json, sort_keys=True, default=str) == json.dumps(
+        local_json, sort_keys=True, default=str
+    )
+    # The tab's answers over TensorBoard's app, the plugin reading the files itself (`FileSource`).
+    from bad_logs import wsgi_app
+    from werkzeug.test import Client
+
+    clients = [Client(wsgi_app(logdir)[0]) for logdir in (unit_logs, remote)]
+    for run in local_report.runs:
+        for route in ("inputs", "findings"):
+            answers = [
+                c.get(f"/data/plugin/replicas/{route}", query_string={"run": run}) for c in clients
+            ]
+            assert [a.status_code for a in answers] == [200, 200], (run, route)
+            assert answers[0].data == answers[1].data, (run, route)
+    # A run that grows: the tail reads the new records only.
+    run = tmp_path / "run"
+    run.mkdir()
+    path = str(run / "events.out.tfevents.1.host")
+    written = write_values(path, [0, 1, 2])
+    (remote_path,) = _copy_to(str(run), "ram://tb_replica_tests/growing")
+    tail = RunTail("ram://tb_replica_tests/growing", metadata.PLUGIN_NAME)
+    assert [d.step for d in tail.read().samples["inputs/batch_size"]] == [0, 1, 2]
+    write_values(path, [3, 4], first=False)
+    with open(path, "rb") as local, tf.io.gfile.GFile(remote_path, "ab") as appended:
+        appended.write(local.read()[written:])  # 2 records more, as a writer appends them
+    second = tail.read()
+    assert [d.step for d in second.samples["inputs/batch_size"]] == [3, 4]
+    assert (second.values, tail.values_read) == (2, 5)
