@@ -56,12 +56,15 @@ def cell_starts(info=None):
 
 def cell_ran(result):
     """IPython's `post_run_cell`: ends the stretches the cell concerns (see the module
-    docstring)."""
+    docstring). Never raises (IPython would show it under the user's cell)."""
     error = getattr(result, "error_in_exec", None)
     in_training = error is not None and raised_in_training(error)
     interrupted = isinstance(error, KeyboardInterrupt)
     for recorder in record.LIVE.recorders(ended_by_cell=True):
-        moved = moved_during_cell(recorder)
+        try:
+            moved = moved_during_cell(recorder)
+        except Exception:  # noqa: BLE001 - a probe that cannot say (disabled, closed)
+            continue
         if in_training or (interrupted and moved):
             end = (error,)
         elif moved:
