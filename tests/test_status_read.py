@@ -424,6 +424,16 @@ def test_crash_in_fit_on_replica_1_at_step_3():
     assert worst.startswith("Training crashed at step 3")
 
 
+def test_a_stretch_a_notebook_cell_ended_says_so():
+    def summary(*args, **kwargs):
+        return present.event_summary(json.loads(end(T0, *args, **kwargs)[1].item()))
+
+    assert summary("finished", 4, how="cell") == "finished at step 4 (notebook cell)"
+    crashed = summary("crashed", 2, fixture_exception(2), how="cell")
+    assert crashed.startswith("crashed at step 2 (notebook cell): InvalidArgumentError")
+    assert summary("finished", 4, how="close") == "finished at step 4"
+
+
 def test_crash_without_defined_at_falls_back_to_the_traceback_user_frame():
     exception = fixture_exception(3) | {"defined_at": []}
     events = [start(T0), end(T0 + 9, "crashed", 3, exception=exception)]

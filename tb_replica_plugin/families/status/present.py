@@ -88,6 +88,8 @@ def event_summary(event):
         )
     if kind == schema.EVENT_END:
         text = f"{states.end_state(event)}{at_step}"
+        if event.get("how") == "cell":  # the notebook cell that ran a custom loop ended
+            text += " (notebook cell)"
         exception = event.get("exception")
         if exception:
             first = attribution.first_line(exception.get("message") or "")
