@@ -42,6 +42,64 @@ def _time_checks(probe, variables, exact, repeats):
     return round(1000 * statistics.median(times), 3)
 
 
+def _check_times(strategy, mlp_variables, large, workdir, repeats):
+    """Milliseconds per check (`_time_checks`) of the MLP's variables and of one 2048 × 2048
+    variable, the default fingerprints and `exact=True`."""
+    from tb_replica_plugin import ReplicaProbe
+
+    check_ms = {}
+    for name, variables, times in (
+        ("mlp", mlp_variables, repeats),
+        ("large_2048x2048", [large], max(3, repeats // 4)),
+    ):
+        for exact in (False, True):
+            probe = ReplicaProbe(os.path.join(workdir, f"{name}_{exact}"), strategy, None)
+            key = f"{name}_{'exact' if exact else 'default'}"
+            check_ms[key] = _time_checks(probe, variables, exact, times)
+            probe.close()
+    return check_ms
+
+
+def _fit_variants():
+    """The alternated `fit` variants: `{name: fn(log_dir) -> callbacks}`."""
+    from tb_replica_plugin import ReplicaCallback
+
+    return {
+        "no_callback": lambda d: [],
+        "inputs_every_step_no_drift": lambda d: [
+            ReplicaCallback(d, update_freq=1, variables=False)
+        ],
+        "inputs_and_drift_every_step": lambda d: [
+            ReplicaCallback(d, update_freq=1, variables_budget=None)
+        ],
+        "inputs_and_rotating_drift_every_step": lambda d: [ReplicaCallback(d, update_freq=1)],
+        "default_no_drift": lambda d: [ReplicaCallback(d, variables=False)],
+        "default_drift_at_epoch_end": lambda d: [ReplicaCallback(d)],
+    }
+
+
+def _ratios(cpu, best):
+    """The `fit_ratio_median_cpu` and `fit_ratio_best` figures from the variants' medians of
+    CPU seconds per step and best wall seconds per step."""
+    every, inputs = cpu["inputs_and_drift_every_step"], cpu["inputs_every_step_no_drift"]
+    rotating = cpu["inputs_and_rotating_drift_every_step"]
+    median_cpu = {
+        "every_stat_every_step_vs_no_callback": round(every / cpu["no_callback"], 4),
+        "drift_every_step_vs_inputs_only": round(every / inputs, 4),
+        "rotating_drift_every_step_vs_no_callback": round(rotating / cpu["no_callback"], 4),
+        "rotating_drift_every_step_vs_inputs_only": round(rotating / inputs, 4),
+    }
+    best_ratios = {
+        "drift_every_step_vs_inputs_only": round(
+            best["inputs_and_drift_every_step"] / best["inputs_every_step_no_drift"], 4
+        ),
+        "default_with_drift_vs_without": round(
+            best["default_drift_at_epoch_end"] / best["default_no_drift"], 4
+        ),
+    }
+    return median_cpu, best_ratios
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps-per-epoch", type=int, default=50)
@@ -55,7 +113,6 @@ def main():
     import tensorflow as tf
 
     from demo.scenarios import configure_devices
-    from tb_replica_plugin import ReplicaCallback, ReplicaProbe
     from tb_replica_plugin.families.variables import fingerprint as collector
     from tb_replica_plugin.families.variables.fit import fit_variables
 
@@ -69,33 +126,11 @@ def main():
 
     mlp_variables = fit_variables(model)
     elements = sum(int(np.prod(v.shape)) for v in mlp_variables)
-    check_ms = {}
-    for name, variables, repeats in (
-        ("mlp", mlp_variables, args.repeats),
-        ("large_2048x2048", [large], max(3, args.repeats // 4)),
-    ):
-        for exact in (False, True):
-            probe = ReplicaProbe(os.path.join(workdir, f"{name}_{exact}"), strategy, None)
-            key = f"{name}_{'exact' if exact else 'default'}"
-            check_ms[key] = _time_checks(probe, variables, exact, repeats)
-            probe.close()
-
-    variants = {
-        "no_callback": lambda d: [],
-        "inputs_every_step_no_drift": lambda d: [
-            ReplicaCallback(d, update_freq=1, variables=False)
-        ],
-        "inputs_and_drift_every_step": lambda d: [
-            ReplicaCallback(d, update_freq=1, variables_budget=None)
-        ],
-        "inputs_and_rotating_drift_every_step": lambda d: [ReplicaCallback(d, update_freq=1)],
-        "default_no_drift": lambda d: [ReplicaCallback(d, variables=False)],
-        "default_drift_at_epoch_end": lambda d: [ReplicaCallback(d)],
-    }
+    check_ms = _check_times(strategy, mlp_variables, large, workdir, args.repeats)
     per_step, cpu_per_step = common.alternate_fits(
         model,
         dataset,
-        variants,
+        _fit_variants(),
         rounds=args.rounds,
         epochs=args.epochs,
         steps_per_epoch=args.steps_per_epoch,
@@ -104,6 +139,7 @@ def main():
     median = {k: statistics.median(v) for k, v in per_step.items()}
     best = {k: min(v) for k, v in per_step.items()}
     cpu = {k: statistics.median(v) for k, v in cpu_per_step.items()}
+    median_cpu_ratios, best_ratios = _ratios(cpu, best)
     fingerprint_bytes = 8 + 8 * (len(collector.STAT_COLUMNS) + collector.SKETCH_SIZE)
     result = {
         "benchmark": "drift_overhead",
@@ -122,28 +158,8 @@ def main():
         "fit_median_seconds_per_step": {k: round(v, 6) for k, v in median.items()},
         "fit_best_seconds_per_step": {k: round(v, 6) for k, v in best.items()},
         "fit_median_cpu_seconds_per_step": {k: round(v, 6) for k, v in cpu.items()},
-        "fit_ratio_median_cpu": {
-            "every_stat_every_step_vs_no_callback": round(
-                cpu["inputs_and_drift_every_step"] / cpu["no_callback"], 4
-            ),
-            "drift_every_step_vs_inputs_only": round(
-                cpu["inputs_and_drift_every_step"] / cpu["inputs_every_step_no_drift"], 4
-            ),
-            "rotating_drift_every_step_vs_no_callback": round(
-                cpu["inputs_and_rotating_drift_every_step"] / cpu["no_callback"], 4
-            ),
-            "rotating_drift_every_step_vs_inputs_only": round(
-                cpu["inputs_and_rotating_drift_every_step"] / cpu["inputs_every_step_no_drift"], 4
-            ),
-        },
-        "fit_ratio_best": {
-            "drift_every_step_vs_inputs_only": round(
-                best["inputs_and_drift_every_step"] / best["inputs_every_step_no_drift"], 4
-            ),
-            "default_with_drift_vs_without": round(
-                best["default_drift_at_epoch_end"] / best["default_no_drift"], 4
-            ),
-        },
+        "fit_ratio_median_cpu": median_cpu_ratios,
+        "fit_ratio_best": best_ratios,
     }
     print(json.dumps(result, indent=1))
 

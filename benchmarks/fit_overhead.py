@@ -413,7 +413,8 @@ def _variant_list(parser, names):
     return ["no_callback", *(v for v in dict.fromkeys(names) if v != "no_callback")]
 
 
-def main(argv=None):
+def _parser():
+    """The command line of `main` (the children's own flags hidden)."""
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -455,14 +456,11 @@ def main(argv=None):
     parser.add_argument("--sizes", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", help=argparse.SUPPRESS)
     parser.add_argument("--started-at", type=float, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        return _child(args)
+    return parser
 
-    if args.quick:
-        args.pairs, args.epochs, args.second_epochs = 1, 1, 1
-    if args.pairs < 1 or args.epochs < 1 or args.second_epochs < 1:
-        parser.error("--pairs, --epochs and --second-epochs must be at least 1")
+
+def _sizes(args):
+    """Each model's sizes: `QUICK_SIZES` or `FULL_SIZES`, with the command line's overrides."""
     sizes = json.loads(json.dumps(QUICK_SIZES if args.quick else FULL_SIZES))
     for model, key, flag in (
         ("mlp", "steps_per_epoch", args.mlp_steps_per_epoch),
@@ -472,6 +470,52 @@ def main(argv=None):
     ):
         if flag is not None:
             sizes[model][key] = flag
+    return sizes
+
+
+def _measure_model(model, variants, sizes, args, env, counted):
+    """One model's figures: `args.pairs` children per variant, alternated, and its step counts
+    when `counted`. Returns `(its "models" entry, the versions a child reported)`."""
+    runs = {variant: [] for variant in variants}
+    versions = {}
+    for pair in range(args.pairs):
+        for variant in variants:
+            result = _run_child(model, variant, sizes, args, env)
+            runs[variant].append(result)
+            versions = {"keras": result["keras"], "tensorflow": result["tensorflow"]}
+            print(
+                f"{model} pair {pair + 1}/{args.pairs} {variant}: "
+                f"steady {1000 * result['steady_cpu_per_step']:.2f} ms CPU/step, "
+                f"second fit {result['second_fit_cpu_s']:.2f} s CPU, "
+                f"process {result['process_cpu_s']:.1f} s CPU",
+                file=sys.stderr,
+                flush=True,
+            )
+    steps_per_epoch = sizes["steps_per_epoch"]
+    entry = {
+        "step_counts": _step_counts(model, sizes, args, env) if counted else None,
+        "sizes": {
+            **sizes,
+            "first_fit_epochs": 1 + args.epochs,
+            "second_fit_epochs": args.second_epochs,
+            "steady_steps": args.epochs * steps_per_epoch,
+            "steps_per_child": (1 + args.epochs + args.second_epochs) * steps_per_epoch,
+        },
+        "variants": _aggregate(runs, variants),
+    }
+    return entry, versions
+
+
+def main(argv=None):
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.child:
+        return _child(args)
+    if args.quick:
+        args.pairs, args.epochs, args.second_epochs = 1, 1, 1
+    if args.pairs < 1 or args.epochs < 1 or args.second_epochs < 1:
+        parser.error("--pairs, --epochs and --second-epochs must be at least 1")
+    sizes = _sizes(args)
     if args.quick and args.cnn_variants is None:
         args.cnn_variants = ["replica_callback_every_step"]
     variants = _variant_list(parser, args.variants)
@@ -487,33 +531,9 @@ def main(argv=None):
     load_start, started = os.getloadavg(), time.perf_counter()
     models, versions = {}, {}
     for model in args.models:
-        runs = {variant: [] for variant in model_variants[model]}
-        for pair in range(args.pairs):
-            for variant in model_variants[model]:
-                result = _run_child(model, variant, sizes[model], args, env)
-                runs[variant].append(result)
-                versions = {"keras": result["keras"], "tensorflow": result["tensorflow"]}
-                print(
-                    f"{model} pair {pair + 1}/{args.pairs} {variant}: "
-                    f"steady {1000 * result['steady_cpu_per_step']:.2f} ms CPU/step, "
-                    f"second fit {result['second_fit_cpu_s']:.2f} s CPU, "
-                    f"process {result['process_cpu_s']:.1f} s CPU",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        steps_per_epoch = sizes[model]["steps_per_epoch"]
-        counts = _step_counts(model, sizes[model], args, env) if model in counted else None
-        models[model] = {
-            "step_counts": counts,
-            "sizes": {
-                **sizes[model],
-                "first_fit_epochs": 1 + args.epochs,
-                "second_fit_epochs": args.second_epochs,
-                "steady_steps": args.epochs * steps_per_epoch,
-                "steps_per_child": (1 + args.epochs + args.second_epochs) * steps_per_epoch,
-            },
-            "variants": _aggregate(runs, model_variants[model]),
-        }
+        models[model], versions = _measure_model(
+            model, model_variants[model], sizes[model], args, env, model in counted
+        )
     result = {
         "benchmark": "fit_overhead",
         "machine": common.machine(),
