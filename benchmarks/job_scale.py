@@ -344,20 +344,7 @@ def measure_tensorboard(
     """
     from tb_replica_plugin import plugin
 
-    port = _free_port()
-    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    command = [
-        tensorboard,
-        *("--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)),
-        f"--load_fast={'true' if load_fast else 'false'}",
-        *(("--samples_per_plugin", "replicas=0") if keep_all else ()),
-        *("--reload_interval", str(RELOAD_S)),
-    ]
-    env = {**os.environ, plugin.WARM_ENV: "1" if warm else "0"}
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
-    )
-    url = f"http://127.0.0.1:{port}"
+    process, url = _start_tensorboard(logdir, load_fast, warm, keep_all)
     figures = {"warm": warm, "keep_all_samples": keep_all}
     try:
         start = time.perf_counter()
@@ -366,16 +353,7 @@ def measure_tensorboard(
         loaded_s = time.perf_counter() - start
         figures["tensorboard_load_s"] = round(loaded_s, 2)
         figures["tensorboard_load_cpu_s"] = round(_cpu_s(process.pid), 2)
-        for name in ("first", "cached"):
-            cpu, wall = _cpu_s(process.pid), time.perf_counter()
-            entry, bodies, parse_s = _run_view(url)
-            figures[f"{name}_load_s"] = round(time.perf_counter() - wall, 3)
-            figures[f"{name}_parse_s"] = round(parse_s, 6)  # a tiny job parses in well under 1 ms
-            figures[f"{name}_load_cpu_s"] = round(_cpu_s(process.pid) - cpu, 3)
-        figures["replicas_served"] = len(entry["replicas"])
-        figures["workers_served"] = len(entry["workers"])
-        figures["steps_served"] = len(bodies[1]["steps"])
-        figures["findings"] = entry["findings"]
+        _first_and_cached(url, process, figures)
         if live_steps:
             figures.update(_refresh(url, process, logdir, live_steps, known, timeout))
         if live_period:
@@ -393,6 +371,42 @@ def measure_tensorboard(
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def _start_tensorboard(logdir, load_fast, warm, keep_all):
+    """`(process, url)` of a `tensorboard` serving `logdir` on a free port (see
+    `measure_tensorboard` for the arguments)."""
+    from tb_replica_plugin import plugin
+
+    port = _free_port()
+    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    command = [
+        tensorboard,
+        *("--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)),
+        f"--load_fast={'true' if load_fast else 'false'}",
+        *(("--samples_per_plugin", "replicas=0") if keep_all else ()),
+        *("--reload_interval", str(RELOAD_S)),
+    ]
+    env = {**os.environ, plugin.WARM_ENV: "1" if warm else "0"}
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
+    return process, f"http://127.0.0.1:{port}"
+
+
+def _first_and_cached(url, process, figures):
+    """Adds to `figures` the run view's first and cached loads (wall, CPU, parse seconds; each
+    as soon as it is measured) and what the last one served."""
+    for name in ("first", "cached"):
+        cpu, wall = _cpu_s(process.pid), time.perf_counter()
+        entry, bodies, parse_s = _run_view(url)
+        figures[f"{name}_load_s"] = round(time.perf_counter() - wall, 3)
+        figures[f"{name}_parse_s"] = round(parse_s, 6)  # a tiny job parses in well under 1 ms
+        figures[f"{name}_load_cpu_s"] = round(_cpu_s(process.pid) - cpu, 3)
+    figures["replicas_served"] = len(entry["replicas"])
+    figures["workers_served"] = len(entry["workers"])
+    figures["steps_served"] = len(bodies[1]["steps"])
+    figures["findings"] = entry["findings"]
 
 
 def _refresh(url, process, logdir, steps, known, timeout):
