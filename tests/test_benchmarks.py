@@ -75,7 +75,8 @@ def test_every_benchmark_runs_and_prints_its_figures():
     assert cnn["replica_callback_every_step"]["median"]["log_bytes"] > 0
     assert mlp["keras_tensorboard_every_step"]["median"]["log_bytes"] > 0
     loop = results["loop_overhead"]
-    assert loop["ratio_to_no_probe"]["no_probe"] == 1.0
+    assert loop["ratio_to_no_probe"]["no_probe"] == loop["cpu_ratio_to_no_probe"]["no_probe"] == 1.0
+    assert set(loop["median_cpu_seconds_per_step"]) == set(loop["median_seconds_per_step"])
     assert all(v > 0 for v in loop["event_bytes_per_logged_step_per_replica"].values())
     backend = results["backend"]
     assert backend["points_per_plugin"] == 8 * 2000
