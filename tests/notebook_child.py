@@ -10,9 +10,10 @@ heartbeat every 0.2 s:
 2. a `NameError` in code that is not training's;
 3. a step whose batch holds a NaN on replica 1 (step 2): `InvalidArgumentError`;
 4. 2 steps more (3, 4): the loop run again after the crash;
-5. steps until a `SIGINT` 1 s after the cell began (Jupyter's "interrupt the kernel"); just
-   before it, a thread notes the run's state while the loop runs;
-6. 1 step more;
+5. steps until a `SIGINT` 1 s after the cell began (Jupyter's "interrupt the kernel", sent again
+   every 0.3 s until the loop has stopped); just before it, a thread notes the run's state
+   while the loop runs;
+6. 1 step more (Python's SIGINT handler back);
 7. `probe.close()`.
 
 After each cell (and a few heartbeats' time) it notes the run's state as `tb_replica_plugin.load`
@@ -23,6 +24,7 @@ reads it; prints one JSON line `{"states": [...], "while_training": state, "erro
 import json
 import os
 import sys
+import threading
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,23 +34,39 @@ SETUP = """
 import time
 import tensorflow as tf
 from demo import scenarios
-from status_loops import loop
+from status_loops import loop, make_step
 from tb_replica_plugin import ReplicaProbe
 
 strategy = tf.distribute.MirroredStrategy(scenarios.configure_devices(2))
 probe = ReplicaProbe(LOGDIR + "/loop", strategy, update_freq=1, flush_secs=0.2)
+step = make_step(probe, strategy)
 
 def interrupt_in(seconds):
+    # From `seconds` on, SIGINT every 0.3 s until the cell ends: one that Python raises where it
+    # cannot propagate (in a finalizer) is lost, as in a kernel. Notes the run's state first.
     import os, signal, threading
 
-    def note_then_interrupt():
+    def send():
         WHILE_TRAINING.append(STATE_OF(LOGDIR))
-        os.kill(os.getpid(), signal.SIGINT)
+        while not STOP_INTERRUPTS.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
+            STOP_INTERRUPTS.wait(0.3)
 
-    threading.Timer(seconds, note_then_interrupt).start()
+    threading.Timer(seconds, send).start()
 
 def train(steps, nan=False):
-    loop(probe, strategy, steps, fail_at=0 if nan else None)  # a NaN on replica 1
+    loop(probe, strategy, steps, fail_at=0 if nan else None, step=step)  # a NaN on replica 1
+"""
+
+INTERRUPTED_LOOP = """
+import signal
+interrupt_in(1.0)
+try:
+    for _ in range(100000):
+        train(1)
+finally:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the interrupts still on their way end here
+    STOP_INTERRUPTS.set()
 """
 
 CELLS = [
@@ -57,8 +75,8 @@ CELLS = [
     "print(not_defined_anywhere)",
     "train(1, nan=True)",
     "train(2)",
-    "interrupt_in(1.0)\nwhile True:\n    train(1)",
-    "train(1)",
+    INTERRUPTED_LOOP,
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\ntrain(1)",
     "probe.close()",
 ]
 
@@ -90,7 +108,12 @@ def main():
 
     shell = InteractiveShell.instance()
     while_training = []
-    shell.user_ns.update(LOGDIR=logdir, STATE_OF=state_of, WHILE_TRAINING=while_training)
+    shell.user_ns.update(
+        LOGDIR=logdir,
+        STATE_OF=state_of,
+        WHILE_TRAINING=while_training,
+        STOP_INTERRUPTS=threading.Event(),
+    )
     states, errors = [], []
     for cell in CELLS:
         result = shell.run_cell(cell, store_history=True)

@@ -5,9 +5,9 @@ import numpy as np
 import tensorflow as tf
 
 
-def loop(probe, strategy, steps, fail_at=None, values=None):
-    """A custom loop of `steps` steps observing inputs; at step `fail_at` replica 1's step asserts
-    on a NaN (`InvalidArgumentError`, "Detected at node replica_1/...")."""
+def make_step(probe, strategy):
+    """The loop's step: a `tf.function` observing its inputs; replica 1's step asserts that its
+    batch is finite (`InvalidArgumentError`, "Detected at node replica_1/...")."""
 
     @tf.function
     def step(batch):
@@ -19,6 +19,13 @@ def loop(probe, strategy, steps, fail_at=None, values=None):
 
         return strategy.run(step_fn, args=(batch,))
 
+    return step
+
+
+def loop(probe, strategy, steps, fail_at=None, values=None, step=None):
+    """A custom loop of `steps` steps (`step`, or a new `make_step`); at step `fail_at` replica
+    1's batch holds a NaN."""
+    step = make_step(probe, strategy) if step is None else step
     for index in range(steps):
         batch = np.ones([4, 2], np.float32)
         if index == fail_at:
