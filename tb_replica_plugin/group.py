@@ -21,8 +21,6 @@ import itertools
 import os
 import threading
 
-import numpy as np
-
 from tb_replica_plugin import reader, registry
 from tb_replica_plugin.core import event_files
 from tb_replica_plugin.core.jobs import Irregular, worker_name
@@ -96,7 +94,7 @@ def read_member(run, tail_read, context=None, identity_from_live=True):
     for tag, data in tail_read.samples.items():
         if tag not in readable:
             continue
-        points = [(int(d.step), np.asarray(d.numpy)) for d in data]
+        points = data  # [(step, numpy value)]
         if reader.is_live_tag(tag):
             live.setdefault(tag, []).extend(points)
         else:

@@ -116,14 +116,14 @@ def test_a_tail_reads_only_what_was_appended_since(tmp_path):
     write_values(path, [0, 1, 2])
     tail = RunTail(str(run), metadata.PLUGIN_NAME)
     first = tail.read()
-    assert [d.step for d in first.samples["inputs/batch_size"]] == [0, 1, 2]
+    assert [step for step, _ in first.samples["inputs/batch_size"]] == [0, 1, 2]
     assert (first.values, first.files, tail.values_read) == (3, 1, 3)
     assert list(first.contents) == ["inputs/batch_size"]
     assert tail.read().samples == {} and tail.values_read == 3  # nothing new, nothing read
     write_values(path, [3, 4], first=False)
     second = tail.read()
-    assert [d.step for d in second.samples["inputs/batch_size"]] == [3, 4]
-    np.testing.assert_array_equal(second.samples["inputs/batch_size"][1].numpy, np.full((3, 2), 4))
+    assert [step for step, _ in second.samples["inputs/batch_size"]] == [3, 4]
+    np.testing.assert_array_equal(second.samples["inputs/batch_size"][1][1], np.full((3, 2), 4))
     assert (second.values, tail.values_read) == (2, 5)
     # A record cut in the middle (a writer's flush under way) is read whole at the next read.
     size = write_values(path, [5], first=False)
@@ -134,7 +134,7 @@ def test_a_tail_reads_only_what_was_appended_since(tmp_path):
     assert tail.read().samples == {}
     with open(path, "ab") as handle:
         handle.write(content[size - 7 :])
-    assert [d.step for d in tail.read().samples["inputs/batch_size"]] == [5]
+    assert [step for step, _ in tail.read().samples["inputs/batch_size"]] == [5]
     # A second file of the run (a new writer) is read too; another plugin's tags are not kept.
     other = str(run / "events.out.tfevents.2.host")
     write_values(other, [6])
@@ -297,10 +297,10 @@ def test_a_log_dir_on_a_tensorflow_file_system_reads_as_a_local_one(unit_logs, t
     written = write_values(path, [0, 1, 2])
     (remote_path,) = _copy_to(str(run), "ram://tb_replica_tests/growing")
     tail = RunTail("ram://tb_replica_tests/growing", metadata.PLUGIN_NAME)
-    assert [d.step for d in tail.read().samples["inputs/batch_size"]] == [0, 1, 2]
+    assert [step for step, _ in tail.read().samples["inputs/batch_size"]] == [0, 1, 2]
     write_values(path, [3, 4], first=False)
     with open(path, "rb") as local, tf.io.gfile.GFile(remote_path, "ab") as appended:
         appended.write(local.read()[written:])  # 2 records more, as a writer appends them
     second = tail.read()
-    assert [d.step for d in second.samples["inputs/batch_size"]] == [3, 4]
+    assert [step for step, _ in second.samples["inputs/batch_size"]] == [3, 4]
     assert (second.values, tail.values_read) == (2, 5)

@@ -208,6 +208,22 @@ def tensor_to_numpy(tensor):
     return tensor_util.make_ndarray(tensor)
 
 
+def _layout(tensor):
+    """`(numpy dtype, dimensions)` of a `TensorProto`, kept per dtype and serialized shape."""
+    key = (tensor.dtype, tensor.tensor_shape.SerializeToString())
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        dtype = _NUMPY_DTYPES.get(tensor.dtype)
+        if dtype is None:
+            from tensorboard.compat.tensorflow_stub import dtypes
+
+            dtype = _NUMPY_DTYPES[tensor.dtype] = dtypes.as_dtype(tensor.dtype).as_numpy_dtype
+        layout = (np.dtype(dtype), _shape(tensor.tensor_shape))
+        if len(_LAYOUTS) < _KEPT_SHAPES:
+            _LAYOUTS[key] = layout
+    return layout
+
+
 def _shape(tensor_shape):
     """The dimensions of a `TensorShapeProto`, kept per serialized shape (a log dir has a few
     distinct shapes, read millions of times; walking the dimensions costs 3 times as much)."""
@@ -225,6 +241,8 @@ _NUMPY_DTYPES = {}
 # Serialized TensorShapeProto -> dimensions (`_shape`), at most `_KEPT_SHAPES`.
 _SHAPES = {}
 _KEPT_SHAPES = 4096
+# (DataType, serialized TensorShapeProto) -> (numpy dtype, dimensions) (`_layout`).
+_LAYOUTS = {}
 
 
 @contextlib.contextmanager
@@ -255,8 +273,9 @@ class TailRead:
     """What one `RunTail.read` found.
 
     Attributes:
-      samples: `{tag: [TensorDatum]}` of the plugin's tensor tags appended since the last read,
-        in order of writing (files by name, then records).
+      samples: `{tag: [(step, numpy value)]}` of the plugin's tensor tags appended since the
+        last read, in order of writing (files by name, then records); the values may be
+        read-only.
       contents: `{tag: plugin content bytes}` of every tag of the plugin seen so far (the schema
         version and kind of its metadata).
       files: how many event files had new summary values.
@@ -372,21 +391,15 @@ class RunTail:
 
     def read(self):
         """The plugin's values appended to the run's files since the last read (`TailRead`)."""
-        from tensorboard.compat.proto import event_pb2
-
         found, files, values = {}, 0, 0
         with gc_paused():
             for path in self._paths():
                 records = self._files.get(path)
                 if records is None:
                     records = self._files[path] = _Records(path)
-                before = values
-                for record in records.new():
-                    event = event_pb2.Event.FromString(record)
-                    for value in event.summary.value:
-                        values += 1
-                        self._take(event, value, found)
-                files += values > before
+                read = self._read_records(records, found)
+                values += read
+                files += read > 0
         self.values_read += values
         samples = {tag: data for tag, data in found.items() if self._is_ours(tag)}
         contents = {
@@ -396,23 +409,50 @@ class RunTail:
         }
         return TailRead(samples=samples, contents=contents, files=files, values=values)
 
-    def _take(self, event, value, found):
-        """Notes the tag's metadata and keeps a tensor value of a tag that is (or may be) ours
-        (whether it is: worked out once per tag, `_Tag.maybe_ours`)."""
+    def _read_records(self, records, found):
+        """Adds to `found` (`{tag: [(step, numpy value)]}`) the tensor values of the tags that are
+        (or may be) ours among one file's new records; returns how many values were read.
+
+        One loop over millions of values, the per-value work inlined: the tag looked up once
+        (`_note_tag` for a tag's first value or metadata), a tensor serialized as bytes read as a
+        read-only array over them with its layout kept per dtype and serialized shape.
+        """
+        from tensorboard.compat.proto import event_pb2
+
+        parse, tags, values = event_pb2.Event.FromString, self._tags, 0
+        for record in records.new():
+            event = parse(record)
+            for value in event.summary.value:
+                values += 1
+                tag = tags.get(value.tag)
+                if tag is None or (tag.metadata is None and value.HasField("metadata")):
+                    tag = self._note_tag(event, value)
+                if not tag.maybe_ours or not value.HasField("tensor"):
+                    continue
+                tensor = value.tensor
+                content = tensor.tensor_content
+                if content:
+                    dtype, shape = _layout(tensor)
+                    array = np.frombuffer(content, dtype).reshape(shape)
+                else:
+                    array = tensor_to_numpy(tensor)
+                series = found.get(value.tag)  # not setdefault: no list made per value read
+                if series is None:
+                    found[value.tag] = [(event.step, array)]
+                else:
+                    series.append((event.step, array))
+        return values
+
+    def _note_tag(self, event, value):
+        """The `_Tag` of a value whose tag is new, or had no metadata until this value."""
         tag = self._tags.get(value.tag)
         if tag is None:
             metadata = value.metadata if value.HasField("metadata") else None
             tag = self._tags[value.tag] = _Tag(metadata, event.step, event.wall_time)
-            tag.maybe_ours = self._names_us(metadata)
-        elif tag.metadata is None and value.HasField("metadata"):
+        else:
             tag.metadata = value.metadata
-            tag.maybe_ours = self._names_us(tag.metadata)
-        if tag.maybe_ours and value.HasField("tensor"):
-            series = found.get(value.tag)  # not setdefault: no list made per value read
-            if series is None:
-                found[value.tag] = [_datum(event, value)]
-            else:
-                series.append(_datum(event, value))
+        tag.maybe_ours = self._names_us(tag.metadata)
+        return tag
 
     def _names_us(self, metadata):
         """Whether a tag whose first metadata is `metadata` may be ours (None: not known yet)."""

@@ -11,6 +11,8 @@ what is new is then told apart after the read (per-step filtering), not before i
 
 import os
 
+import numpy as np
+
 from tb_replica_plugin import metadata
 from tb_replica_plugin.core.event_files import RunTail, TailRead
 
@@ -135,7 +137,7 @@ class ProviderTail:
                 reset = True
             new = points[count:]
             if new:
-                samples[tag] = new
+                samples[tag] = [(int(d.step), np.asarray(d.numpy)) for d in new]
                 self._cursor[tag] = (len(points), new[-1].step, new[-1].wall_time)
         answered = sum(len(points) for points in data.values())
         return TailRead(samples, contents, files=1, values=answered, reset=reset)
