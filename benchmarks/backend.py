@@ -100,25 +100,13 @@ def write_synthetic_logdir(logdir, replicas, steps, run="synthetic", scalars=Tru
     return run_dir
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--replicas", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=100_000)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-
+def _serving(logdir):
+    """`(context, seconds)`: a `TBContext` over a multiplexer that loaded every sample of
+    `logdir` (scalars and this plugin's tensors), and the seconds the load took."""
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
     from tensorboard.plugins import base_plugin
-    from tensorboard.plugins.scalar import scalars_plugin
-    from werkzeug import test as werkzeug_test
 
     from tb_replica_plugin import metadata
-    from tb_replica_plugin.plugin import ReplicasPlugin
-
-    logdir = tempfile.mkdtemp(prefix="tb_replica_backend_")
-    start = time.perf_counter()
-    write_synthetic_logdir(logdir, args.replicas, args.steps)
-    write_seconds = time.perf_counter() - start
 
     start = time.perf_counter()
     multiplexer = plugin_event_multiplexer.EventMultiplexer(
@@ -131,20 +119,42 @@ def main(argv=None):
     load_seconds = time.perf_counter() - start
     provider = data_provider.MultiplexerDataProvider(multiplexer, logdir)
     context = base_plugin.TBContext(data_provider=provider, multiplexer=multiplexer, logdir=logdir)
+    return context, load_seconds
 
-    def client_for(plugin):
-        apps = plugin.get_plugin_apps()
 
-        def get(route, query=""):
-            response = werkzeug_test.Client(apps[route]).get(f"{route}?{query}")
-            assert response.status_code == 200, (route, response.status_code, response.data[:200])
-            return response.data
+def _client_for(plugin):
+    """`get(route, query="") -> body bytes` over the plugin's apps (asserting a 200)."""
+    from werkzeug import test as werkzeug_test
 
-        return get
+    apps = plugin.get_plugin_apps()
 
+    def get(route, query=""):
+        response = werkzeug_test.Client(apps[route]).get(f"{route}?{query}")
+        assert response.status_code == 200, (route, response.status_code, response.data[:200])
+        return response.data
+
+    return get
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    from tensorboard.plugins.scalar import scalars_plugin
+
+    from tb_replica_plugin.plugin import ReplicasPlugin
+
+    logdir = tempfile.mkdtemp(prefix="tb_replica_backend_")
+    start = time.perf_counter()
+    write_synthetic_logdir(logdir, args.replicas, args.steps)
+    write_seconds = time.perf_counter() - start
+    context, load_seconds = _serving(logdir)
     plugin = ReplicasPlugin(context)
-    replicas_get = client_for(plugin)
-    scalars_get = client_for(scalars_plugin.ScalarsPlugin(context))
+    replicas_get = _client_for(plugin)
+    scalars_get = _client_for(scalars_plugin.ScalarsPlugin(context))
     tags = [f"loss/replica_{r}" for r in range(args.replicas)]
 
     def replicas_requests(cold=True):

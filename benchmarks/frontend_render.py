@@ -52,6 +52,46 @@ def _wait_http(url, process, timeout=180):
     raise TimeoutError(f"{url} not ready after {timeout}s")
 
 
+def _start_tensorboard(logdir):
+    """`(process, url)` of a `tensorboard` (Python loader, every sample of the plugin) serving
+    `logdir` on a free port."""
+    port = _free_port()
+    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    process = subprocess.Popen(
+        [
+            tensorboard,
+            *("--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)),
+            "--load_fast=false",
+            *("--samples_per_plugin", "replicas=0"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return process, f"http://127.0.0.1:{port}"
+
+
+def _time_loads(page, entry, repeats, render_ms, total_ms):
+    """Opens the tab's run view `repeats` times; appends each load's two marks (ms)."""
+    for _ in range(repeats):
+        page.goto("about:blank")
+        page.goto(entry, wait_until="load")
+        page.wait_for_function(
+            "document.body && ['ready', 'error'].includes(document.body.dataset.state)"
+            " && performance.getEntriesByName('replicas:ready').length > 0"
+            " || document.body.dataset.state === 'error'",
+            timeout=120_000,
+        )
+        state = page.evaluate("document.body.dataset.state")
+        if state != "ready":
+            raise RuntimeError(f"the tab ended in state {state!r}")
+        marks = page.evaluate(
+            "({render: +document.body.dataset.renderMs,"
+            " total: performance.getEntriesByName('replicas:ready').pop().startTime})"
+        )
+        render_ms.append(marks["render"])
+        total_ms.append(marks["total"])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, default=64)
@@ -65,25 +105,7 @@ def main(argv=None):
 
     logdir = tempfile.mkdtemp(prefix="tb_replica_frontend_")
     write_synthetic_logdir(logdir, args.replicas, args.steps, scalars=False)
-    port = _free_port()
-    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    process = subprocess.Popen(
-        [
-            tensorboard,
-            "--logdir",
-            logdir,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--load_fast=false",
-            "--samples_per_plugin",
-            "replicas=0",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    process, url = _start_tensorboard(logdir)
     render_ms, total_ms = [], []
     try:
         _wait_http(url + "/data/plugin/replicas/runs", process)
@@ -97,24 +119,7 @@ def main(argv=None):
             with urllib.request.urlopen(url + "/data/plugin/replicas/runs") as answer:
                 run = json.load(answer)["runs"][0]["run"]
             entry = f"{url}/data/plugin_entry.html?name=replicas#run={urllib.parse.quote(run)}"
-            for _ in range(args.repeats):
-                page.goto("about:blank")
-                page.goto(entry, wait_until="load")
-                page.wait_for_function(
-                    "document.body && ['ready', 'error'].includes(document.body.dataset.state)"
-                    " && performance.getEntriesByName('replicas:ready').length > 0"
-                    " || document.body.dataset.state === 'error'",
-                    timeout=120_000,
-                )
-                state = page.evaluate("document.body.dataset.state")
-                if state != "ready":
-                    raise RuntimeError(f"the tab ended in state {state!r}")
-                marks = page.evaluate(
-                    "({render: +document.body.dataset.renderMs,"
-                    " total: performance.getEntriesByName('replicas:ready').pop().startTime})"
-                )
-                render_ms.append(marks["render"])
-                total_ms.append(marks["total"])
+            _time_loads(page, entry, args.repeats, render_ms, total_ms)
             browser.close()
     finally:
         process.terminate()
