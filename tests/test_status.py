@@ -261,6 +261,23 @@ def test_a_custom_loop_in_a_notebook_ends_with_each_cell_and_says_how(tmp_path):
     assert crash["exception"]["replicas"] == [1]
 
 
+def test_a_cell_error_counts_as_training_s_through_tensorflow_frames_or_its_cause():
+    from tb_replica_plugin.families.status import notebook
+
+    try:
+        try:
+            tf.debugging.assert_all_finite(tf.constant([np.nan]), "not finite")
+        except tf.errors.InvalidArgumentError as error:
+            raise RuntimeError("the loader wraps it") from error
+    except RuntimeError as wrapped:
+        assert notebook.raised_in_training(wrapped)  # through its cause's TensorFlow frames
+        assert not notebook.raised_in_training(wrapped, depth=1)  # its own frames: this test's
+    try:
+        print(undefined_in_a_plotting_cell)  # noqa: F821
+    except NameError as own:
+        assert not notebook.raised_in_training(own)
+
+
 def test_end_states_match_the_schema():
     from tb_replica_plugin.core import lifecycle
 
