@@ -23,6 +23,7 @@ reads it; prints one JSON line `{"states": [...], "while_training": state, "erro
 
 import json
 import os
+import signal
 import sys
 import threading
 
@@ -42,8 +43,8 @@ probe = ReplicaProbe(LOGDIR + "/loop", strategy, update_freq=1, flush_secs=0.2)
 step = make_step(probe, strategy)
 
 def interrupt_in(seconds):
-    # From `seconds` on, SIGINT every 0.3 s until the cell ends: one that Python raises where it
-    # cannot propagate (in a finalizer) is lost, as in a kernel. Notes the run's state first.
+    # From `seconds` on, SIGINT every 0.3 s until the loop stops (one Python raises inside a
+    # finalizer would be printed and dropped). Notes the run's state first.
     import os, signal, threading
 
     def send():
@@ -62,7 +63,7 @@ INTERRUPTED_LOOP = """
 import signal
 interrupt_in(1.0)
 try:
-    for _ in range(100000):
+    for _ in range(20000):  # ends the cell without an interrupt if SIGINT never arrives
         train(1)
 finally:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the interrupts still on their way end here
@@ -104,6 +105,10 @@ def state_of(logdir):
 
 def main():
     logdir = sys.argv[1]
+    # Ctrl-C raises KeyboardInterrupt, as in a Jupyter kernel: a process started from a
+    # non-interactive shell's background job (`cmd &`, as CI may run the tests) inherits SIGINT
+    # ignored, and Python then leaves it so.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
