@@ -124,3 +124,27 @@ def alternate_fits(model, dataset, variants, *, rounds, epochs, steps_per_epoch,
             wall[name].extend(t / steps_per_epoch for t in timer.times[1:])
             cpu[name].extend(t / steps_per_epoch for t in timer.cpu_times[1:])
     return wall, cpu
+
+
+def start_tensorboard(logdir, *flags, env=None):
+    """`(process, url)`: this environment's `tensorboard` serving `logdir` on a free local port
+    with `flags` (its output discarded; stop it with `terminate`).
+
+    Args:
+      logdir: the log directory.
+      *flags: more command-line flags, e.g. `"--load_fast=false"`.
+      env: the process's environment (None: this one's).
+    """
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    command = [tensorboard, "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port), *flags]
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
+    return process, f"http://127.0.0.1:{port}"

@@ -15,11 +15,8 @@ Prints one JSON document with the medians.
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.parse
@@ -28,12 +25,6 @@ import urllib.request
 from benchmarks import common
 
 CHROMIUM = "/usr/bin/chromium"
-
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_http(url, process, timeout=180):
@@ -50,24 +41,6 @@ def _wait_http(url, process, timeout=180):
             pass
         time.sleep(0.5)
     raise TimeoutError(f"{url} not ready after {timeout}s")
-
-
-def _start_tensorboard(logdir):
-    """`(process, url)` of a `tensorboard` (Python loader, every sample of the plugin) serving
-    `logdir` on a free port."""
-    port = _free_port()
-    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    process = subprocess.Popen(
-        [
-            tensorboard,
-            *("--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)),
-            "--load_fast=false",
-            *("--samples_per_plugin", "replicas=0"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return process, f"http://127.0.0.1:{port}"
 
 
 def _time_loads(page, entry, repeats, render_ms, total_ms):
@@ -105,7 +78,10 @@ def main(argv=None):
 
     logdir = tempfile.mkdtemp(prefix="tb_replica_frontend_")
     write_synthetic_logdir(logdir, args.replicas, args.steps, scalars=False)
-    process, url = _start_tensorboard(logdir)
+    # The Python loader, every sample of the plugin.
+    process, url = common.start_tensorboard(
+        logdir, "--load_fast=false", "--samples_per_plugin", "replicas=0"
+    )
     render_ms, total_ms = [], []
     try:
         _wait_http(url + "/data/plugin/replicas/runs", process)

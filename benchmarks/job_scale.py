@@ -50,6 +50,8 @@ import threading
 import time
 import urllib.request
 
+from benchmarks import common
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 PLUGIN = "/data/plugin/replicas"
@@ -237,14 +239,6 @@ def _get(url, timeout=3600):
     return document, time.thread_time() - start
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _wait_loaded(url, process, workers, timeout, settle_s=0.0):
     """Waits until TensorBoard lists every worker run and is idle (a second with almost no CPU
     used); with `settle_s`, waits that long more and until it is idle again."""
@@ -344,7 +338,13 @@ def measure_tensorboard(
     """
     from tb_replica_plugin import plugin
 
-    process, url = _start_tensorboard(logdir, load_fast, warm, keep_all)
+    process, url = common.start_tensorboard(
+        logdir,
+        f"--load_fast={'true' if load_fast else 'false'}",
+        *(("--samples_per_plugin", "replicas=0") if keep_all else ()),
+        *("--reload_interval", str(RELOAD_S)),
+        env={**os.environ, plugin.WARM_ENV: "1" if warm else "0"},
+    )
     figures = {"warm": warm, "keep_all_samples": keep_all}
     try:
         start = time.perf_counter()
@@ -371,27 +371,6 @@ def measure_tensorboard(
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
-
-
-def _start_tensorboard(logdir, load_fast, warm, keep_all):
-    """`(process, url)` of a `tensorboard` serving `logdir` on a free port (see
-    `measure_tensorboard` for the arguments)."""
-    from tb_replica_plugin import plugin
-
-    port = _free_port()
-    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    command = [
-        tensorboard,
-        *("--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)),
-        f"--load_fast={'true' if load_fast else 'false'}",
-        *(("--samples_per_plugin", "replicas=0") if keep_all else ()),
-        *("--reload_interval", str(RELOAD_S)),
-    ]
-    env = {**os.environ, plugin.WARM_ENV: "1" if warm else "0"}
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
-    )
-    return process, f"http://127.0.0.1:{port}"
 
 
 def _first_and_cached(url, process, figures):

@@ -197,15 +197,21 @@ def tensor_to_numpy(tensor):
     """
     content = tensor.tensor_content
     if content:
-        dtype = _NUMPY_DTYPES.get(tensor.dtype)
-        if dtype is None:
-            from tensorboard.compat.tensorflow_stub import dtypes
-
-            dtype = _NUMPY_DTYPES[tensor.dtype] = dtypes.as_dtype(tensor.dtype).as_numpy_dtype
+        dtype = _numpy_dtype(tensor.dtype)
         return np.frombuffer(content, dtype=dtype).copy().reshape(_shape(tensor.tensor_shape))
     from tensorboard.util import tensor_util
 
     return tensor_util.make_ndarray(tensor)
+
+
+def _numpy_dtype(data_type):
+    """The numpy dtype of a `DataType` enum value (kept once looked up)."""
+    dtype = _NUMPY_DTYPES.get(data_type)
+    if dtype is None:
+        from tensorboard.compat.tensorflow_stub import dtypes
+
+        dtype = _NUMPY_DTYPES[data_type] = dtypes.as_dtype(data_type).as_numpy_dtype
+    return dtype
 
 
 def _layout(tensor):
@@ -213,12 +219,7 @@ def _layout(tensor):
     key = (tensor.dtype, tensor.tensor_shape.SerializeToString())
     layout = _LAYOUTS.get(key)
     if layout is None:
-        dtype = _NUMPY_DTYPES.get(tensor.dtype)
-        if dtype is None:
-            from tensorboard.compat.tensorflow_stub import dtypes
-
-            dtype = _NUMPY_DTYPES[tensor.dtype] = dtypes.as_dtype(tensor.dtype).as_numpy_dtype
-        layout = (np.dtype(dtype), _shape(tensor.tensor_shape))
+        layout = (np.dtype(_numpy_dtype(tensor.dtype)), _shape(tensor.tensor_shape))
         if len(_LAYOUTS) < _KEPT_SHAPES:
             _LAYOUTS[key] = layout
     return layout

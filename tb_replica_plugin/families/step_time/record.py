@@ -7,11 +7,10 @@ backward pass up to the values it sends (on an accelerator, the end of that work
 for the copy, a data dependency). This recorder keeps every timed step in a ring of the last
 `RING_STEPS` steps (step, start, arrivals: one row, one scatter per step; a step where a
 replica's gradients or loss were not finite gets no step number, so it is not timed) and writes,
-at logged
-steps in-graph and from the host at window writes (epoch ends, `flush`, `close`), the window's
-statistics (`step_time/replicas`, `schema.TAG_REPLICA_TIME`): each replica's median and largest
-ready time and the median time it waited for the slowest replica of its worker, over the steps
-since the previous write (its last `RING_STEPS` steps when it holds more: the medians and the
+at logged steps in-graph and from the host at window writes (epoch ends, `flush`, `close`), the
+window's statistics (`step_time/replicas`, `schema.TAG_REPLICA_TIME`): each replica's median and
+largest ready time and the median time it waited for the slowest replica of its worker, over the
+steps since the previous write (its last `RING_STEPS` steps when it holds more: the medians and the
 largest value are those of these steps, and the count says how many they are).
 
 In a multi-worker job it also records the worker's step time (`workers/step_time`): when the
