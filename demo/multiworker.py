@@ -12,7 +12,8 @@ are 2 global replicas.
   step, the workers in step: no findings.
 - `mw_straggler`: the same, but worker 1 sleeps `STRAGGLER_SLEEP` seconds on the host before
   each step (as a slow input pipeline or a busy host would): worker 1 is reported as the
-  straggler.
+  straggler. Its step function is a `probe.step()` block (each replica's ready time; the
+  other custom loops call the families without one).
 - `mw_uneven_shard`: each worker builds its own input pipeline
   (`distribute_datasets_from_function`) and worker 1 batches 3 examples instead of 4: global
   replica 1, on worker 1, gets fewer examples at every step.
@@ -237,13 +238,16 @@ def custom_loop(
     before_step=None,
     after_step=None,
     probe_options=None,
+    step_scope=False,
 ):
     """A custom training loop under `strategy` with a `ReplicaProbe` writing `run_dir`.
 
     Inputs, example fingerprints and local gradients are observed in the step; every
     variable's copies after each update.
     `before_step()` runs on the host before each step, `after_step(model)` after each update;
-    `probe_options` are more arguments of the probe.
+    `probe_options` are more arguments of the probe. With `step_scope`, the step function's
+    calls are one `with probe.step():` block (one transfer per replica and each replica's
+    ready time, as README's custom loop); without, each family's next call begins a step.
     """
     import keras
     import tensorflow as tf
@@ -259,6 +263,12 @@ def custom_loop(
     @tf.function
     def train_step(batch):
         def step_fn(features, labels):
+            if not step_scope:
+                return observed_step(features, labels)
+            with probe.step():
+                return observed_step(features, labels)
+
+        def observed_step(features, labels):
             probe.observe_inputs({"x": features, "y": labels})
             probe.observe_examples({"x": features, "y": labels})
             with tf.GradientTape() as tape:
@@ -513,76 +523,91 @@ def fit_halt_overflow(strategy, logdir, x, y):
 
 def run_scenario(name, logdir, strategy):
     """Runs one scenario on this worker (every worker runs the same scenarios in order)."""
-    import tensorflow as tf
-
-    task = strategy.cluster_resolver.task_id
     run_dir = os.path.join(logdir, name, "replicas")
     x, y = _data(64)
-    if name in ("mw_clean", "mw_straggler"):
-        dataset = strategy.experimental_distribute_dataset(
-            tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-        )
-        sleep = None
-        if name == "mw_straggler" and task == 1:
-
-            def sleep():
-                time.sleep(STRAGGLER_SLEEP)
-
-        custom_loop(strategy, run_dir, dataset, 8, before_step=sleep)
-    elif name == "mw_drift":
-        dataset = strategy.experimental_distribute_dataset(
-            tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-        )
-        perturb = None
-        if task == 1:
-
-            def perturb(model):
-                kernel = model.trainable_variables[0]
-                for copy in kernel.value.values:  # this worker's own copies only
-                    copy.assign_add(tf.fill(copy.shape, PERTURBATION))
-
-        custom_loop(strategy, run_dir, dataset, 8, after_step=perturb)
-    elif name == "mw_fit_tf_keras":
-        fit_tf_keras(strategy, run_dir, x, y)
-    elif name == "mw_halt":
-        fit_halt(strategy, logdir, x, y)
-    elif name == "mw_stall":
-        dataset = strategy.experimental_distribute_dataset(
-            tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-        )
-        stop = stall_before(STALL_STEP) if task == 1 else None
-        custom_loop(strategy, run_dir, dataset, 8, before_step=stop, probe_options=STALL_PROBE)
-    elif name == "mw_fit_stall":
-        fit_stall(strategy, run_dir, x, y)
-    elif name == "mw_halt_loop":
-        loop_halt(strategy, logdir, x, y)
-    elif name == "mw_halt_overflow":
-        fit_halt_overflow(strategy, logdir, x, y)
-    elif name == "mw_uneven_shard":
-
-        def dataset_fn(context):
-            # Worker 1's pipeline is misconfigured: 3 examples per step instead of 4.
-            per_replica = 3 if context.input_pipeline_id == 1 else 4
-            shard = tf.data.Dataset.from_tensor_slices((x, y)).shard(
-                context.num_input_pipelines, context.input_pipeline_id
-            )
-            return shard.batch(per_replica).take(4)
-
-        dataset = strategy.distribute_datasets_from_function(dataset_fn)
-        custom_loop(strategy, run_dir, dataset, 8)
-    elif name == "mw_unsharded":
-
-        def dataset_fn(context):
-            # The bug: the context is ignored (no shard), so every worker reads the same data.
-            del context
-            return tf.data.Dataset.from_tensor_slices((x, y)).batch(4).take(4)
-
-        dataset = strategy.distribute_datasets_from_function(dataset_fn)
-        custom_loop(strategy, run_dir, dataset, 8)
+    loops = {"mw_clean", "mw_straggler", "mw_drift", "mw_stall", "mw_uneven_shard", "mw_unsharded"}
+    fits = {
+        "mw_fit_tf_keras": lambda: fit_tf_keras(strategy, run_dir, x, y),
+        "mw_halt": lambda: fit_halt(strategy, logdir, x, y),
+        "mw_fit_stall": lambda: fit_stall(strategy, run_dir, x, y),
+        "mw_halt_loop": lambda: loop_halt(strategy, logdir, x, y),
+        "mw_halt_overflow": lambda: fit_halt_overflow(strategy, logdir, x, y),
+    }
+    if name in loops:
+        _loop_scenario(name, strategy, run_dir, x, y)
+    elif name in fits:
+        fits[name]()
     else:
         raise ValueError(
             f"unknown scenario {name!r}; expected one of {SCENARIOS + EXTRA_SCENARIOS}"
         )
+
+
+def _loop_scenario(name, strategy, run_dir, x, y):
+    """The custom-loop scenarios: `custom_loop` on this worker's pipeline, with its fault."""
+    task = strategy.cluster_resolver.task_id
+    if name == "mw_uneven_shard":
+        dataset = _uneven_shards(strategy, x, y)
+    elif name == "mw_unsharded":
+        dataset = _unsharded_pipelines(strategy, x, y)
+    else:
+        dataset = _global_batches(strategy, x, y)
+    options = {}
+    if name == "mw_straggler":
+        options["step_scope"] = True  # the other loops call the families without one
+        if task == 1:
+            options["before_step"] = lambda: time.sleep(STRAGGLER_SLEEP)
+    elif name == "mw_drift" and task == 1:
+        options["after_step"] = _perturb
+    elif name == "mw_stall":
+        options["probe_options"] = STALL_PROBE
+        if task == 1:
+            options["before_step"] = stall_before(STALL_STEP)
+    custom_loop(strategy, run_dir, dataset, 8, **options)
+
+
+def _perturb(model):
+    """`mw_drift`'s worker 1: `PERTURBATION` added to its own copies of the kernel."""
+    import tensorflow as tf
+
+    kernel = model.trainable_variables[0]
+    for copy in kernel.value.values:  # this worker's own copies only
+        copy.assign_add(tf.fill(copy.shape, PERTURBATION))
+
+
+def _global_batches(strategy, x, y):
+    """`(x, y)` in global batches of 8, distributed (auto-sharded) by `strategy`."""
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    return strategy.experimental_distribute_dataset(dataset)
+
+
+def _uneven_shards(strategy, x, y):
+    """Each worker's own sharded pipeline; worker 1's is misconfigured: 3 examples per step
+    instead of 4."""
+    import tensorflow as tf
+
+    def dataset_fn(context):
+        per_replica = 3 if context.input_pipeline_id == 1 else 4
+        shard = tf.data.Dataset.from_tensor_slices((x, y)).shard(
+            context.num_input_pipelines, context.input_pipeline_id
+        )
+        return shard.batch(per_replica).take(4)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def _unsharded_pipelines(strategy, x, y):
+    """Each worker's own pipeline, the bug: the input context ignored (no shard), so every
+    worker reads the same data."""
+    import tensorflow as tf
+
+    def dataset_fn(context):
+        del context
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(4).take(4)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
 
 
 def worker_main(logdir, scenarios):

@@ -194,6 +194,30 @@ def test_slowed_worker_is_the_straggler(report):
     assert not step_time_rules.find_stragglers(timing, job.workers, loose)
 
 
+def test_custom_loop_step_scopes_time_each_worker_s_replicas(report):
+    """`mw_straggler`'s step function is a `probe.step()` block under MultiWorkerMirroredStrategy
+    (`mw_clean`'s the same loop without one): each worker's replica gets its ready time at each
+    of the job's steps, and every family keeps one step per step."""
+    job = report.runs["mw_straggler/replicas"]
+    ready = job.step_time.ready
+    assert (ready.replicas, ready.workers) == ([0, 1], ["worker_0", "worker_1"])
+    assert ready.devices == [DEVICE.format(0), DEVICE.format(1)]
+    assert ready.steps.tolist() == list(range(8))
+    assert (ready.window_steps == 1).all() and ready.ready_median.shape == (8, 2)
+    # Worker 1 sleeps on the host before each step, outside the block: not in its ready time.
+    medians = np.median(ready.ready_median, axis=0)
+    assert (medians > 0).all() and (medians < multiworker.STRAGGLER_SLEEP / 4).all()
+    # One replica per worker: no replica of a worker waits for another of its worker.
+    assert (ready.wait_median == 0).all()
+    assert not [f for f in report.findings["mw_straggler/replicas"] if f.kind == "slow_replica"]
+    assert report.runs["mw_clean/replicas"].step_time.ready is None
+    # The other families at the same steps as without a step scope.
+    assert job.inputs.steps.tolist() == list(range(8))
+    assert job.inputs.batch_size.tolist() == [[4, 4]] * 8
+    assert job.gradients.steps.tolist() == list(range(8))
+    assert job.variables.steps.tolist() == list(range(8))
+
+
 def test_unsharded_job_duplicates_across_workers(report, worker_runs):
     """Both workers' pipelines ignore the input context: the sketches show the same examples."""
     job = report.runs["mw_unsharded/replicas"]
