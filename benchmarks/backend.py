@@ -61,25 +61,7 @@ def write_synthetic_logdir(logdir, replicas, steps, run="synthetic", scalars=Tru
         if step % 1000 == 999:
             sizes[-1] = 7  # an odd batch now and then: a shape event at that step and the next
         if step % 1000 in (0, 999):
-            document = {
-                "inputs": [
-                    {
-                        "name": "x",
-                        "dtypes": ["float32"] * replicas,
-                        "shapes": [[int(s), 64] for s in sizes],
-                    }
-                ],
-                "devices": devices,
-                "replicas": list(range(replicas)),
-                "source": "custom_loop",
-            }
-            values.append(
-                summary_pb2.Summary.Value(
-                    tag=inputs_schema.TAG_SHAPES,
-                    metadata=shapes_meta,
-                    tensor=tensor_util.make_tensor_proto(json.dumps(document).encode()),
-                )
-            )
+            values.append(_shapes_value(sizes, devices, shapes_meta))
         values.append(
             summary_pb2.Summary.Value(
                 tag=inputs_schema.TAG_BATCH_SIZE,
@@ -98,6 +80,29 @@ def write_synthetic_logdir(logdir, replicas, steps, run="synthetic", scalars=Tru
         )
     writer.close()
     return run_dir
+
+
+def _shapes_value(sizes, devices, shapes_meta):
+    """The inputs family's shape document of a step whose replicas' batches are `sizes`."""
+    from tensorboard.compat.proto import summary_pb2
+    from tensorboard.util import tensor_util
+
+    from tb_replica_plugin.families.inputs import schema as inputs_schema
+
+    replicas = len(sizes)
+    document = {
+        "inputs": [
+            {"name": "x", "dtypes": ["float32"] * replicas, "shapes": [[int(s), 64] for s in sizes]}
+        ],
+        "devices": devices,
+        "replicas": list(range(replicas)),
+        "source": "custom_loop",
+    }
+    return summary_pb2.Summary.Value(
+        tag=inputs_schema.TAG_SHAPES,
+        metadata=shapes_meta,
+        tensor=tensor_util.make_tensor_proto(json.dumps(document).encode()),
+    )
 
 
 def _serving(logdir):

@@ -25,7 +25,7 @@ import time
 from benchmarks import common, fit_overhead
 
 
-def main(argv=None):
+def _parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--variant",
@@ -35,7 +35,42 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=12, help="timed rounds after the warm-up")
     parser.add_argument("--steps-per-epoch", type=int, default=100)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 2-step epochs (CI)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _alternate(models, callbacks, dataset, args):
+    """Fits each model once (warm-up), then `args.rounds` rounds of a 2-epoch `fit` of each, the
+    order swapped every round. Returns `(per_step, per_fit)`: `{name: [CPU s]}` of the second
+    epoch's steps and of the whole `fit`, one per round."""
+    per_step = {name: [] for name in models}
+    per_fit = {name: [] for name in models}
+
+    def fit(name):
+        timer = common.epoch_timer()
+        start = time.process_time()
+        models[name].fit(dataset, epochs=2, verbose=0, callbacks=[*callbacks[name], timer])
+        per_fit[name].append(time.process_time() - start)
+        per_step[name].append(timer.cpu_times[1] / args.steps_per_epoch)
+
+    for name in models:  # warm-up: traces and instruments
+        fit(name)
+    for series in (*per_step.values(), *per_fit.values()):
+        series.clear()
+    names = list(models)
+    for round_index in range(args.rounds):
+        for name in names if round_index % 2 == 0 else names[::-1]:
+            fit(name)
+        print(
+            f"round {round_index + 1}/{args.rounds}: "
+            + ", ".join(f"{n} {per_step[n][-1] * 1000:.2f} ms CPU/step" for n in names),
+            file=sys.stderr,
+            flush=True,
+        )
+    return per_step, per_fit
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
     if args.quick:
         args.rounds, args.steps_per_epoch = 2, 2
 
@@ -56,32 +91,10 @@ def main(argv=None):
         "no_callback": [],
         args.variant: fit_overhead.VARIANTS[args.variant](keras, os.path.join(workdir, "logs")),
     }
-    per_step = {name: [] for name in models}
-    per_fit = {name: [] for name in models}
-
-    def fit(name):
-        timer = common.epoch_timer()
-        start = time.process_time()
-        models[name].fit(dataset, epochs=2, verbose=0, callbacks=[*callbacks[name], timer])
-        per_fit[name].append(time.process_time() - start)
-        per_step[name].append(timer.cpu_times[1] / args.steps_per_epoch)
-
     started = time.perf_counter()
     load_start = os.getloadavg()[0]
-    for name in models:  # warm-up: traces and instruments
-        fit(name)
-    for series in (*per_step.values(), *per_fit.values()):
-        series.clear()
+    per_step, per_fit = _alternate(models, callbacks, dataset, args)
     names = list(models)
-    for round_index in range(args.rounds):
-        for name in names if round_index % 2 == 0 else names[::-1]:
-            fit(name)
-        print(
-            f"round {round_index + 1}/{args.rounds}: "
-            + ", ".join(f"{n} {per_step[n][-1] * 1000:.2f} ms CPU/step" for n in names),
-            file=sys.stderr,
-            flush=True,
-        )
     result = {
         "benchmark": "fit_alternated",
         "machine": common.machine(),

@@ -498,7 +498,7 @@ def measure_report(logdir):
     }
 
 
-def main(argv=None):
+def _parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=256)
     parser.add_argument("--replicas", type=int, default=8)
@@ -541,7 +541,21 @@ def main(argv=None):
         "--logdir",
         help="keep the job here and reuse it when already written (default: a temporary dir)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _logdir_mb(logdir):
+    """MB of every file under `logdir`."""
+    sizes = (
+        os.path.getsize(os.path.join(root, name))
+        for root, _, names in os.walk(logdir)
+        for name in names
+    )
+    return round(sum(sizes) / 2**20, 1)
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
 
     with tempfile.TemporaryDirectory() as scratch:
         logdir = args.logdir or scratch
@@ -557,15 +571,7 @@ def main(argv=None):
             "steps": args.steps,
             "write_worker0_s": round(write_s, 1),
             "copy_workers_s": round(copy_s, 1),
-            "logdir_mb": round(
-                sum(
-                    os.path.getsize(os.path.join(root, name))
-                    for root, _, names in os.walk(logdir)
-                    for name in names
-                )
-                / 2**20,
-                1,
-            ),
+            "logdir_mb": _logdir_mb(logdir),
         }
         known = {}  # the workers' last steps, parsed once (`live_job.append_steps`)
         with _appends_undone(job_dir):  # the job as written, for the next run's reuse
