@@ -13,11 +13,15 @@ heartbeat every 0.2 s:
 5. steps until a `SIGINT` 1 s after the cell began (Jupyter's "interrupt the kernel"); just
    before it, a thread notes the run's state while the loop runs;
 6. 1 step more;
-7. `probe.close()`.
+7. `probe.close()`;
+8. a second probe's loop (`LOGDIR/background`) started in a thread named `trainer`: the cell
+   returns while it trains, until cell 10;
+9. the kernel busy 1 s with something else while it trains;
+10. the thread told to stop and joined.
 
-After each cell (and a few heartbeats' time) it notes the run's state as `tb_replica_plugin.load`
-reads it; prints one JSON line `{"states": [...], "while_training": state, "errors": [...]}`
-(each cell's exception class, or null).
+After each cell (and a few heartbeats' time) it notes each run's state as `tb_replica_plugin.load`
+reads it; prints one JSON line `{"states": [...], "background": [...], "while_training": state,
+"errors": [...]}` (each cell's exception class, or null).
 """
 
 import json
@@ -52,6 +56,24 @@ def interrupt_in(seconds):
 
 def train(steps, nan=False):
     loop(probe, strategy, steps, fail_at=0 if nan else None, step=step)  # a NaN on replica 1
+
+def start_background():
+    # A loop in a thread of its own, stepping until told to stop (at most 20,000 steps).
+    import threading
+
+    stop = threading.Event()
+    other = ReplicaProbe(LOGDIR + "/background", strategy, update_freq=1, flush_secs=0.2)
+    other_step = make_step(other, strategy)
+
+    def run():
+        for _ in range(20000):
+            if stop.is_set():
+                return
+            loop(other, strategy, 1, step=other_step)
+
+    thread = threading.Thread(target=run, name="trainer")
+    thread.start()
+    return stop, thread
 """
 
 INTERRUPTED_LOOP = """
@@ -69,10 +91,13 @@ CELLS = [
     INTERRUPTED_LOOP,
     "train(1)",
     "probe.close()",
+    "stop, trainer = start_background()",
+    "time.sleep(1.0)",
+    "stop.set(); trainer.join()",
 ]
 
 
-def state_of(logdir):
+def state_of(logdir, run="loop"):
     """The run's state now, its latest segment's end `[state, how, step]` (None while it runs),
     how many "start" events it has, and its findings' kinds."""
     import time
@@ -81,15 +106,15 @@ def state_of(logdir):
     from tb_replica_plugin.families.status import rules
 
     report = load(logdir)
-    if "loop" not in report.runs:
+    if run not in report.runs:
         return {"state": None, "end": None, "starts": 0, "findings": []}
-    status = report.runs["loop"].status
+    status = report.runs[run].status
     end = status.end
     return {
         "state": rules.run_state(status, time.time()).state,
         "end": [end["state"], end["how"], end["step"]] if end else None,
         "starts": sum(event["type"] == "start" for event in status.events),
-        "findings": sorted(f.kind for f in report.findings["loop"]),
+        "findings": sorted(f.kind for f in report.findings[run]),
     }
 
 
@@ -108,14 +133,20 @@ def main():
         STATE_OF=state_of,
         WHILE_TRAINING=while_training,
     )
-    states, errors = [], []
+    states, background, errors = [], [], []
     for cell in CELLS:
         result = shell.run_cell(cell, store_history=True)
         error = result.error_in_exec or result.error_before_exec
         errors.append(type(error).__name__ if error is not None else None)
         shell.run_cell("time.sleep(0.6)")  # a few heartbeats, the kernel idle
         states.append(state_of(logdir))
-    document = {"states": states, "while_training": while_training[0], "errors": errors}
+        background.append(state_of(logdir, "background"))
+    document = {
+        "states": states,
+        "background": background,
+        "while_training": while_training[0],
+        "errors": errors,
+    }
     print(json.dumps(document), flush=True)
 
 

@@ -7,12 +7,16 @@
   thread raises a `ValueError` in `load_more` that nobody catches (exit status 1).
 - `exit_open`: the script ends with the probe still open (exit status 0); prints
   `{"closed": false}`.
+- `thread`: the loop runs in a thread named `trainer` (heartbeats every 0.2 s, stall time
+  0.5 s), which then waits 1.5 s in `waits_here` and dies of a `ValueError`; the main thread
+  joins it, waits 0.5 s and exits (status 0).
 """
 
 import json
 import os
 import sys
 import threading
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,6 +31,16 @@ def prefetch():
     raise OSError("disk went away")
 
 
+def waits_here():
+    time.sleep(1.5)
+
+
+def train_then_give_up(train):
+    train()
+    waits_here()  # past the stall time: the stacks show this line, in this thread
+    raise ValueError("the trainer gave up")
+
+
 def main():
     mode, logdir = sys.argv[1], sys.argv[2]
     from demo import scenarios
@@ -37,15 +51,26 @@ def main():
     from tb_replica_plugin import ReplicaProbe
 
     strategy = tf.distribute.MirroredStrategy(devices)
-    probe = ReplicaProbe(os.path.join(logdir, "loop"), strategy, update_freq=1)
+    often = {"flush_secs": 0.2, "stall_secs": 0.5} if mode == "thread" else {}
+    probe = ReplicaProbe(os.path.join(logdir, "loop"), strategy, update_freq=1, **often)
 
     @tf.function
     def step(batch):
         return strategy.run(lambda x: probe.observe_inputs({"x": x}), args=(batch,))
 
     dataset = tf.data.Dataset.range(12).map(lambda i: tf.fill([2], tf.cast(i, tf.float32)))
-    for batch in strategy.experimental_distribute_dataset(dataset.batch(4)):
-        step(batch)
+
+    def train():
+        for batch in strategy.experimental_distribute_dataset(dataset.batch(4)):
+            step(batch)
+
+    if mode == "thread":
+        trainer = threading.Thread(target=train_then_give_up, args=(train,), name="trainer")
+        trainer.start()
+        trainer.join()
+        time.sleep(0.5)  # no heartbeat after the stretch ended
+    else:
+        train()
     if mode == "uncaught":
         thread = threading.Thread(target=prefetch, name="prefetcher")
         thread.start()

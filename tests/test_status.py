@@ -210,6 +210,38 @@ def test_an_uncaught_exception_and_a_dying_thread_are_recorded(tmp_path):
     assert kinds == ["thread_crashed", "training_crashed"]
 
 
+def test_a_loop_in_a_thread_of_its_own_is_watched_there_and_ends_with_its_exception(tmp_path):
+    """A child process trains in thread `trainer`, which stalls 1.5 s in `waits_here`, then dies
+    of a `ValueError`: that thread is the training thread (the start event names it, the stall's
+    stacks mark it), and its exception ends the stretch crashed, not a `thread_crashed` warning
+    beside a run left open."""
+    logdir = str(tmp_path)
+    result = _child("thread", logdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ValueError: the trainer gave up" in result.stderr  # the previous hook still ran
+    report = load(logdir)
+    status = report.runs["loop"].status
+    assert status.start["thread"] == "trainer"
+    assert [e["type"] for e in status.events] == ["start", "stacks", "end"]
+    threads = {t["name"]: t for t in status.events[1]["threads"]}
+    assert threads["trainer"]["training"] and not threads["MainThread"]["training"]
+    assert threads["trainer"]["frames"][-1]["function"] == "waits_here"
+    assert (status.end["state"], status.end["how"], status.end["step"]) == (
+        "crashed",
+        "exception",
+        2,
+    )
+    assert status.end["exception"]["class"] == "ValueError"
+    assert status.thread_exceptions == []
+    assert [f.kind for f in report.findings["loop"]] == ["training_crashed"]
+    # While it waited, the heartbeats watched the trainer: outside a step, no progress.
+    stacks_wall = status.events[1]["wall_time"]
+    before = status.wall <= stacks_wall
+    assert status.wall[before][-1] - status.active_wall[before][-1] > 0.5
+    assert not status.in_step[before][-1]
+    assert status.wall[-1] <= status.end["wall_time"]  # no heartbeat after the end
+
+
 def test_interpreter_exit_with_the_probe_open_ends_the_run_finished(tmp_path):
     logdir = str(tmp_path)
     result = _child("exit_open", logdir)
@@ -225,13 +257,14 @@ def test_a_custom_loop_in_a_notebook_ends_with_each_cell_and_says_how(tmp_path):
     between cells. Each cell that ran steps ends the run with `how` "cell": finished when its
     loop returned, crashed at a failing step (replica 1, step 2), interrupted by a `SIGINT`; a
     `NameError` outside training ends nothing; the next cell's steps begin a new stretch (the
-    run reads running while they go on)."""
+    run reads running while they go on). A loop trained in a thread of its own is left alone by
+    the cells until its thread has returned."""
     logdir = str(tmp_path)
     result = _child(logdir, script=os.path.join(REPO, "tests", "notebook_child.py"))
     assert result.returncode == 0, result.stderr[-3000:]
     got = json.loads(result.stdout.strip().splitlines()[-1])
     errors = [None, None, "NameError", "InvalidArgumentError", None, "KeyboardInterrupt", None]
-    assert got["errors"] == [*errors, None]
+    assert got["errors"] == [*errors, None, None, None, None]
     ends = [state["end"] for state in got["states"]]
     interrupted_at = ends[5][2]
     assert interrupted_at >= 5  # steps 5.. ran in that cell
@@ -244,8 +277,9 @@ def test_a_custom_loop_in_a_notebook_ends_with_each_cell_and_says_how(tmp_path):
         ["interrupted", "cell", interrupted_at],
         ["finished", "cell", interrupted_at + 1],
         ["finished", "cell", interrupted_at + 1],  # close: nothing open
+        *[["finished", "cell", interrupted_at + 1]] * 3,  # the next cells: another run's
     ]
-    assert [state["starts"] for state in got["states"]] == [0, 1, 1, 2, 3, 4, 5, 5]
+    assert [state["starts"] for state in got["states"]] == [0, 1, 1, 2, 3, 4, 5, 5, 5, 5, 5]
     assert [state["state"] for state in got["states"]][3:6] == [
         "crashed",
         "finished",
@@ -255,7 +289,18 @@ def test_a_custom_loop_in_a_notebook_ends_with_each_cell_and_says_how(tmp_path):
     assert crashed[3] == ["training_crashed"] and crashed[4] == []  # later: an earlier crash
     assert got["while_training"]["state"] == "running"
     assert (got["while_training"]["end"], got["while_training"]["starts"]) == (None, 4)
+    # A loop trained in thread `trainer` while the cells run: not theirs to end; the first cell
+    # after its thread returned ends it.
+    background = got["background"]
+    assert [state["state"] for state in background] == [None] * 8 + ["running"] * 2 + ["finished"]
+    assert [state["end"] for state in background[8:10]] == [None, None]
+    (state, how, last) = background[10]["end"]
+    assert (state, how) == ("finished", "cell") and last >= 1
+    assert [state["starts"] for state in background[8:]] == [1, 1, 1]
+    status = load(logdir).runs["background"].status
+    assert status.start["thread"] == "trainer"
     status = load(logdir).runs["loop"].status
+    assert status.start["thread"] is None  # the main thread: the cells'
     (crash,) = status.earlier_crashes
     assert crash["exception"]["class"] == "InvalidArgumentError"
     assert crash["exception"]["replicas"] == [1]

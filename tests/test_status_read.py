@@ -66,7 +66,7 @@ def event(kind, wall, **fields):
     return int(wall * 1000), np.array(json.dumps(document).encode())
 
 
-def start(wall, replicas=(0, 1), pid=100, worker=None):
+def start(wall, replicas=(0, 1), pid=100, worker=None, **thread):
     devices = [f"/job:localhost/replica:0/task:0/device:CPU:{r}" for r in replicas]
     return event(
         schema.EVENT_START,
@@ -79,6 +79,7 @@ def start(wall, replicas=(0, 1), pid=100, worker=None):
         worker=worker,
         heartbeat_secs=2.0,
         stall_secs=300.0,
+        **thread,
     )
 
 
@@ -473,23 +474,33 @@ def test_silent_run_depends_on_now(after, state, kinds):
         assert text == [f"  status: running at step 5 (last heartbeat {after} s ago)"]
 
 
-def stacks_event(wall, active_wall, step, user_line=88, function="wait_here"):
+def stacks_event(wall, active_wall, step, user_line=88, function="wait_here", trainer=None):
+    """A stall's stacks: the main thread waits at `train.py:user_line` in `function`; with
+    `trainer` (a name), that thread does, marked "training", and the main thread is in `main`."""
     main = [
         attribution.make_frame(f"{HOME}/train.py", 30, "<module>"),
         attribution.make_frame(f"{HOME}/train.py", user_line, function),
         attribution.make_frame(threading.__file__, 320, "wait"),
     ]
     helper = [attribution.make_frame(threading.__file__, 1002, "_bootstrap")]
+    threads = [
+        {"name": "MainThread", "ident": 1, "main": True, "daemon": False, "frames": main},
+        {"name": "heartbeat", "ident": 2, "main": False, "daemon": True, "frames": helper},
+    ]
+    if trainer is not None:
+        joining = [attribution.make_frame(f"{HOME}/train.py", 40, "main")]
+        threads = [
+            {**threads[0], "frames": joining, "training": False},
+            {**threads[1], "training": False},
+            {"name": trainer, "ident": 3, "main": False, "training": True, "frames": main},
+        ]
     return event(
         schema.EVENT_STACKS,
         wall,
         reason="stall",
         step=step,
         active_wall=active_wall,
-        threads=[
-            {"name": "MainThread", "ident": 1, "main": True, "daemon": False, "frames": main},
-            {"name": "heartbeat", "ident": 2, "main": False, "daemon": True, "frames": helper},
-        ],
+        threads=threads,
     )
 
 
@@ -511,6 +522,32 @@ def test_stalled_single_run_names_the_main_thread_line():
     row = _body_is_strict_json(run_data(series), now)["workers"][0]
     assert row["stalled_for_s"] == 400.0 and row["stack"][1]["line"] == 88
     assert rules.find(run_data(series), Thresholds(stall_seconds=500), now=now) == []
+
+
+def test_a_stall_of_a_run_trained_in_another_thread_quotes_that_thread():
+    """The stretch began in thread `trainer` (its start event's "thread", its stacks marked
+    "training"): the finding, the report and the events quote that thread, not the main one,
+    which waits in `join` meanwhile."""
+    stuck = [heartbeat(T0 + 10 + 2 * i, 4, active_wall=T0 + 10) for i in range(1, 201)]
+    stacks = stacks_event(T0 + 320, T0 + 10, 4, trainer="trainer")
+    series = series_of(stepping(0, 4) + stuck, [start(T0, thread="trainer"), stacks])
+    now = T0 + 411
+    (finding,) = rules.find(run_data(series), now=now)
+    assert "the thread `trainer` is in Python, outside any step, at " in finding.message
+    assert f"at {HOME}/train.py:88 in wait_here" in finding.message
+    assert present.report_text(run_data(series), now=now) == [
+        "  status: stalled 400 s in step 4 — at train.py:88 in wait_here"
+    ]
+    row = _body_is_strict_json(run_data(series), now)["workers"][0]
+    assert row["stack"][1]["function"] == "wait_here"
+    assert present.event_summary(json.loads(stacks[1].item())) == (
+        "stacks written (stall at step 4): thread `trainer` at train.py:88 in wait_here"
+    )
+    # Older runs: no mark, no start "thread": the main thread.
+    older = json.loads(stacks_event(T0 + 320, T0 + 10, 4)[1].item())
+    assert present.event_summary(older) == (
+        "stacks written (stall at step 4): main thread at train.py:88 in wait_here"
+    )
 
 
 def test_a_run_that_ended_cleanly_is_never_stalled():

@@ -118,8 +118,8 @@ export const SECTIONS = [
     title: 'Status',
     description: (ctx) =>
       ctx.run.workers.length
-        ? "How the job is going or how it ended, worker by worker, from their heartbeats. A stalled or crashed worker shows its main thread's stack and its exception; the root cause is the job's first observed failure."
-        : "How the run is going or how it ended, from its heartbeats. A stalled or crashed run shows its main thread's stack and its exception.",
+        ? "How the job is going or how it ended, worker by worker, from their heartbeats. A stalled or crashed worker shows its training thread's stack and its exception; the root cause is the job's first observed failure."
+        : "How the run is going or how it ended, from its heartbeats. A stalled or crashed run shows its training thread's stack and its exception.",
     show: (ctx) => ctx.data.status?.state != null,
     live: true,
     view: (body, ctx) => createStatusPanel(body, { status: ctx.data.status, multiWorker: ctx.run.workers.length > 0 }),

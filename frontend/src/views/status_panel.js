@@ -93,7 +93,7 @@ function exceptionBlock(e) {
   ]);
 }
 
-/** A worker's exception and its main thread's stack, when it has either. */
+/** A worker's exception and its training thread's stack, when it has either. */
 function workerDetail(w, multiWorker) {
   if (!w.exception && !w.stack?.length) return null;
   return h('div', { class: 'worker-detail', dataset: { worker: w.name } }, [

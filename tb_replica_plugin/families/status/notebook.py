@@ -17,11 +17,15 @@ open stretches the cell concerns:
   training's).
 
 Each ends with `how` "cell" (`record.CELL`); the probe's next recorded step begins a new stretch
-(`Recorder._resume_after_cell`). Keras `fit` ends its own stretches.
+(`Recorder._resume_after_cell`). Keras `fit` ends its own stretches. A stretch that began in a
+thread other than the main one (a loop or `fit` run in the background while cells run) is not
+the cells': its thread's exception ends it (`Recorder.thread_died`), and the first cell run after
+its thread returned ends it "finished".
 """
 
 import contextlib
 import sys
+import threading
 
 from tb_replica_plugin.families.status import record
 
@@ -61,6 +65,13 @@ def cell_ran(result):
     in_training = error is not None and raised_in_training(error)
     interrupted = isinstance(error, KeyboardInterrupt)
     for recorder in record.LIVE.recorders(ended_by_cell=True):
+        thread = recorder.training_thread
+        if thread is not None and thread is not threading.main_thread():
+            # Trained in a thread of its own: not the cell's. That thread's exception ends its
+            # stretch (`thread_died`); once the thread has returned, the next cell ends it.
+            if not thread.is_alive() and recorder.is_open:
+                record._quietly(recorder.probe.end_run, record.CELL, wait=record.HOOK_WAIT_SECS)
+            continue
         try:
             moved = moved_during_cell(recorder)
         except Exception:  # noqa: BLE001 - a probe that cannot say (disabled, closed)

@@ -59,7 +59,7 @@ def _worker_row(member, run):
         "last_heartbeat": _number(heartbeat["wall"]) if heartbeat else None,
         "age_s": _number(member.age_s),
         "stalled_for_s": _number(states.stalled_for(heartbeat)) if heartbeat and ongoing else None,
-        "stack": states.main_thread_frames(series.stacks) if series is not None else None,
+        "stack": states.training_thread_frames(series.stacks) if series is not None else None,
         "exception": _exception_json((end or {}).get("exception")),
     }
 
@@ -99,8 +99,10 @@ def event_summary(event):
     if kind == schema.EVENT_EXCEPTION:
         exception = event.get("exception") or {}
         return f"thread `{event.get('thread')}` died: {states.exception_class(exception)}"
-    frame = attribution.user_frame(states.main_thread_frames(event) or [])
-    where = f": main thread at {states.frame_place(frame, short=True)}" if frame else ""
+    thread = states.training_thread(event) or {}
+    frame = attribution.user_frame(thread.get("frames") or [])
+    label = "main thread" if thread.get("main") else f"thread `{thread.get('name')}`"
+    where = f": {label} at {states.frame_place(frame, short=True)}" if frame else ""
     return f"stacks written ({event.get('reason')}{at_step}){where}"
 
 

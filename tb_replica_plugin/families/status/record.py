@@ -3,16 +3,18 @@
 Nothing here runs in the training step. The probe calls the recorder on the host:
 
 - `begun(how)`: a stretch of training begins (the probe's first record, each `fit`): a start
-  event (who, where, which replicas) and the heartbeat's clocks reset;
+  event (who, where, which replicas) and the heartbeat's clocks reset; the thread it begins in
+  is the *training thread* (the main one, or the thread a loop or `fit` runs in);
 - `before_flush(now)`: in the probe's background flush thread, every `flush_secs`: a heartbeat
-  (the last step recorded, whether the main thread is inside a TensorFlow function call, when it
-  last made progress) and, once per stall, every thread's Python stack;
+  (the last step recorded, whether the training thread is inside a TensorFlow function call,
+  when it last made progress) and, once per stall, every thread's Python stack;
 - `ended(ending)`: the stretch ended (`fit` returned or raised, `close`, a `with` block, an
   uncaught exception, interpreter exit): an end event with the exception, its Python frames and
   the replicas, devices and workers TensorFlow's message names.
 
 Uncaught exceptions reach the recorders through chained `sys.excepthook` and
-`threading.excepthook`; interpreter exit through `atexit`; `SIGUSR1` (where the platform has it
+`threading.excepthook` (the training thread's ends its stretch; another thread's is an event and
+the run goes on); interpreter exit through `atexit`; `SIGUSR1` (where the platform has it
 and nothing else handles it) asks for the stacks at once: `faulthandler` wakes a small thread
 through a pipe even while the main thread is blocked inside TensorFlow, where a Python signal
 handler would never run. Everything is written through the probe's own writer, so it reaches
@@ -47,8 +49,12 @@ HOOK_WAIT_SECS = 10.0
 # The signal that asks for the stacks (`SIGUSR1`) once a probe installed it, else None.
 STACKS_SIGNAL = None
 # The innermost Python frame of a thread running a TensorFlow function (a step, or a wait at its
-# all-reduce): what tells that the main thread is "inside a step".
+# all-reduce): what tells that the training thread is "inside a step".
 _FUNCTION_CALL = ("execute.py", "quick_execute")
+# MirroredStrategy's replica threads (`strategy.run` runs each replica's function in one), and the
+# frame of the thread that called `strategy.run` while they run.
+_REPLICA_THREAD = "_MirroredReplicaThread"
+_RUN_FOR_REPLICAS = ("mirrored_run.py", "_call_for_each_replica")
 
 
 def check_stall_secs(stall_secs):
@@ -78,6 +84,10 @@ class Recorder(RecorderBase):
         # `(step,)` where a notebook cell ended the last stretch (`notebook.py`): a step recorded
         # after it begins a new one (the loop run again in another cell); None otherwise.
         self._ended_by_cell = None
+        # The thread that began the stretch (`begin_run`: a custom loop's first trace, `fit`'s
+        # `on_train_begin`): the heartbeat watches it, its death by an exception ends the
+        # stretch, and notebook cells leave a stretch trained in a thread of its own alone.
+        self._thread = None
         self._clock = _StepClock()
         self._last_written = {}  # tag -> last wall-clock step written (strictly increasing)
         self._stacks_requested = False
@@ -85,10 +95,23 @@ class Recorder(RecorderBase):
 
     # ------------------------------------------------------------------ probe hooks
 
+    @property
+    def training_thread(self):
+        """The thread that began the last stretch (None before any)."""
+        return self._thread
+
+    @property
+    def is_open(self):
+        """Whether a stretch has begun and not ended."""
+        return self._open
+
     def begun(self, how):
+        self._begin(how, _training_thread())
+
+    def _begin(self, how, thread):
         if self._open:
             return
-        self._open, self._how, self._ended_by_cell = True, how, None
+        self._open, self._how, self._ended_by_cell, self._thread = True, how, None, thread
         LIVE.add(self)
         now = time.time()
         self._clock = _StepClock(now)
@@ -105,6 +128,7 @@ class Recorder(RecorderBase):
             worker=static.get("worker"),
             heartbeat_secs=float(self.probe.flush_secs) if self.heartbeat else None,
             stall_secs=float(self.stall_secs) if self.heartbeat else None,
+            thread=None if self._thread is threading.main_thread() else self._thread.name,
         )
         self._beat(now)  # a run killed before its first background flush has one too
 
@@ -156,13 +180,18 @@ class Recorder(RecorderBase):
             return
         step = self.probe.recorded_step()
         if step is not None and step != self._ended_by_cell[0]:
-            self.begun(self._how or "custom_loop")
+            self._begin(self._how or "custom_loop", self._thread)
 
     # ------------------------------------------------------------------ events
 
     def thread_died(self, args):
-        """Writes an "exception" event: thread `args.thread` died of `args.exc_value`."""
+        """Thread `args.thread` died of `args.exc_value`: the stretch's training thread ends it
+        (crashed, as an uncaught exception of the main thread does); another thread's death is
+        an "exception" event (the run goes on)."""
         if not self._open:
+            return
+        if args.thread is self._thread:
+            self.probe.end_run("exception", args.exc_value, wait=HOOK_WAIT_SECS)
             return
         now = time.time()
         thread = getattr(args.thread, "name", None) or "unknown"
@@ -172,6 +201,7 @@ class Recorder(RecorderBase):
     def write_stacks(self, now, reason, step):
         """Writes a "stacks" event: every thread's Python stack, outermost frame first."""
         main = threading.main_thread().ident
+        training = (self._thread or threading.main_thread()).ident
         names = {t.ident: t for t in threading.enumerate()}
         threads = []
         for ident, frame in sys._current_frames().items():  # noqa: SLF001 - as faulthandler
@@ -181,6 +211,7 @@ class Recorder(RecorderBase):
                     "name": thread.name if thread is not None else f"thread {ident}",
                     "ident": ident,
                     "main": ident == main,
+                    "training": ident == training,
                     "daemon": bool(thread.daemon) if thread is not None else None,
                     "frames": attribution.frames_from_stack(frame),
                 }
@@ -206,9 +237,9 @@ class Recorder(RecorderBase):
         """Writes a heartbeat (when on); returns the step it recorded."""
         step = self.probe.recorded_step()
         if self.heartbeat:
-            main = _main_frame()
-            self._clock.tick(now, step, _frame_key(main))
-            values = self._clock.heartbeat(now, step, _in_function_call(main), self.probe)
+            frame = _frame_of(self._thread)
+            self._clock.tick(now, step, _frame_key(frame))
+            values = self._clock.heartbeat(now, step, _in_function_call(frame), self.probe)
             self._write(schema.TAG_HEARTBEAT, schema.KIND_HEARTBEAT, now, values)
         return step
 
@@ -240,7 +271,7 @@ class Recorder(RecorderBase):
 
 
 class _StepClock:
-    """When the main thread last made progress: a new step, or another innermost frame."""
+    """When training last made progress: a new step, or another innermost frame of its thread."""
 
     def __init__(self, now=None):
         now = time.time() if now is None else now
@@ -277,8 +308,33 @@ class _StepClock:
         return values
 
 
-def _main_frame():
-    return sys._current_frames().get(threading.main_thread().ident)  # noqa: SLF001
+def _training_thread():
+    """The thread training runs in: this one, or, in a MirroredStrategy replica thread (where
+    `strategy.run` traces each replica's function, and the probe's first record may begin the
+    stretch), the thread waiting in `strategy.run` for it (the main thread when none is found)."""
+    current = threading.current_thread()
+    if type(current).__name__ != _REPLICA_THREAD:
+        return current
+    threads = {t.ident: t for t in threading.enumerate() if type(t).__name__ != _REPLICA_THREAD}
+    for ident, frame in sys._current_frames().items():  # noqa: SLF001 - as faulthandler
+        if ident not in threads:
+            continue
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name == _RUN_FOR_REPLICAS[1] and code.co_filename.endswith(
+                _RUN_FOR_REPLICAS[0]
+            ):
+                return threads[ident]
+            frame = frame.f_back
+    return threading.main_thread()
+
+
+def _frame_of(thread):
+    """The innermost frame of `thread` (None: the main thread), or None once it has ended."""
+    thread = thread or threading.main_thread()
+    if not thread.is_alive():
+        return None  # (its ident may be another thread's now)
+    return sys._current_frames().get(thread.ident)  # noqa: SLF001
 
 
 def _frame_key(frame):

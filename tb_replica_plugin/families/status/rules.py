@@ -9,7 +9,8 @@
 - `stopped_without_end` (error): heartbeats stopped (older than `Thresholds.silent_seconds`, or
   three heartbeat intervals) with no end record: killed or lost. In a job also a worker another
   worker's exception lists among the tasks that "stopped sending heartbeats".
-- `thread_crashed` (warning): a thread other than the main one died of an exception.
+- `thread_crashed` (warning): a thread other than the main and training ones died of an
+  exception.
 
 In a job the earliest of the crashes, stalls and losses across workers is the root cause
 ("first observed failure", as torchelastic): its finding has `cause="root_cause"` and a message
@@ -46,6 +47,7 @@ from tb_replica_plugin.families.status.states import (
     stalled_for,
     step_name,
     step_of,
+    thread_label,
 )
 
 # `rules.run_state` and `rules.members` are the family's interface (they live in `states`).
@@ -86,7 +88,7 @@ FINDING_KINDS = {
     "thread_crashed": {
         "severity": "warning",
         "thresholds": (),
-        "summary": "A thread other than the main one died of an exception; training went on.",
+        "summary": "A thread other than the training one died of an exception; training went on.",
     },
 }
 
@@ -217,14 +219,15 @@ def _single_stall(run, member, thresholds):
     seconds = stalled_for(heartbeat)
     step = step_of(member)
     frame = stall_frame(member)
+    thread = thread_label(member.series)
     if heartbeat["in_step"]:
         what = (
-            f"the main thread has been inside {step_name(step)} (a TensorFlow call) all along: a "
+            f"the {thread} has been inside {step_name(step)} (a TensorFlow call) all along: a "
             "collective waiting for a peer that never joins, an input pipeline that never "
             "yields, or an op that never returns"
         )
     else:
-        what = "the main thread is in Python, outside any step"
+        what = f"the {thread} is in Python, outside any step"
     where = f", at {frame_place(frame)}" if frame else ""
     look = f"Look at {frame_place(frame)}" if frame else "Look at its stack in the status view"
     message = (
@@ -258,7 +261,8 @@ def _behind_text(member, step):
     if member.state not in (RUNNING, STALLED):
         return text + f": it ended ({member.state})"
     frame = stall_frame(member)
-    return text + (f", its main thread at {frame_place(frame)}" if frame else "")
+    where = f", its {thread_label(member.series)} at {frame_place(frame)}" if frame else ""
+    return text + where
 
 
 def _stall_advice(step, cause, behind):
@@ -327,7 +331,7 @@ def _stall_parts(roles):
     parts.extend(_behind_text(m, roles.step) for m in roles.behind)
     for member in roles.idle:
         frame = stall_frame(member)
-        where = f", its main thread at {frame_place(frame)}" if frame else ""
+        where = f", its {thread_label(member.series)} at {frame_place(frame)}" if frame else ""
         parts.append(f"{member.label} is outside {step_name(roles.step)}{where}")
     return parts
 

@@ -2,8 +2,8 @@
 
 Recorded on the host, never inside the training step: a daemon thread of the probe writes a
 heartbeat at every background flush, and the probe writes an event when it starts, when the run
-ends (cleanly, by an exception or stopped by `halt_on`), when a thread other than the main one
-raises, and when it dumps the Python stacks (a stall, or `SIGUSR1`).
+ends (cleanly, by an exception or stopped by `halt_on`), when a thread other than the main and
+training ones raises, and when it dumps the Python stacks (a stall, or `SIGUSR1`).
 
 Both tags are written at *wall-clock steps*: the TensorBoard step of a status summary is the
 wall time in milliseconds since the epoch (strictly increasing per tag and process), not a
@@ -28,9 +28,9 @@ TAGS = {TAG_HEARTBEAT: KIND_HEARTBEAT, TAG_EVENT: KIND_EVENT}
 HB_WALL = 0  # wall time of this heartbeat (seconds since the epoch)
 HB_STEP = 1  # the last training step any family recorded (in-graph counters), -1 before any
 HB_STEP_WALL = 2  # wall time when HB_STEP last changed (the probe's start before any step)
-HB_ACTIVE_WALL = 3  # wall time of the main thread's last sign of progress: a new step, or another
-#                     innermost Python frame than at the previous heartbeat
-HB_IN_STEP = 4  # 1 when the main thread is inside a TensorFlow function call (a step), else 0
+HB_ACTIVE_WALL = 3  # wall time of training's last sign of progress: a new step, or another
+#                     innermost Python frame of the training thread than at the previous heartbeat
+HB_IN_STEP = 4  # 1 when the training thread is inside a TensorFlow function call (a step), else 0
 HB_COMPLETED = 5  # the last step the host saw return (Keras `fit`); -1 where unknown (custom loops)
 HB_INTERVAL = 6  # seconds between heartbeats (the probe's `flush_secs`)
 HB_PID = 7  # the process id
@@ -38,16 +38,19 @@ HEARTBEAT_FIELDS = 8
 
 # Event types (the "type" of a TAG_EVENT JSON object):
 # - "start": {"wall_time", "pid", "host", "source", "replicas", "devices", "worker" (the probe's
-#   `worker` dict, or null), "heartbeat_secs", "stall_secs"} when the probe starts recording.
+#   `worker` dict, or null), "heartbeat_secs", "stall_secs", "thread" (the training thread's
+#   name when the stretch began in a thread other than the main one, else null or absent)} when
+#   a stretch of training begins (the training thread: the one it began in).
 # - "end": {"wall_time", "state" (one of END_STATES), "how" (what ended it: "fit", "close",
 #   "context", "exit", "exception", "cell", "halt"), "step" (the last training step, or null),
 #   "exception" (an EXCEPTION object, or null), "findings" (for "halted": the findings that stopped
 #   training, as `Finding.to_json()`; else [])}.
-# - "exception": {"wall_time", "thread", "exception": EXCEPTION}: a thread other than the main one
-#   died of an uncaught exception (the run goes on).
+# - "exception": {"wall_time", "thread", "exception": EXCEPTION}: a thread other than the main
+#   and training ones died of an uncaught exception (the run goes on; the training thread's
+#   uncaught exception ends the stretch: an "end" event with how "exception").
 # - "stacks": {"wall_time", "reason" ("stall" or "signal"), "step", "active_wall" (HB_ACTIVE_WALL
-#   then), "threads": [{"name", "ident", "main", "daemon", "frames": [FRAME, ...] (outermost
-#   first)}]}: every thread's Python stack.
+#   then), "threads": [{"name", "ident", "main", "training" (absent in older runs: the main
+#   one), "daemon", "frames": [FRAME, ...] (outermost first)}]}: every thread's Python stack.
 # EXCEPTION: {"class", "module", "message" (at most MESSAGE_CHARS characters), "frames":
 #   [FRAME, ...] (the traceback, outermost first), "defined_at": [FRAME, ...] (TensorFlow's
 #   "defined at" frames of the failing op, outermost first), "node" (the failing op's node name,

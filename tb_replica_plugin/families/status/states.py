@@ -270,16 +270,32 @@ def named_workers(tasks, everyone, exclude=None):
     return names
 
 
-def main_thread_frames(stacks):
-    """The frames of the main thread in a "stacks" event (outermost first), or None."""
-    for thread in (stacks or {}).get("threads") or []:
-        if thread.get("main"):
-            return thread.get("frames") or []
+def training_thread(stacks):
+    """The training thread of a "stacks" event (the one marked "training"; in events written
+    before that mark, the main thread), or None."""
+    threads = (stacks or {}).get("threads") or []
+    for mark in ("training", "main"):
+        for thread in threads:
+            if thread.get(mark):
+                return thread
     return None
 
 
+def training_thread_frames(stacks):
+    """The frames of the training thread in a "stacks" event (outermost first), or None."""
+    thread = training_thread(stacks)
+    return None if thread is None else thread.get("frames") or []
+
+
+def thread_label(series):
+    """How messages name a run's training thread: "main thread", or "thread `name`" when its
+    stretch began in another thread (the start event's "thread")."""
+    name = ((series.start if series is not None else None) or {}).get("thread")
+    return f"thread `{name}`" if name else "main thread"
+
+
 def stall_frame(member):
-    """The top user frame (else the innermost frame) of a member's main thread in its latest
+    """The top user frame (else the innermost frame) of a member's training thread in its latest
     "stacks" event of the current stall (same last sign of progress), or None."""
     series, heartbeat = member.series, member.heartbeat
     stacks = series.stacks if series is not None else None
@@ -288,5 +304,5 @@ def stall_frame(member):
     active = stacks.get("active_wall")
     if isinstance(active, int | float) and abs(active - heartbeat["active_wall"]) > 1.0:
         return None  # the stacks of an earlier stall
-    frames = main_thread_frames(stacks) or []
+    frames = training_thread_frames(stacks) or []
     return attribution.user_frame(frames) or (frames[-1] if frames else None)
