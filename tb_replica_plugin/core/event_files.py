@@ -12,8 +12,10 @@ It answers as `MultiplexerDataProvider` does for what the reader asks (`list_ten
 to the log dir (`.` for the log dir itself); a tag belongs to the plugin whose metadata came with
 its first value; samples keep their order of writing (files by name, then records); `downsample`
 keeps the last sample and a seeded random choice of the others (TensorBoard's own function).
-Records are read by TensorBoard's event file reader (TensorFlow's once it is imported; a
-truncated last record is left for later, as TensorBoard does). No TensorFlow import.
+A local file's new records are framed from their lengths and decoded in bulk where a writer's
+records are alike (`bulk_records`: 2.3 µs per value against 5.3 one by one); other paths
+(`gs://`, `ram://`) are read by TensorBoard's event file reader (TensorFlow's once it is
+imported). A truncated last record is left for later, as TensorBoard does. No TensorFlow import.
 """
 
 import contextlib
@@ -23,6 +25,8 @@ import os
 
 import numpy as np
 from tensorboard.data import provider
+
+from tb_replica_plugin.core import bulk_records
 
 __all__ = ["EventFilesProvider", "RunTail", "TailRead", "event_file_names", "gc_paused"]
 
@@ -225,6 +229,45 @@ def _layout(tensor):
     return layout
 
 
+def _records_of(data, starts, lengths):
+    """The serialized records of `data` framed at `starts` and `lengths`."""
+    for start, length in zip(starts.tolist(), lengths.tolist(), strict=True):
+        yield data[start : start + length]
+
+
+def tensor_to_numpy_view(tensor):
+    """`tensor_to_numpy`, read-only over the proto's bytes where they hold the values."""
+    content = tensor.tensor_content
+    if not content:
+        return tensor_to_numpy(tensor)
+    dtype, shape = _layout(tensor)
+    return np.frombuffer(content, dtype).reshape(shape)
+
+
+def _in_record_order(parts):
+    """`[(step, value)]` of `[(record numbers, steps, values)]` parts, by record number."""
+    if len(parts) == 1:
+        numbers, steps, values = parts[0]
+        return list(zip(_as_list(steps), _each(values), strict=True))
+    numbers = np.concatenate([np.asarray(p[0], np.int64) for p in parts])
+    steps = [s for p in parts for s in _as_list(p[1])]
+    values = [v for p in parts for v in _each(p[2])]
+    return [(steps[i], values[i]) for i in np.argsort(numbers, kind="stable").tolist()]
+
+
+def _as_list(steps):
+    return steps.tolist() if isinstance(steps, np.ndarray) else steps
+
+
+def _each(values):
+    """The values of a part, one array each: rows of a bulk part (0-d arrays for scalars)."""
+    if not isinstance(values, np.ndarray):
+        return values
+    if values.ndim > 1:
+        return list(values)
+    return [values[i : i + 1].reshape(()) for i in range(len(values))]
+
+
 def _shape(tensor_shape):
     """The dimensions of a `TensorShapeProto`, kept per serialized shape (a log dir has a few
     distinct shapes, read millions of times; walking the dimensions costs 3 times as much)."""
@@ -237,6 +280,11 @@ def _shape(tensor_shape):
     return shape
 
 
+# Bytes of a local event file read at once (`_Records.new_bytes`).
+CHUNK_BYTES = 64 << 20
+# Fewer new records than this (a tail of a few steps) are parsed one by one: decoding in bulk
+# costs a few numpy calls per tag and length (0.6 against 0.4 ms per worker file for 10 steps).
+BULK_RECORDS = 256
 # DataType enum value -> numpy dtype, filled on first use.
 _NUMPY_DTYPES = {}
 # Serialized TensorShapeProto -> dimensions (`_shape`), at most `_KEPT_SHAPES`.
@@ -293,10 +341,11 @@ class TailRead:
 
 
 class _Records:
-    """The records of one event file from where the last `new` stopped.
+    """The records of one event file from where the last read stopped.
 
-    With TensorFlow, its `RandomRecordReader` reads from a kept offset and is closed after each
-    look (TensorBoard's loader keeps a reader open, whose buffer holds as much as the file up to
+    A local file is read with `open` from the kept offset (`new_bytes`, up to `CHUNK_BYTES` at
+    a time). Another path: with TensorFlow, its `RandomRecordReader` reads from a kept offset
+    and is closed after each look (TensorBoard's loader keeps a reader open, whose buffer holds as much as the file up to
     16 MB: 1.7 GB for the 256 files of a job); a truncated or corrupt record stops the look and
     is read again at the next one, as TensorBoard's loader does. Without TensorFlow, TensorBoard's
     loader is kept (its reader holds a file and a partial record only).
@@ -305,8 +354,24 @@ class _Records:
     def __init__(self, path):
         self.path = path
         self.offset = 0
+        self.local = "://" not in path  # read by `new_bytes` (`bulk_records`)
+        self.templates = {}  # `bulk_records.bulk_groups`' templates of this file, by length
         self._loader = None
-        self._random = _random_reader()
+        self._random = None if self.local else _random_reader()
+
+    def new_bytes(self):
+        """A local file's whole records from the offset on: `(data, starts, lengths)`
+        (`bulk_records.frame`), about `CHUNK_BYTES` at most, one record at least; the caller
+        moves `offset` past what it read."""
+        limit = CHUNK_BYTES
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read(limit)
+            size = bulk_records.record_size(data)
+            if size is not None and size > len(data) == limit:
+                data += handle.read(size - len(data))  # one record larger than `limit`
+        starts, lengths, _ = bulk_records.frame(data)
+        return data, starts, lengths
 
     def new(self):
         """Yields the serialized records appended since the last call."""
@@ -412,17 +477,28 @@ class RunTail:
 
     def _read_records(self, records, found):
         """Adds to `found` (`{tag: [(step, numpy value)]}`) the tensor values of the tags that are
-        (or may be) ours among one file's new records; returns how many values were read.
+        (or may be) ours among one file's new records; returns how many values were read."""
+        if records.local:
+            return self._read_local(records, found)
+        return self._read_each(records.new(), found)[1]
 
-        One loop over millions of values, the per-value work inlined: the tag looked up once
-        (`_note_tag` for a tag's first value or metadata), a tensor serialized as bytes read as a
-        read-only array over them with its layout kept per dtype and serialized shape.
+    def _read_each(self, records, found):
+        """`_read_records` over serialized records one by one; returns `(records parsed, values
+        read)`, stopping before the first record that does not parse.
+
+        The per-value work inlined: the tag looked up once (`_note_tag` for a tag's first value
+        or metadata), a tensor serialized as bytes read as a read-only array over them with its
+        layout kept per dtype and serialized shape.
         """
         from tensorboard.compat.proto import event_pb2
 
-        parse, tags, values = event_pb2.Event.FromString, self._tags, 0
-        for record in records.new():
-            event = parse(record)
+        parse, tags, values, parsed = event_pb2.Event.FromString, self._tags, 0, 0
+        for record in records:
+            try:
+                event = parse(record)
+            except Exception:  # noqa: BLE001 - protobuf's DecodeError: corrupt, or not whole
+                return parsed, values
+            parsed += 1
             for value in event.summary.value:
                 values += 1
                 tag = tags.get(value.tag)
@@ -442,7 +518,89 @@ class RunTail:
                     found[value.tag] = [(event.step, array)]
                 else:
                     series.append((event.step, array))
-        return values
+        return parsed, values
+
+    def _read_local(self, records, found):
+        """`_read_records` of a local file: its new records framed and decoded in bulk where
+        they are alike (`bulk_records`), the others parsed one by one; a record that does not
+        parse ends the read there (read again at the next one)."""
+        values = 0
+        while True:
+            data, starts, lengths = records.new_bytes()
+            if not starts.size:
+                return values
+            parsed, count = self._decode(data, starts, lengths, found, records.templates)
+            values += count
+            records.offset += (
+                int(starts[parsed] - bulk_records.HEADER)
+                if parsed < len(starts)
+                else int(starts[-1] + lengths[-1] + bulk_records.FOOTER)
+            )
+            if parsed < len(starts):
+                return values
+
+    def _decode(self, data, starts, lengths, found, templates):
+        """Adds the plugin's values of framed records to `found` (as `_read_records`); returns
+        `(records parsed, values read)`: all of them, or those before the first that does not
+        parse. `templates`: the file's (`bulk_records.bulk_groups`' `known`)."""
+        if len(starts) < BULK_RECORDS:
+            return self._read_each(_records_of(data, starts, lengths), found)
+        from tensorboard.compat.proto import event_pb2
+
+        parse = event_pb2.Event.FromString
+        groups, rest = bulk_records.bulk_groups(data, starts, lengths, _layout, parse, templates)
+        items, noted, parsed, values = {}, {}, len(starts), 0
+        for number in rest.tolist():
+            try:
+                event = parse(data[starts[number] : starts[number] + lengths[number]])
+            except Exception:  # noqa: BLE001 - protobuf's DecodeError: corrupt, or not whole
+                parsed = number
+                break
+            values += self._add_event(event, number, items, noted)
+        for template, numbers, rows in sorted(groups, key=lambda group: group[1][0]):
+            keep = numbers < parsed
+            numbers, rows = numbers[keep], rows[keep]
+            if not numbers.size:
+                continue
+            if noted.get(template.tag, -1) > numbers[0]:
+                # A value of its tag parsed one by one noted the tag after these: every record
+                # one by one, in order.
+                return self._read_each(_records_of(data, starts, lengths), found)
+            tag = self._note_template(template, rows[:1])
+            values += len(numbers)
+            if tag.maybe_ours:
+                part = (numbers, template.steps(rows), template.values(rows))
+                items.setdefault(template.tag, []).append(part)
+        for name, parts in items.items():
+            found.setdefault(name, []).extend(_in_record_order(parts))
+        return parsed, values
+
+    def _add_event(self, event, number, items, noted):
+        """Adds the plugin's values of one parsed record (number `number`) to `items`
+        (`{tag: [(numbers, steps, values)]}`); returns how many values it holds."""
+        for value in event.summary.value:
+            tag = self._tags.get(value.tag)
+            if tag is None or (tag.metadata is None and value.HasField("metadata")):
+                noted.setdefault(value.tag, number)
+                tag = self._note_tag(event, value)
+            if not tag.maybe_ours or not value.HasField("tensor"):
+                continue
+            array = tensor_to_numpy_view(value.tensor)
+            items.setdefault(value.tag, []).append(([number], [event.step], [array]))
+        return len(event.summary.value)
+
+    def _note_template(self, template, first_row):
+        """`_note_tag` for the values of a bulk template (groups taken in record order)."""
+        tag = self._tags.get(template.tag)
+        if tag is None:
+            step = int(template.steps(first_row)[0])
+            tag = self._tags[template.tag] = _Tag(template.metadata, step, template.wall_time)
+        elif tag.metadata is None and template.metadata is not None:
+            tag.metadata = template.metadata
+        else:
+            return tag
+        tag.maybe_ours = self._names_us(tag.metadata)
+        return tag
 
     def _note_tag(self, event, value):
         """The `_Tag` of a value whose tag is new, or had no metadata until this value."""
