@@ -210,3 +210,17 @@ def test_a_record_whose_step_bytes_are_not_one_varint_is_not_the_template_s():
     rows[1, 10] = 0x05  # a one-byte varint, the next byte no longer the step's
     assert found.matches(rows).tolist() == [True, False]
     assert found.steps(rows[:1]).tolist() == [300]
+
+
+def test_a_tag_noted_by_a_record_parsed_alone_after_its_bulk_records_reads_one_by_one(tmp_path):
+    """ "ours/late" first comes without metadata (alike records, decoded in bulk), its metadata
+    in an event of two values (parsed alone) after them: the whole read falls back to one by
+    one from the tags as they were before it, and reads as the reference."""
+    events = [(["ours/late"], 1, 1.5, 1)]
+    events += [(["ours/late", "ours/a"], 2, 1.5, 2)]
+    events += [(["ours/late"], step, 1.5, step) for step in range(3, 12)]
+    data = _file_bytes(events)
+    wanted, values = _reference(data)
+    got, read = _read(str(tmp_path / "events.out.tfevents.1.h"), data, [])
+    _same(got, wanted)
+    assert read == values and len(got["ours/late"]) == 11

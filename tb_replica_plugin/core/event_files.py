@@ -345,10 +345,11 @@ class _Records:
 
     A local file is read with `open` from the kept offset (`new_bytes`, up to `CHUNK_BYTES` at
     a time). Another path: with TensorFlow, its `RandomRecordReader` reads from a kept offset
-    and is closed after each look (TensorBoard's loader keeps a reader open, whose buffer holds as much as the file up to
-    16 MB: 1.7 GB for the 256 files of a job); a truncated or corrupt record stops the look and
-    is read again at the next one, as TensorBoard's loader does. Without TensorFlow, TensorBoard's
-    loader is kept (its reader holds a file and a partial record only).
+    and is closed after each look (TensorBoard's loader keeps a reader open, whose buffer holds
+    as much as the file up to 16 MB: 1.7 GB for the 256 files of a job); a truncated or corrupt
+    record stops the look and is read again at the next one, as TensorBoard's loader does.
+    Without TensorFlow, TensorBoard's loader is kept (its reader holds a file and a partial
+    record only).
     """
 
     def __init__(self, path):
@@ -549,6 +550,7 @@ class RunTail:
 
         parse = event_pb2.Event.FromString
         groups, rest = bulk_records.bulk_groups(data, starts, lengths, _layout, parse, templates)
+        noted_before = {name: dataclasses.replace(tag) for name, tag in self._tags.items()}
         items, noted, parsed, values = {}, {}, len(starts), 0
         for number in rest.tolist():
             try:
@@ -564,7 +566,8 @@ class RunTail:
                 continue
             if noted.get(template.tag, -1) > numbers[0]:
                 # A value of its tag parsed one by one noted the tag after these: every record
-                # one by one, in order.
+                # one by one, in order, from the tags as they were.
+                self._tags = noted_before
                 return self._read_each(_records_of(data, starts, lengths), found)
             tag = self._note_template(template, rows[:1])
             values += len(numbers)
