@@ -21,6 +21,8 @@ import itertools
 import os
 import threading
 
+import numpy as np
+
 from tb_replica_plugin import reader, registry
 from tb_replica_plugin.core import event_files
 from tb_replica_plugin.core.jobs import Irregular, worker_name
@@ -478,12 +480,13 @@ def worker_order(runs):
 
 
 def _context(samples):
-    """`{tag: [(step, value)]}`: each tag's samples at its last `CONTEXT_STEPS` distinct steps."""
+    """`{tag: [(step, value)]}`: each tag's samples at its last `CONTEXT_STEPS` distinct steps,
+    copied (a value read in bulk is a row of its tag's whole read: kept, the row would keep it)."""
     context = {}
     for tag, points in samples.items():
         steps = sorted({p[0] for p in points})[-CONTEXT_STEPS:]
         if steps:
-            context[tag] = [p for p in points if p[0] >= steps[0]]
+            context[tag] = [(s, np.array(v)) for s, v in points if s >= steps[0]]
     return context
 
 
