@@ -126,6 +126,15 @@ def alternate_fits(model, dataset, variants, *, rounds, epochs, steps_per_epoch,
     return wall, cpu
 
 
+def file_sizes(directory):
+    """`{path: bytes}` of every file under `directory`."""
+    return {
+        os.path.join(root, name): os.path.getsize(os.path.join(root, name))
+        for root, _, names in os.walk(directory)
+        for name in names
+    }
+
+
 def start_tensorboard(logdir, *flags, env=None):
     """`(process, url)`: this environment's `tensorboard` serving `logdir` on a free local port
     with `flags` (its output discarded; stop it with `terminate`).

@@ -330,14 +330,6 @@ def _child_env(keras_flavour):
     return env, dropped
 
 
-def _log_bytes(log_dir):
-    return sum(
-        os.path.getsize(os.path.join(root, name))
-        for root, _, names in os.walk(log_dir)
-        for name in names
-    )
-
-
 def _run_child(model, variant, sizes, args, env):
     """Runs one child; its figures plus `log_bytes` (its log dir, read after it exited)."""
     log_dir = tempfile.mkdtemp(prefix=f"tb_replica_fit_bench_{model}_{variant}_")
@@ -359,7 +351,8 @@ def _run_child(model, variant, sizes, args, env):
         if done.returncode != 0 or not lines:
             sys.stderr.write(done.stderr[-4000:])
             raise SystemExit(f"fit_overhead child {model}/{variant} failed ({done.returncode})")
-        return {**json.loads(lines[-1][len(CHILD_MARK) :]), "log_bytes": _log_bytes(log_dir)}
+        log_bytes = sum(common.file_sizes(log_dir).values())
+        return {**json.loads(lines[-1][len(CHILD_MARK) :]), "log_bytes": log_bytes}
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
 

@@ -544,16 +544,6 @@ def _parser():
     return parser
 
 
-def _logdir_mb(logdir):
-    """MB of every file under `logdir`."""
-    sizes = (
-        os.path.getsize(os.path.join(root, name))
-        for root, _, names in os.walk(logdir)
-        for name in names
-    )
-    return round(sum(sizes) / 2**20, 1)
-
-
 def main(argv=None):
     args = _parser().parse_args(argv)
 
@@ -571,7 +561,7 @@ def main(argv=None):
             "steps": args.steps,
             "write_worker0_s": round(write_s, 1),
             "copy_workers_s": round(copy_s, 1),
-            "logdir_mb": _logdir_mb(logdir),
+            "logdir_mb": round(sum(common.file_sizes(logdir).values()) / 2**20, 1),
         }
         known = {}  # the workers' last steps, parsed once (`live_job.append_steps`)
         with _appends_undone(job_dir):  # the job as written, for the next run's reuse
@@ -604,11 +594,7 @@ def _measure(args, logdir, known, result):
 def _appends_undone(job_dir):
     """Cuts every event file of `job_dir` back to its size on entry when the block ends: the
     steps the live phases appended are removed from a kept `--logdir`."""
-    sizes = {
-        os.path.join(root, name): os.path.getsize(os.path.join(root, name))
-        for root, _, names in os.walk(job_dir)
-        for name in names
-    }
+    sizes = common.file_sizes(job_dir)
     try:
         yield
     finally:

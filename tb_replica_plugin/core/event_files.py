@@ -507,13 +507,7 @@ class RunTail:
                     tag = self._note_tag(event, value)
                 if not tag.maybe_ours or not value.HasField("tensor"):
                     continue
-                tensor = value.tensor
-                content = tensor.tensor_content
-                if content:
-                    dtype, shape = _layout(tensor)
-                    array = np.frombuffer(content, dtype).reshape(shape)
-                else:
-                    array = tensor_to_numpy(tensor)
+                array = tensor_to_numpy_view(value.tensor)
                 series = found.get(value.tag)  # not setdefault: no list made per value read
                 if series is None:
                     found[value.tag] = [(event.step, array)]
@@ -593,26 +587,25 @@ class RunTail:
         return len(event.summary.value)
 
     def _note_template(self, template, first_row):
-        """`_note_tag` for the values of a bulk template (groups taken in record order)."""
-        tag = self._tags.get(template.tag)
-        if tag is None:
-            step = int(template.steps(first_row)[0])
-            tag = self._tags[template.tag] = _Tag(template.metadata, step, template.wall_time)
-        elif tag.metadata is None and template.metadata is not None:
-            tag.metadata = template.metadata
-        else:
-            return tag
-        tag.maybe_ours = self._names_us(tag.metadata)
-        return tag
+        """`_note` for the values of a bulk template (groups taken in record order)."""
+        step = int(template.steps(first_row)[0])
+        return self._note(template.tag, template.metadata, step, template.wall_time)
 
     def _note_tag(self, event, value):
-        """The `_Tag` of a value whose tag is new, or had no metadata until this value."""
-        tag = self._tags.get(value.tag)
+        """`_note` for a value parsed one by one."""
+        metadata = value.metadata if value.HasField("metadata") else None
+        return self._note(value.tag, metadata, event.step, event.wall_time)
+
+    def _note(self, name, metadata, step, wall_time):
+        """The `_Tag` of tag `name`, noted at its first value (`step`, `wall_time`) and given
+        the first `metadata` it comes with."""
+        tag = self._tags.get(name)
         if tag is None:
-            metadata = value.metadata if value.HasField("metadata") else None
-            tag = self._tags[value.tag] = _Tag(metadata, event.step, event.wall_time)
+            tag = self._tags[name] = _Tag(metadata, step, wall_time)
+        elif tag.metadata is None and metadata is not None:
+            tag.metadata = metadata
         else:
-            tag.metadata = value.metadata
+            return tag
         tag.maybe_ours = self._names_us(tag.metadata)
         return tag
 

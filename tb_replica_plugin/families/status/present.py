@@ -101,7 +101,7 @@ def event_summary(event):
         return f"thread `{event.get('thread')}` died: {states.exception_class(exception)}"
     thread = states.training_thread(event) or {}
     frame = attribution.user_frame(thread.get("frames") or [])
-    label = "main thread" if thread.get("main") else f"thread `{thread.get('name')}`"
+    label = states.thread_label(name=None if thread.get("main") else thread.get("name"))
     where = f": {label} at {states.frame_place(frame, short=True)}" if frame else ""
     return f"stacks written ({event.get('reason')}{at_step}){where}"
 

@@ -287,10 +287,11 @@ def training_thread_frames(stacks):
     return None if thread is None else thread.get("frames") or []
 
 
-def thread_label(series):
-    """How messages name a run's training thread: "main thread", or "thread `name`" when its
-    stretch began in another thread (the start event's "thread")."""
-    name = ((series.start if series is not None else None) or {}).get("thread")
+def thread_label(series=None, name=None):
+    """How messages name a training thread: "main thread", or "thread `name`" when a run's
+    stretch began in another one (`series`' start event's "thread", or `name` itself)."""
+    if series is not None:
+        name = (series.start or {}).get("thread")
     return f"thread `{name}`" if name else "main thread"
 
 
