@@ -45,7 +45,8 @@ def train_function_graph(metadata):
     """The function graph of Keras's train function: of those whose arguments include the
     iterator (tf.data's own functions too), the largest one that all-reduces (a
     `CollectiveReduceV2` in a partition), else the largest; when that one has no partitions,
-    the largest partitioned function of the metadata that all-reduces.
+    the largest partitioned function of the metadata that all-reduces, else the largest
+    partitioned one.
 
     Raises:
       RuntimeError: when no function takes an iterator (the train function was instantiated
@@ -76,8 +77,10 @@ def train_function_graph(metadata):
     if not chosen.partition_graphs:
         # A large step (MobileNetV2 with the callback) is recorded as two entries: the function
         # taking the iterator, without partitions, and its partitioned graph, without a
-        # pre-optimization graph: then the largest partitioned function that all-reduces.
-        partitioned = [function for function in metadata.function_graphs if reduces(function)]
+        # pre-optimization graph: then the largest partitioned function that all-reduces, else
+        # (MirroredStrategy on logical CPUs reduces without a collective) the largest one.
+        partitioned = [f for f in metadata.function_graphs if f.partition_graphs]
+        partitioned = [f for f in partitioned if reduces(f)] or partitioned
         chosen = max(partitioned, key=size) if partitioned else chosen
     return chosen
 
