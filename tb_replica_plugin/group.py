@@ -24,7 +24,7 @@ import threading
 import numpy as np
 
 from tb_replica_plugin import reader, registry
-from tb_replica_plugin.core import event_files
+from tb_replica_plugin.core import columns, event_files
 from tb_replica_plugin.core.jobs import Irregular, worker_name
 
 _UIDS = itertools.count(1)  # one per GroupState: its versions are unique across states
@@ -92,17 +92,16 @@ def read_member(run, tail_read, context=None, identity_from_live=True):
     schema_notes = []
     readable = reader.readable_tags(tail_read.contents, schema_notes)
     live, samples = {}, {tag: list(points) for tag, points in (context or {}).items()}
-    new = []
-    for tag, data in tail_read.samples.items():
+    new = []  # each tag's new steps
+    for tag, points in tail_read.samples.items():  # [(step, numpy value)] or a `Column`
         if tag not in readable:
             continue
-        points = data  # [(step, numpy value)]
         if reader.is_live_tag(tag):
             live.setdefault(tag, []).extend(points)
         else:
-            samples.setdefault(tag, []).extend(points)
-            new.extend(step for step, _ in points)
-    samples = {tag: sorted(points, key=lambda p: p[0]) for tag, points in samples.items()}
+            samples[tag] = columns.joined(samples[tag], points) if tag in samples else points
+            new.append(columns.steps_of(points))
+    samples = {tag: columns.by_step(points) for tag, points in samples.items()}
     notes = []
     data = reader.build_run(run, samples, notes, registry_names(live=False)) if samples else None
     identity = reader.worker_identity(data) if data is not None else None
@@ -120,8 +119,8 @@ def read_member(run, tail_read, context=None, identity_from_live=True):
         identity,
         schema_notes=schema_notes,
         unreadable=frozenset(tail_read.contents) - readable,
-        new=len(new),
-        first_new=min(new) if new else None,
+        new=sum(len(steps) for steps in new),
+        first_new=min(int(steps.min()) for steps in new) if new else None,
     )
 
 
@@ -321,8 +320,8 @@ class GroupState:
                 merger.add(member.slot, got.data, since)
             elif family.merge is not None:
                 _keep_classic(member, family, got, since)
-        steps = [p[0] for points in got.samples.values() for p in points]
-        member.last_step = max(steps) if steps else member.last_step
+        steps = [columns.steps_of(points) for points in got.samples.values() if len(points)]
+        member.last_step = max(int(s.max()) for s in steps) if steps else member.last_step
         member.context = _context(got.samples)
 
     def _expected_workers(self):
@@ -484,9 +483,11 @@ def _context(samples):
     copied (a value read in bulk is a row of its tag's whole read: kept, the row would keep it)."""
     context = {}
     for tag, points in samples.items():
-        steps = sorted({p[0] for p in points})[-CONTEXT_STEPS:]
-        if steps:
-            context[tag] = [(s, np.array(v)) for s, v in points if s >= steps[0]]
+        steps = columns.steps_of(points)
+        if steps.size:
+            first = np.unique(steps)[-CONTEXT_STEPS:][0]
+            kept = np.flatnonzero(steps >= first).tolist()
+            context[tag] = [(int(steps[i]), np.array(points[i][1])) for i in kept]
     return context
 
 

@@ -27,7 +27,7 @@ import threading
 import numpy as np
 from tensorboard.data import provider
 
-from tb_replica_plugin.core import bulk_records
+from tb_replica_plugin.core import bulk_records, columns
 
 __all__ = ["EventFilesProvider", "RunTail", "TailRead", "event_file_names", "gc_paused"]
 
@@ -246,14 +246,28 @@ def tensor_to_numpy_view(tensor):
 
 
 def _in_record_order(parts):
-    """`[(step, value)]` of `[(record numbers, steps, values)]` parts, by record number."""
-    if len(parts) == 1:
-        numbers, steps, values = parts[0]
-        return list(zip(_as_list(steps), _each(values), strict=True))
+    """`[(step, value)]` of `[(record numbers, steps, values)]` parts, by record number: a
+    `columns.Column` when every part is a bulk one of one dtype and value shape."""
     numbers = np.concatenate([np.asarray(p[0], np.int64) for p in parts])
+    order = np.argsort(numbers, kind="stable") if len(parts) > 1 else None
+    if all(isinstance(p[2], np.ndarray) for p in parts) and _one_layout(p[2] for p in parts):
+        steps = np.concatenate([p[1] for p in parts])
+        values = np.concatenate([p[2] for p in parts]) if order is not None else parts[0][2]
+        if order is not None:
+            steps, values = steps[order], values[order]
+            values.flags.writeable = False
+        return columns.Column(steps, values)
     steps = [s for p in parts for s in _as_list(p[1])]
     values = [v for p in parts for v in _each(p[2])]
-    return [(steps[i], values[i]) for i in np.argsort(numbers, kind="stable").tolist()]
+    if order is None:
+        return list(zip(steps, values, strict=True))
+    return [(steps[i], values[i]) for i in order.tolist()]
+
+
+def _one_layout(arrays):
+    """Whether `arrays` are all of one dtype and row shape."""
+    layouts = {(a.dtype, a.shape[1:]) for a in arrays}
+    return len(layouts) == 1
 
 
 def _as_list(steps):
@@ -325,9 +339,9 @@ class TailRead:
     """What one `RunTail.read` found.
 
     Attributes:
-      samples: `{tag: [(step, numpy value)]}` of the plugin's tensor tags appended since the
-        last read, in order of writing (files by name, then records); the values may be
-        read-only.
+      samples: `{tag: [(step, numpy value)]}` (a list, or a `columns.Column` of a bulk read) of
+        the plugin's tensor tags appended since the last read, in order of writing (files by
+        name, then records); the values may be read-only.
       contents: `{tag: plugin content bytes}` of every tag of the plugin seen so far (the schema
         version and kind of its metadata).
       files: how many event files had new summary values.
@@ -525,8 +539,10 @@ class RunTail:
                 series = found.get(value.tag)  # not setdefault: no list made per value read
                 if series is None:
                     found[value.tag] = [(event.step, array)]
-                else:
+                elif isinstance(series, list):
                     series.append((event.step, array))
+                else:  # a `Column` of an earlier chunk
+                    found[value.tag] = [*series, (event.step, array)]
         return parsed, values
 
     def _read_local(self, records, found):
@@ -583,7 +599,8 @@ class RunTail:
                 part = (numbers, template.steps(rows), template.values(rows))
                 items.setdefault(template.tag, []).append(part)
         for name, parts in items.items():
-            found.setdefault(name, []).extend(_in_record_order(parts))
+            points = _in_record_order(parts)
+            found[name] = columns.joined(found[name], points) if name in found else points
         return parsed, values
 
     def _add_event(self, event, number, items, noted):

@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from tb_replica_plugin.core import jobs
+from tb_replica_plugin.core import columns, jobs
 from tb_replica_plugin.families.examples import schema
 
 
@@ -78,30 +78,13 @@ def data_from_samples(run, samples, notes, replicas=None, first_step=None):
       first_step: the run's first step (from the inputs family), or None: the first window
         then starts `window_steps - 1` steps before its logged step.
     """
-    examples = dict(samples.get(schema.TAG_DATA_EXAMPLES, []))
-    overlap = dict(samples.get(schema.TAG_DATA_OVERLAP, []))
-    steps = sorted(set(examples) & set(overlap))
-    if not steps:
+    stacked = _stacked(samples, notes)
+    if stacked is None:
         return None
-    counts = collections.Counter(examples[s].shape[0] for s in steps)
-    num = counts.most_common(1)[0][0]
-    kept = [
-        s
-        for s in steps
-        if examples[s].ndim == 2
-        and examples[s].shape[0] == num
-        and examples[s].shape[1] >= 4
-        and overlap[s].shape == (3, num, num)
-    ]
-    if len(kept) < len(steps):
-        notes.append(f"data: {len(steps) - len(kept)} logged step(s) of another layout skipped.")
-    if not kept:
-        return None
-    ex = np.stack([examples[s] for s in kept]).astype(np.int64)
-    ov = np.stack([overlap[s] for s in kept]).astype(np.int64)
+    steps, ex, ov = stacked
+    num = ex.shape[1]
     if replicas is None or len(replicas) != num:
         replicas = list(range(num))
-    steps = np.array(kept, dtype=np.int64)
     window_steps = np.diagonal(ov[:, 2], axis1=1, axis2=2)[:, 0].copy()
     # Windows run from the step after the previous logged step; with sampling (examples_every
     # > 1) they hold more steps than they sampled.
@@ -126,6 +109,52 @@ def data_from_samples(run, samples, notes, replicas=None, first_step=None):
         notes=notes,
         window_start=start,
         sampled=sampled,
+    )
+
+
+def _stacked(samples, notes):
+    """`(steps, examples, overlap)` of the steps with both samples (the last of each at a step)
+    in the run's most common layout, int64; None without any (a note for steps skipped)."""
+    examples = samples.get(schema.TAG_DATA_EXAMPLES, [])
+    overlap = samples.get(schema.TAG_DATA_OVERLAP, [])
+    if isinstance(examples, columns.Column) and isinstance(overlap, columns.Column):
+        return _stacked_columns(examples, overlap, notes)
+    examples, overlap = dict(examples), dict(overlap)
+    steps = sorted(set(examples) & set(overlap))
+    if not steps:
+        return None
+    counts = collections.Counter(examples[s].shape[0] for s in steps)
+    num = counts.most_common(1)[0][0]
+    kept = [s for s in steps if _layout_ok(examples[s].shape, overlap[s].shape, num)]
+    if len(kept) < len(steps):
+        notes.append(f"data: {len(steps) - len(kept)} logged step(s) of another layout skipped.")
+    if not kept:
+        return None
+    ex = np.stack([examples[s] for s in kept]).astype(np.int64)
+    ov = np.stack([overlap[s] for s in kept]).astype(np.int64)
+    return np.array(kept, dtype=np.int64), ex, ov
+
+
+def _stacked_columns(examples, overlap, notes):
+    """`_stacked` of two `columns.Column`s (one layout each: every step kept, or none)."""
+    ex_steps, ex = columns.last_per_step(examples.steps, examples.values)
+    ov_steps, ov = columns.last_per_step(overlap.steps, overlap.values)
+    steps, at_ex, at_ov = np.intersect1d(ex_steps, ov_steps, return_indices=True)
+    if not steps.size:
+        return None
+    if not _layout_ok(ex.shape[1:], ov.shape[1:], ex.shape[1] if ex.ndim > 1 else None):
+        notes.append(f"data: {steps.size} logged step(s) of another layout skipped.")
+        return None
+    return steps, ex[at_ex].astype(np.int64), ov[at_ov].astype(np.int64)
+
+
+def _layout_ok(examples_shape, overlap_shape, num):
+    """Whether a step's examples (`[num, >= 4]`) and overlap (`[3, num, num]`) are readable."""
+    return (
+        len(examples_shape) == 2
+        and examples_shape[0] == num
+        and examples_shape[1] >= 4
+        and tuple(overlap_shape) == (3, num, num)
     )
 
 

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from tb_replica_plugin.core import jobs
+from tb_replica_plugin.core import columns, jobs
 from tb_replica_plugin.families.gradients import schema
 
 # What the norms of each `GradientsSeries.scaling` are of, in words.
@@ -223,25 +223,26 @@ def from_samples(run, samples, notes, needed=None):
     batches = _captured_batches(samples, notes)
     last, names = _last_variables(samples, notes)
     dense = [
-        (int(step), np.asarray(value, np.float64))
-        for step, value in samples.get(schema.TAG_GRAD_NORMS, [])
-        if np.ndim(value) == 2
+        group
+        for group in columns.by_shape(samples.get(schema.TAG_GRAD_NORMS, []), np.float64)
+        if len(group.shape) == 2
     ]
     nonfinite = [
-        (int(step), np.asarray(value, np.int64))
-        for step, value in samples.get(schema.TAG_GRAD_NONFINITE, [])
-        if np.ndim(value) == 2 and np.shape(value)[0] == 4
+        group
+        for group in columns.by_shape(samples.get(schema.TAG_GRAD_NONFINITE, []), np.int64)
+        if len(group.shape) == 2 and group.shape[0] == 4
     ]
     width, names = _norms_width(names, dense)
-    replicas_of = {value.shape[1] for _, value in dense + nonfinite}
+    replicas_of = {group.shape[1] for group in dense + nonfinite}
     num_replicas = len(last.get("replicas", [])) or (max(replicas_of) if replicas_of else 0)
-    kept = [(s, v) for s, v in dense if v.shape == (width, num_replicas)]
-    if len(kept) < len(dense) or len({value.shape for _, value in dense}) > 1:
+    kept = [group for group in dense if group.shape == (width, num_replicas)]
+    skipped = sum(map(len, dense)) - sum(map(len, kept))
+    if skipped or len(dense) > 1:
         notes.append(
-            f"{len(dense) - len(kept)} gradient-norm sample(s) with another variable or replica "
+            f"{skipped} gradient-norm sample(s) with another variable or replica "
             "count were skipped (only the last variable list is shown)."
         )
-    nonfinite = [(s, v) for s, v in nonfinite if v.shape[1] == num_replicas]
+    nonfinite = [group for group in nonfinite if group.shape[1] == num_replicas]
     steps, stacked = _stacked_by_step(kept, ((width or 2), num_replicas), np.float64)
     event_steps, events = _stacked_by_step(nonfinite, (4, num_replicas), np.int64)
     return GradientsSeries(
@@ -301,7 +302,7 @@ def _norms_width(names, dense):
 
     Args:
       names: the last variables document's names, or None without one.
-      dense: the run's `(step, [rows, R] norms)` samples.
+      dense: the run's 2-D norms samples by shape (`columns.Shaped`, the last sample's last).
 
     Returns:
       `(width, names)`: width from the document, else from the last sample (its variables
@@ -310,19 +311,18 @@ def _norms_width(names, dense):
     if names is not None:
         return len(names) + 2, names
     if dense:
-        width = dense[-1][1].shape[0]
+        width = dense[-1].shape[0]
         return width, [f"variable {i}" for i in range(width - 2)]
     return None, []
 
 
-def _stacked_by_step(samples, shape, dtype):
-    """`(steps, stacked)`: the samples' steps, sorted, and their values stacked in that order
-    (a later sample at the same step wins; `(0, *shape)` zeros of `dtype` when there are none)."""
-    by_step = dict(samples)
-    steps = np.array(sorted(by_step), np.int64)
-    if not steps.size:
-        return steps, np.zeros((0, *shape), dtype)
-    return steps, np.stack([by_step[s] for s in steps.tolist()])
+def _stacked_by_step(groups, shape, dtype):
+    """`(steps, stacked)`: the steps of `groups` (`columns.Shaped`, at most one) in order, and
+    their values (a later sample at the same step wins; `(0, *shape)` zeros of `dtype` when
+    there are none)."""
+    if not groups:
+        return np.zeros(0, np.int64), np.zeros((0, *shape), dtype)
+    return columns.last_per_step(groups[0].steps, groups[0].values)
 
 
 def _scalings_note(scalings, workers):

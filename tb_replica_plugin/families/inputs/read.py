@@ -9,7 +9,7 @@ import json
 import numpy as np
 
 from tb_replica_plugin import metadata
-from tb_replica_plugin.core import jobs
+from tb_replica_plugin.core import columns, jobs
 from tb_replica_plugin.core.leaf_entries import mismatch_dims, parse_leaf_entries
 from tb_replica_plugin.families.inputs import schema
 
@@ -126,20 +126,16 @@ def build_inputs_series(run, shape_events, dense_points, notes=()):
         by_step[event["step"]] = event  # a later write at the same step wins
     events = [by_step[s] for s in sorted(by_step)]
     sizes_of = [event_batch_sizes(e) for e in events]
-    dense_points = sorted(
-        ((int(s), np.asarray(v, dtype=np.int64)) for s, v in dense_points), key=lambda p: p[0]
-    )
-    num_replicas = _replica_count(dense_points, sizes_of, notes)
+    dense_groups = columns.by_shape(dense_points, np.int64)
+    num_replicas = _replica_count(dense_groups, sizes_of, notes)
     kept = [i for i, sizes in enumerate(sizes_of) if len(sizes) == num_replicas]
     events = [events[i] for i in kept]
     sizes_of = [sizes_of[i] for i in kept]
-    dense_points = [(s, v) for s, v in dense_points if v.shape == (3, num_replicas)]
-    dense_steps = np.array([s for s, _ in dense_points], dtype=np.int64)
-    dense = (
-        np.stack([v for _, v in dense_points])
-        if dense_points
-        else np.zeros((0, 3, num_replicas), np.int64)
-    )
+    dense_steps, dense = np.zeros(0, np.int64), np.zeros((0, 3, num_replicas), np.int64)
+    for group in dense_groups:
+        if group.shape == (3, num_replicas):
+            order = np.argsort(group.steps, kind="stable")
+            dense_steps, dense = group.steps[order], group.values[order]
     if events:
         steps, batch_size = _every_step_sizes(events, sizes_of, dense_steps, dense, notes)
     else:
@@ -163,21 +159,22 @@ def build_inputs_series(run, shape_events, dense_points, notes=()):
     )
 
 
-def _replica_count(dense_points, sizes_of, notes):
+def _replica_count(dense_groups, sizes_of, notes):
     """The run's replica count: the largest of its samples' (a note when they differ).
 
     Args:
-      dense_points: the run's `(step, int64 array)` batch-size samples.
+      dense_groups: the run's batch-size samples by shape (`columns.Shaped`).
       sizes_of: the batch sizes of each shapes event.
       notes: the run's notes (appended to: samples of another layout, counts that differ).
 
     Returns:
       The number of replicas (0 without samples).
     """
-    malformed = sum(1 for _, v in dense_points if v.ndim != 2 or v.shape[0] != 3)
+    layout = [len(group.shape) == 2 and group.shape[0] == 3 for group in dense_groups]
+    malformed = sum(len(group) for group, ok in zip(dense_groups, layout, strict=True) if not ok)
     if malformed:
         notes.append(f"{malformed} batch-size sample(s) of an unexpected layout skipped.")
-    counts = {v.shape[-1] for _, v in dense_points if v.ndim == 2 and v.shape[0] == 3}
+    counts = {group.shape[-1] for group, ok in zip(dense_groups, layout, strict=True) if ok}
     counts |= {len(sizes) for sizes in sizes_of}
     if len(counts) > 1:
         notes.append(

@@ -3,13 +3,12 @@
 Imports no TensorFlow.
 """
 
-import bisect
 import dataclasses
 import json
 
 import numpy as np
 
-from tb_replica_plugin.core import jobs
+from tb_replica_plugin.core import columns, jobs
 from tb_replica_plugin.families.rng import schema
 
 
@@ -61,35 +60,33 @@ def from_samples(run, samples, notes, needed=None):
     streams = samples.get(schema.TAG_RNG_STREAMS, [])
     if not streams:
         return None
-    paired = _paired_with_documents(streams, samples.get(schema.TAG_RNG_GENERATORS, []))
-    if not paired:
+    documents = _documents(samples.get(schema.TAG_RNG_GENERATORS, []))
+    kept = _in_the_last_layout(streams, documents)
+    if kept is None:
         notes.append("rng: no readable generator series (missing generator names).")
         return None
-    last = paired[-1][2]
-    kept = _in_the_last_layout(paired)
-    if len(kept) < len(streams):
+    steps, values, last = kept
+    if len(steps) < len(streams):
         notes.append(
-            f"rng: {len(streams) - len(kept)} logged step(s) with another generator layout "
+            f"rng: {len(streams) - len(steps)} logged step(s) with another generator layout "
             "were skipped."
         )
-    values = np.stack([v for _, v in kept]).astype(np.int64)
     num = values.shape[2]
     return RngSeries(
         run=run,
         replicas=[int(r) for r in last.get("replicas", range(num))],
         devices=[str(d) for d in last.get("devices", [""] * num)],
         generators=[_generator(g, values.shape[3] - 1) for g in last["generators"]],
-        steps=np.array([s for s, _ in kept], dtype=np.int64),
+        steps=steps,
         fingerprint=values[:, :, :, 0],
         state=values[:, :, :, 1:],
         notes=notes,
     )
 
 
-def _paired_with_documents(streams, generator_samples):
-    """`[(step, value, document)]`: each streams sample with the latest generators document
-    written at or before its step (the document is written at the first logged step of each
-    layout), where the two agree on the generator count."""
+def _documents(generator_samples):
+    """`(steps, documents)`: the readable generators documents and their steps, in step order
+    (a later one at the same step wins)."""
     documents = {}
     for step, value in generator_samples:
         try:
@@ -97,28 +94,39 @@ def _paired_with_documents(streams, generator_samples):
             documents[step] = json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
         except (ValueError, AttributeError, UnicodeDecodeError):
             continue
-    document_steps = sorted(documents)
-    paired = []
-    for step, value in streams:
-        at = bisect.bisect_right(document_steps, step) - 1
-        document = documents[document_steps[at]] if at >= 0 else None
-        if document is None or value.ndim != 3:
-            continue
-        if value.shape[0] != len(document.get("generators", [])):
-            continue
-        paired.append((step, value, document))
-    return paired
+    steps = sorted(documents)
+    return np.array(steps, np.int64), [documents[s] for s in steps]
 
 
-def _in_the_last_layout(paired):
-    """`[(step, value)]` of the pairs with the last one's generator names and value shape."""
-    layout = [g.get("name") for g in paired[-1][2]["generators"]]
-    return [
-        (step, value)
-        for step, value, document in paired
-        if [g.get("name") for g in document["generators"]] == layout
-        and value.shape == paired[-1][1].shape
-    ]
+def _in_the_last_layout(streams, documents):
+    """`(steps, int64 values, document)` of the streams samples read with the latest generators
+    document written at or before their step (written at the first logged step of each layout),
+    where the two agree on the generator count, and in the last such sample's layout (its
+    document's generator names, its value shape); None when no sample has a document.
+
+    Args:
+      streams: the run's `rng/streams` samples.
+      documents: `_documents`' `(steps, documents)`.
+    """
+    document_steps, docs = documents
+    counts = np.array([len(d.get("generators", [])) for d in docs] + [-1], np.int64)
+    paired = []  # (group, document of each sample: -1 for none or another count)
+    for group in columns.by_shape(streams):
+        if len(group.shape) != 3:
+            continue
+        at = np.searchsorted(document_steps, group.steps, side="right") - 1
+        at[counts[at] != group.shape[0]] = -1  # `at` -1: no document (count -1)
+        if (at >= 0).any():
+            paired.append((group, at))
+    if not paired:
+        return None
+    group, at = max(paired, key=lambda pair: pair[0].positions[pair[1] >= 0][-1])
+    last = docs[at[at >= 0][-1]]
+    layout = [g.get("name") for g in last["generators"]]
+    names = [[g.get("name") for g in d.get("generators", [])] for d in docs]
+    same = np.array([n == layout for n in names] + [False])
+    kept = same[at]
+    return group.steps[kept], group.values[kept].astype(np.int64), last
 
 
 def _generator(document, state_size):
