@@ -101,9 +101,9 @@ def _reference(data):
     from tensorboard.compat.proto import event_pb2
     from tensorboard.util import tensor_util
 
-    starts, lengths, _ = bulk_records.frame(data)
+    starts, lengths, _ = _frame_each(data)
     series, first_metadata, values = {}, {}, 0
-    for start, length in zip(starts.tolist(), lengths.tolist(), strict=True):
+    for start, length in zip(starts, lengths, strict=True):
         event = event_pb2.Event.FromString(data[start : start + length])
         for value in event.summary.value:
             values += 1
@@ -114,6 +114,69 @@ def _reference(data):
                 series.setdefault(value.tag, []).append((event.step, array))
     ours = {t: s for t, s in series.items() if first_metadata.get(t) == metadata.PLUGIN_NAME}
     return ours, values
+
+
+def _frame_each(data):
+    """`(starts, lengths, end)` of the complete records of `data`, one after the other."""
+    starts, lengths, position = [], [], 0
+    while position + 12 <= len(data):
+        length = int.from_bytes(data[position : position + 8], "little")
+        if position + 16 + length > len(data):
+            break
+        starts.append(position + 12)
+        lengths.append(length)
+        position += 16 + length
+    return starts, lengths, position
+
+
+# Record lengths as writers lay them out: runs of a repeating pattern (a step's tags), odd
+# records between (events, heartbeats), a pattern whose lengths grow (a step's varint).
+PATTERNED = st.lists(
+    st.one_of(
+        st.tuples(st.lists(st.integers(0, 40), min_size=1, max_size=6), st.integers(1, 60)).map(
+            lambda run: run[0] * run[1]
+        ),
+        st.lists(st.integers(0, 300), min_size=1, max_size=3),
+    ),
+    min_size=1,
+    max_size=8,
+).map(lambda blocks: [length for block in blocks for length in block])
+
+
+@settings(max_examples=300, deadline=None)
+@given(PATTERNED, st.integers(0, 30), st.booleans())
+def test_framing_by_predicted_patterns_frames_as_record_by_record(lengths, cut, small):
+    data = b"".join(
+        n.to_bytes(8, "little") + b"\xa5" * 4 + bytes([i % 251]) * n + b"\x5a" * 4
+        for i, n in enumerate(lengths)
+    )
+    data = data[: len(data) - cut]  # a last record not whole yet (or its header cut)
+    limits = (8, 4) if small else (bulk_records._PATTERN_RECORDS, bulk_records._MAX_PERIOD)
+    with mock.patch.multiple(bulk_records, _PATTERN_RECORDS=limits[0], _MAX_PERIOD=limits[1]):
+        starts, found, end = bulk_records.frame(memoryview(bytearray(data)))
+    wanted = _frame_each(data)
+    assert (starts.tolist(), found.tolist(), end) == wanted
+
+
+def test_framing_resumes_its_pattern_after_an_odd_record_between():
+    lengths = []
+    for period in range(400):
+        lengths += [10, 20, 30] + ([99] if period % 50 == 49 else [])
+    data = b"".join(n.to_bytes(8, "little") + bytes(8 + n) for n in lengths)
+    one_by_one = []
+    framed = bulk_records._frame_each
+
+    def counted(*args):
+        found = framed(*args)
+        one_by_one.append(len(found[0]))
+        return found
+
+    with mock.patch.object(bulk_records, "_frame_each", counted):
+        starts, found, end = bulk_records.frame(data)
+    assert (starts.tolist(), found.tolist(), end) == _frame_each(data)
+    # The first 256 records find the pattern; after them only the odd ones are framed alone.
+    odd = [i for i, n in enumerate(lengths) if n == 99]
+    assert len(odd) == 8 and sum(one_by_one) == 256 + sum(i >= 256 for i in odd)
 
 
 def _same(got, wanted):
@@ -200,7 +263,7 @@ def test_a_record_whose_step_bytes_are_not_one_varint_is_not_the_template_s():
     from tb_replica_plugin.core.event_files import _layout
 
     data = _file_bytes([(["ours/a"], 200, 1.5, 1), (["ours/a"], 300, 1.5, 2)])
-    starts, lengths, _ = bulk_records.frame(data)
+    starts, lengths, _ = _frame_each(data)
     record = data[starts[2] : starts[2] + lengths[2]]
     found = bulk_records.template(
         record, event_pb2.Event.FromString(record), _layout, event_pb2.Event.FromString

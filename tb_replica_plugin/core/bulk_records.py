@@ -15,6 +15,7 @@ reader does on a checksum error: read again at the next look).
 """
 
 import dataclasses
+import functools
 import struct
 
 import numpy as np
@@ -30,19 +31,72 @@ _WALL_TIME_KEY = 0x09
 _STEP_KEY = 0x10
 # Steps of at most this many varint bytes are decoded in bulk (below 2**63: no sign to extend).
 _MAX_STEP_BYTES = 9
+# `frame`: records framed one by one before a repeating pattern of lengths is looked for in
+# them, and the longest pattern looked for (a step's records, with tags logged every few steps).
+_PATTERN_RECORDS = 256
+_MAX_PERIOD = 128
+# Odd records in a row between a pattern's records before it is looked for again.
+_MAX_ODD = 4
+# Periods predicted at first after a pattern is found or resumed (twice as many after each
+# batch that held: a file read whole costs a few batches, one with odd records few records).
+_FIRST_PERIODS = 16
 
 
 def frame(data):
-    """The complete records at the start of `data`.
+    """The complete records at the start of `data` (bytes-like).
+
+    A writer's records repeat: each step writes its tags' records, of the same lengths but when
+    a step's varint grows or another record (a status event, a heartbeat) comes between. Records
+    are framed one by one from their lengths until the lengths of the last `_PATTERN_RECORDS`
+    repeat with a period (at most `_MAX_PERIOD` records); the records after are then predicted
+    from that pattern and kept as far as the length read at each predicted offset is the one
+    predicted (which makes each offset the one framing one by one gives), an odd record between
+    them framed alone (up to `_MAX_ODD` in a row) before the pattern is tried again from where
+    it stopped.
 
     Returns:
       `(starts, lengths, end)`: int64 arrays of each record's data offset and length, and the
       offset after the last complete record (where the next read starts).
     """
+    buffer = np.frombuffer(data, np.uint8)
+    starts, lengths = [], []
+    position, pattern, each, misses, periods = 0, None, _PATTERN_RECORDS, 0, _FIRST_PERIODS
+    while True:
+        if pattern is None:
+            found, sizes, position = _frame_each(data, position, each)
+            starts.append(found)
+            lengths.append(sizes)
+            if len(found) < each:
+                break  # the end of the complete records
+            pattern = _period(sizes)
+            each = _PATTERN_RECORDS if pattern is not None else min(2 * each, 1 << 16)
+            continue
+        found, sizes, position, next_pattern = _predicted(buffer, position, pattern, periods)
+        starts.append(found)
+        lengths.append(sizes)
+        if next_pattern is pattern:  # every period predicted held: predict twice as many
+            periods *= 2
+            continue
+        pattern, periods = next_pattern, _FIRST_PERIODS
+        misses = 0 if len(found) else misses + 1
+        if pattern is None or misses >= _MAX_ODD:
+            pattern = None  # the rest (less than a period) or a new layout: one by one
+            continue
+        found, sizes, position = _frame_each(data, position, 1)  # the odd record
+        starts.append(found)
+        lengths.append(sizes)
+        if not len(found):
+            break
+    return np.concatenate(starts), np.concatenate(lengths), position
+
+
+def _frame_each(data, position, count):
+    """Up to `count` complete records from `position`, framed one by one: `(starts, lengths,
+    position after them)`."""
     unpack = _LENGTH.unpack_from
     starts, lengths = [], []
-    position, size = 0, len(data)
-    while position + HEADER <= size:
+    size = len(data)
+    while len(starts) < count and position + HEADER <= size:
         (length,) = unpack(data, position)
         end = position + HEADER + length + FOOTER
         if end > size:
@@ -51,6 +105,58 @@ def frame(data):
         lengths.append(length)
         position = end
     return np.array(starts, np.int64), np.array(lengths, np.int64), position
+
+
+def _period(lengths):
+    """The run of lengths that `lengths` repeat, rotated to come next after them: the shortest
+    (at most `_MAX_PERIOD`) they repeat throughout, else the shortest their last ones repeat
+    (4 periods, 32 records at least); None without one."""
+    n = len(lengths)
+    longest = min(_MAX_PERIOD, n // 2)
+    if longest < 1:
+        return None
+    # Row p of `shifted` is `lengths` moved p places on (-1 before them): each record against
+    # the one p before it, every p at once.
+    padded = np.concatenate([np.full(longest, -1, np.int64), lengths])
+    shifted = np.lib.stride_tricks.sliding_window_view(padded, n)[longest::-1]
+    differs = shifted != lengths
+    last_different = n - 1 - np.argmax(differs[:, ::-1], axis=1)  # each row's is >= p - 1
+    periods = np.arange(longest + 1)
+    tails = np.maximum(4 * periods, 32)
+    for held in (last_different == periods - 1, last_different < n - tails + periods):
+        found = np.flatnonzero(held[1:])
+        if found.size:
+            return lengths[n - 1 - int(found[0]) :]
+    return None
+
+
+def _predicted(buffer, position, pattern, most):
+    """The records from `position` as far as they follow `pattern` (lengths, the next first),
+    in whole periods (at most `most`) within `buffer`.
+
+    Returns:
+      `(starts, lengths, position after them, pattern)`: `pattern` itself when all `most`
+      periods held, rotated to the record expected next where one did not, None when the
+      periods reached the end of `buffer`.
+    """
+    sizes = pattern + HEADER + FOOTER
+    fit = (len(buffer) - position) // int(sizes.sum())
+    periods = min(fit, most)
+    if periods < 1:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), position, None
+    expected = np.tile(pattern, periods)
+    offsets = np.empty(len(expected), np.int64)
+    offsets[0] = position
+    np.cumsum(np.tile(sizes, periods)[:-1], out=offsets[1:])
+    offsets[1:] += position
+    headers = np.lib.stride_tricks.sliding_window_view(buffer, 8)[offsets]
+    wrong = np.flatnonzero(headers.view("<i8").ravel() != expected)
+    if not wrong.size:
+        end = int(offsets[-1] + sizes[-1])
+        return offsets + HEADER, expected, end, (pattern if periods < fit else None)
+    kept = int(wrong[0])
+    rotated = np.roll(pattern, -(kept % len(pattern)))
+    return offsets[:kept] + HEADER, expected[:kept], int(offsets[kept]), rotated
 
 
 def record_size(data):
@@ -85,9 +191,16 @@ class Template:
     metadata: object = None
     wall_time: float = 0.0
 
+    @functools.cached_property
+    def fixed_spans(self):
+        """`[(start, stop)]` of the runs of bytes in `fixed`."""
+        return _spans(self.fixed)
+
     def matches(self, rows):
         """bool [n]: which records `rows` (uint8 [n, length]) this template decodes."""
-        same = (rows[:, self.fixed] == self.data[self.fixed]).all(axis=1)
+        same = np.ones(len(rows), bool)
+        for start, stop in self.fixed_spans:
+            same &= (rows[:, start:stop] == self.data[start:stop]).all(axis=1)
         if self.step_span is not None:
             varint = rows[:, slice(*self.step_span)]
             same &= (varint[:, :-1] >= 0x80).all(axis=1) & (varint[:, -1] < 0x80)
@@ -106,6 +219,12 @@ class Template:
         values = content.view(self.dtype).reshape(len(rows), *self.shape)
         values.flags.writeable = False
         return values
+
+
+def _spans(mask):
+    """`[(start, stop)]` of the runs of True in bool [n] `mask`."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], mask, [False]]).astype(np.int8)))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
 
 
 def template(record, event, layout, parse):
@@ -174,10 +293,10 @@ def _reads_back(found, parse):
 
 
 def rows_of(data, starts, length):
-    """uint8 [n, length]: the records of one length starting at `starts` in `data` (bytes;
-    joined slices: a fancy index would build `length` int64 indices per record)."""
-    joined = b"".join([data[start : start + length] for start in starts.tolist()])
-    return np.frombuffer(joined, np.uint8).reshape(len(starts), length)
+    """uint8 [n, length]: copies of the records of one length starting at `starts` in `data`
+    (bytes-like), taken as rows of a window view over its bytes (no index per byte)."""
+    windows = np.lib.stride_tricks.sliding_window_view(np.frombuffer(data, np.uint8), length)
+    return windows[starts]
 
 
 def bulk_groups(data, starts, lengths, layout, parse, known=None):
@@ -226,6 +345,9 @@ def _take(found, numbers, rows, groups):
     if not numbers.size:
         return numbers, rows
     match = found.matches(rows)
+    if match.all():  # the usual case: no copy of the rows
+        groups.append((found, numbers, rows))
+        return numbers[:0], rows[:0]
     if match.any():
         groups.append((found, numbers[match], rows[match]))
     return numbers[~match], rows[~match]

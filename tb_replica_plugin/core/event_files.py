@@ -248,14 +248,21 @@ def tensor_to_numpy_view(tensor):
 def _in_record_order(parts):
     """`[(step, value)]` of `[(record numbers, steps, values)]` parts, by record number: a
     `columns.Column` when every part is a bulk one of one dtype and value shape."""
-    numbers = np.concatenate([np.asarray(p[0], np.int64) for p in parts])
-    order = np.argsort(numbers, kind="stable") if len(parts) > 1 else None
+    parts = sorted(parts, key=lambda part: part[0][0])
+    numbers = [np.asarray(p[0], np.int64) for p in parts]
+    # Parts one after the other (a tag's records before and after its step's varint grew a
+    # byte) are in record order as they are; interleaved ones are sorted.
+    order = None
+    if any(a[-1] > b[0] for a, b in zip(numbers, numbers[1:], strict=False)):
+        order = np.argsort(np.concatenate(numbers), kind="stable")
     if all(isinstance(p[2], np.ndarray) for p in parts) and _one_layout(p[2] for p in parts):
+        if len(parts) == 1:
+            return columns.Column(parts[0][1], parts[0][2])
         steps = np.concatenate([p[1] for p in parts])
-        values = np.concatenate([p[2] for p in parts]) if order is not None else parts[0][2]
+        values = np.concatenate([p[2] for p in parts])
         if order is not None:
             steps, values = steps[order], values[order]
-            values.flags.writeable = False
+        values.flags.writeable = False
         return columns.Column(steps, values)
     steps = [s for p in parts for s in _as_list(p[1])]
     values = [v for p in parts for v in _each(p[2])]
