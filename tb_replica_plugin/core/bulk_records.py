@@ -197,7 +197,8 @@ class Template:
         return _spans(self.fixed)
 
     def matches(self, rows):
-        """bool [n]: which records `rows` (uint8 [n, length]) this template decodes."""
+        """bool [n]: which records `rows` (`Rows`, or uint8 [n, length]) this template
+        decodes."""
         same = np.ones(len(rows), bool)
         for start, stop in self.fixed_spans:
             same &= (rows[:, start:stop] == self.data[start:stop]).all(axis=1)
@@ -292,11 +293,42 @@ def _reads_back(found, parse):
     )
 
 
-def rows_of(data, starts, length):
-    """uint8 [n, length]: copies of the records of one length starting at `starts` in `data`
-    (bytes-like), taken as rows of a window view over its bytes (no index per byte)."""
-    windows = np.lib.stride_tricks.sliding_window_view(np.frombuffer(data, np.uint8), length)
-    return windows[starts]
+class Rows:
+    """The records of one length in a read's bytes, as rows `[n, length]` whose bytes are
+    copied only where asked: `rows[:, a:b]` copies those bytes of every row (a window view
+    over the read, indexed by the rows' starts: no index per byte), `rows[i]` selects rows.
+    Valid while the read's bytes are (`event_files._read_at`'s buffer: one read).
+
+    Example:
+      >>> Rows(b"xxabcdabce", np.array([2, 6]), 3)[:, 1:3].tolist()
+      [[98, 99], [98, 99]]
+    """
+
+    __slots__ = ("windows", "starts")
+
+    def __init__(self, data, starts, length=None):
+        """Args:
+        data: bytes-like, or the window view of another `Rows` (then `length` is None).
+        starts: int64 [n], where each row starts in `data`.
+        length: the rows' length.
+        """
+        if length is not None:
+            data = np.lib.stride_tricks.sliding_window_view(np.frombuffer(data, np.uint8), length)
+        self.windows = data
+        self.starts = starts
+
+    def __len__(self):
+        return len(self.starts)
+
+    def __getitem__(self, index):
+        if isinstance(index, tuple):
+            rows, columns = index
+            return self.windows[self.starts[rows], columns]
+        return Rows(self.windows, self.starts[index])
+
+    def first(self):
+        """The first row's bytes."""
+        return self.windows[self.starts[0]].tobytes()
 
 
 def bulk_groups(data, starts, lengths, layout, parse, known=None):
@@ -310,21 +342,21 @@ def bulk_groups(data, starts, lengths, layout, parse, known=None):
         (a tail of a few steps per look then parses no template).
 
     Returns:
-      `(groups, rest)`: `[(template, record numbers, rows)]` and the record numbers parsed one by
-      one (both ascending within).
+      `(groups, rest)`: `[(template, record numbers, Rows)]` and the record numbers parsed one
+      by one (both ascending within).
     """
     known = {} if known is None else known
     groups, rest = [], []
     for length in np.unique(lengths).tolist():
         numbers = np.flatnonzero(lengths == length)
-        rows = rows_of(data, starts[numbers], length)
+        rows = Rows(data, starts[numbers], length)
         templates = known.setdefault(length, [])
         for found in templates:
             numbers, rows = _take(found, numbers, rows, groups)
         for _ in range(MAX_TEMPLATES - len(templates)):
             if not numbers.size:
                 break
-            first = rows[0].tobytes()
+            first = rows.first()
             try:
                 found = template(first, parse(first), layout, parse)
             except Exception:  # noqa: BLE001 - a corrupt record: parsed (and stopped at) alone
@@ -345,7 +377,7 @@ def _take(found, numbers, rows, groups):
     if not numbers.size:
         return numbers, rows
     match = found.matches(rows)
-    if match.all():  # the usual case: no copy of the rows
+    if match.all():  # the usual case
         groups.append((found, numbers, rows))
         return numbers[:0], rows[:0]
     if match.any():

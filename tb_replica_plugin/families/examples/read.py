@@ -145,7 +145,18 @@ def _stacked_columns(examples, overlap, notes):
     if not _layout_ok(ex.shape[1:], ov.shape[1:], ex.shape[1] if ex.ndim > 1 else None):
         notes.append(f"data: {steps.size} logged step(s) of another layout skipped.")
         return None
-    return steps, ex[at_ex].astype(np.int64), ov[at_ov].astype(np.int64)
+    return (
+        steps,
+        _rows(ex, at_ex).astype(np.int64, copy=False),
+        _rows(ov, at_ov).astype(np.int64, copy=False),
+    )
+
+
+def _rows(values, rows):
+    """`values[rows]`: `values` itself when `rows` are all of them in order."""
+    if len(rows) == len(values) and (len(rows) == 0 or rows[-1] == len(rows) - 1):
+        return values
+    return values[rows]
 
 
 def _layout_ok(examples_shape, overlap_shape, num):
