@@ -231,7 +231,7 @@ class GroupState:
           first_reads: for the first refresh, an iterable of each run's `MemberRead` in the
             order of `runs` (read elsewhere: `reader.read_log_dir`'s processes); None: read here.
         """
-        with self._lock, event_files.gc_paused():
+        with self._lock, event_files.reading_in_bulk():
             try:
                 self._refresh(ctx, listing, first_reads)
             except _NotAJob:
@@ -340,7 +340,7 @@ class GroupState:
             key = ("data", self.data_version, include_live and self.live_version)
             if key not in self._cache:
                 self._cache = {k: v for k, v in self._cache.items() if k[0] != "data"}
-                with event_files.gc_paused():
+                with event_files.reading_in_bulk():
                     self._cache[key] = self._build(include_live)
             return self._cache[key]
 
@@ -552,7 +552,7 @@ def read_run_files(logdir, run):
     from tb_replica_plugin.core.event_files import RunTail
 
     directory = logdir if run == "." else os.path.join(logdir, run)
-    with event_files.gc_paused():
+    with event_files.reading_in_bulk():
         got = read_member(run, RunTail(directory, metadata.PLUGIN_NAME).read())
         return trimmed(got)
 

@@ -111,8 +111,10 @@ class Family:
         pattern (`fnmatch`), for a family that writes one tag per user-chosen name (watch:
         `watch/*/stats`).
       read: `read(run, samples, notes, needed)` -> its series of one run, or None: from the run's
-        decoded samples (`{tag: [(step, numpy value)]}`; `needed`: `{name: series}` of the
-        families in `needs`, already read).
+        decoded samples (`{tag: [(step, numpy value)]}` in step order, each a sequence to read,
+        not to change: a list, or a `core.columns.Column` whose `steps` and `values` are
+        arrays, `columns.by_shape` takes both; `needed`: `{name: series}` of the families in
+        `needs`, already read).
       rules: its `Rules`.
       present: its `Presenter`.
       merger: the class of its streaming merge of a multi-worker job (`core.jobs.Merger`):

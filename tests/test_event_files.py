@@ -304,3 +304,41 @@ def test_a_log_dir_on_a_tensorflow_file_system_reads_as_a_local_one(unit_logs, t
     second = tail.read()
     assert [step for step, _ in second.samples["inputs/batch_size"]] == [3, 4]
     assert (second.values, tail.values_read) == (2, 5)
+
+
+def test_reading_in_bulk_pauses_collection_and_huge_pages_until_the_last_reader_ends():
+    import gc
+    import threading
+
+    from tb_replica_plugin.core import event_files
+
+    def huge_pages():
+        before = event_files._set_huge_pages(True)
+        event_files._set_huge_pages(before)
+        return before
+
+    initial = huge_pages()  # True where numpy advises huge pages (Linux), None without
+    assert gc.isenabled()
+    first_in, second_in, first_out, second_out = (threading.Event() for _ in range(4))
+    seen = {}
+
+    def reader(name, entered, leave):
+        with event_files.reading_in_bulk():
+            entered.set()
+            leave.wait(10)
+            seen[name] = (gc.isenabled(), huge_pages())
+
+    one = threading.Thread(target=reader, args=("one", first_in, first_out))
+    two = threading.Thread(target=reader, args=("two", second_in, second_out))
+    one.start()
+    assert first_in.wait(10)
+    two.start()
+    assert second_in.wait(10)
+    first_out.set()
+    one.join(10)
+    assert not gc.isenabled() and huge_pages() in (False, None)  # the second still reads
+    second_out.set()
+    two.join(10)
+    assert seen == {"one": (False, seen["one"][1]), "two": (False, seen["two"][1])}
+    assert seen["one"][1] in (False, None) and seen["two"][1] in (False, None)
+    assert gc.isenabled() and huge_pages() == initial
