@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from tb_replica_plugin.core import jobs
+from tb_replica_plugin.core import columns, jobs
 from tb_replica_plugin.core.leaf_entries import parse_leaf_entries
 from tb_replica_plugin.families.watch import schema
 
@@ -101,6 +101,13 @@ def parse_watch_event(step, document):
 
 
 def _points(samples, tag, rows, notes):
+    """`[(step, float64 [R, rows, ...])]` of a stats or nonfinite tag's samples of that layout
+    (a note counts the others)."""
+    if isinstance(samples, columns.Column):
+        values = samples.values
+        if values.ndim == 4 and values.shape[2] == rows:  # every sample of that layout
+            stacked = values.astype(np.float64, copy=False)
+            return list(zip(samples.steps.tolist(), stacked, strict=True))
     points = []
     bad = 0
     for step, value in samples:
