@@ -352,8 +352,11 @@ def reading_in_bulk():
 def _set_huge_pages(enabled):
     """numpy's huge-page advice for new arrays set to `enabled`; returns what it was (None: this
     numpy has no such setting)."""
-    core = getattr(np, "_core", None) or np.core
-    setting = getattr(core.multiarray, "_set_madvise_hugepage", None)
+    try:
+        from numpy._core import multiarray  # numpy 1.26 has this name too
+    except ImportError:
+        return None
+    setting = getattr(multiarray, "_set_madvise_hugepage", None)
     if setting is None or enabled is None:
         return None
     return setting(enabled)
