@@ -5,6 +5,7 @@ import, before any test touches TensorFlow, and every test shares them. Strategi
 device set: two MirroredStrategy objects over the same devices reuse collective keys and clash.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -247,3 +248,40 @@ class TensorBoardServer:
             self.process.kill()
             self.process.wait(timeout=10)
         self.log.close()
+
+
+@pytest.fixture(scope="module")
+def demo_server(demo_logs):
+    """TensorBoard serving the demo log dir (every sample kept), once it lists every run and
+    job (for the browser tests, `tests/browser_tab.py`)."""
+    from browser_tab import DEMO_JOBS
+
+    server = TensorBoardServer(demo_logs, extra=("--samples_per_plugin", "replicas=0"))
+    try:
+        server.wait_for(
+            "/data/plugin/replicas/runs",
+            # Every run, and the multi-worker jobs with both of their workers.
+            lambda status, body: (
+                status == 200
+                and len(json.loads(body)["runs"]) >= 17
+                and sum(len(r["workers"]) == 2 for r in json.loads(body)["runs"]) == len(DEMO_JOBS)
+            ),
+        )
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian Chromium, through Playwright."""
+    from browser_tab import CHROMIUM, CHROMIUM_ARGS
+    from playwright.sync_api import sync_playwright
+
+    assert os.path.exists(CHROMIUM), "Debian chromium missing: run .ci/setup.sh"
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        yield chromium
+        chromium.close()

@@ -357,8 +357,8 @@ def bad_server(bad_logs):
 
 
 def test_hostile_names_render_as_text_and_bad_data_notes_show(bad_server):
+    from browser_tab import CHROMIUM, CHROMIUM_ARGS, open_tab, wait_ready
     from playwright.sync_api import sync_playwright
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, open_tab, wait_ready
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
