@@ -44,9 +44,9 @@ PROFILE_FROM = 4
 def train_function_graph(metadata):
     """The function graph of Keras's train function: of those whose arguments include the
     iterator (tf.data's own functions too), the largest one that all-reduces (a
-    `CollectiveReduceV2` in a partition), else the largest; when that one has no partitions,
-    the largest partitioned function of the metadata that all-reduces, else the largest
-    partitioned one.
+    `CollectiveReduceV2` in a partition), else the largest as traced; when that one has no
+    partitions, the largest partitioned function of the metadata that all-reduces, else the
+    largest partitioned one.
 
     Raises:
       RuntimeError: when no function takes an iterator (the train function was instantiated
@@ -72,8 +72,11 @@ def train_function_graph(metadata):
     def size(function):
         return sum(len(p.node) for p in function.partition_graphs)
 
-    reducing = [function for function in found if reduces(function)] or found
-    chosen = max(reducing, key=size)
+    reducing = [function for function in found if reduces(function)]
+    if reducing:
+        chosen = max(reducing, key=size)
+    else:  # by its graph as traced: tf.data's own small functions may be partitioned when it is not
+        chosen = max(found, key=lambda function: len(function.pre_optimization_graph.node))
     if not chosen.partition_graphs:
         # A large step (MobileNetV2 with the callback) is recorded as two entries: the function
         # taking the iterator, without partitions, and its partitioned graph, without a
