@@ -10,29 +10,12 @@ import os
 import re
 import shutil
 
-from browser_tab import ARTIFACTS, open_tab, tab_frame, wait_ready
+from browser_tab import ARTIFACTS, open_tab, wait_ready
 from conftest import REPO, TensorBoardServer
 
 
 def test_tab_shows_every_replica_and_the_imbalance_note(demo_server, browser, tmp_path):
-    page = browser.new_page(viewport={"width": 1400, "height": 1100})
-    errors = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(demo_server.url + "/#replicas", wait_until="load")
-    page.wait_for_function(
-        "[...document.querySelectorAll('iframe')].some(f => f.src.includes('name=replicas'))",
-        timeout=30_000,
-    )
-    page.wait_for_timeout(200)
-    frame = None
-    for _ in range(100):
-        frame = tab_frame(page)
-        if frame:
-            break
-        page.wait_for_timeout(100)
-    assert frame is not None, [f.url for f in page.frames]
-    wait_ready(frame)
+    page, frame, errors = open_tab(demo_server, browser)
 
     runs = frame.eval_on_selector_all("#run-select option", "els => els.map(e => e.value)")
     assert {

@@ -48,9 +48,7 @@ class Column(collections.abc.Sequence):
 
     def rows(self):
         """The values, one array each (a 0-d view for a scalar)."""
-        if self.values.ndim > 1:
-            return list(self.values)
-        return [self._row(i) for i in range(len(self.values))]
+        return value_rows(self.values)
 
     def _row(self, index):
         if self.values.ndim > 1:
@@ -72,13 +70,24 @@ def joined(first, second):
     if (
         isinstance(first, Column)
         and isinstance(second, Column)
-        and first.values.dtype == second.values.dtype
-        and first.values.shape[1:] == second.values.shape[1:]
+        and one_layout([first.values, second.values])
     ):
         values = np.concatenate([first.values, second.values])
         values.flags.writeable = False
         return Column(np.concatenate([first.steps, second.steps]), values)
     return [*first, *second]
+
+
+def value_rows(values):
+    """`values` ([n, *shape]) one array each: views of its rows, 0-d for scalars."""
+    if values.ndim > 1:
+        return list(values)
+    return [values[i : i + 1].reshape(()) for i in range(len(values))]
+
+
+def one_layout(arrays):
+    """Whether `arrays` ([n, *shape] each) are all of one dtype and row shape."""
+    return len({(array.dtype, array.shape[1:]) for array in arrays}) == 1
 
 
 def steps_of(points):

@@ -255,7 +255,9 @@ def _in_record_order(parts):
     order = None
     if any(a[-1] > b[0] for a, b in zip(numbers, numbers[1:], strict=False)):
         order = np.argsort(np.concatenate(numbers), kind="stable")
-    if all(isinstance(p[2], np.ndarray) for p in parts) and _one_layout(p[2] for p in parts):
+    if all(isinstance(p[2], np.ndarray) for p in parts) and columns.one_layout(
+        [p[2] for p in parts]
+    ):
         if len(parts) == 1:
             return columns.Column(parts[0][1], parts[0][2])
         steps = np.concatenate([p[1] for p in parts])
@@ -271,23 +273,13 @@ def _in_record_order(parts):
     return [(steps[i], values[i]) for i in order.tolist()]
 
 
-def _one_layout(arrays):
-    """Whether `arrays` are all of one dtype and row shape."""
-    layouts = {(a.dtype, a.shape[1:]) for a in arrays}
-    return len(layouts) == 1
-
-
 def _as_list(steps):
     return steps.tolist() if isinstance(steps, np.ndarray) else steps
 
 
 def _each(values):
     """The values of a part, one array each: rows of a bulk part (0-d arrays for scalars)."""
-    if not isinstance(values, np.ndarray):
-        return values
-    if values.ndim > 1:
-        return list(values)
-    return [values[i : i + 1].reshape(()) for i in range(len(values))]
+    return columns.value_rows(values) if isinstance(values, np.ndarray) else values
 
 
 def _shape(tensor_shape):
