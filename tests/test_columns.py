@@ -128,6 +128,7 @@ def _write_layouts(logdir):
     from tb_replica_plugin.families.gradients import schema as gradients
     from tb_replica_plugin.families.inputs import schema as inputs
     from tb_replica_plugin.families.rng import schema as rng
+    from tb_replica_plugin.families.step_time import schema as step_time
 
     def event(schema, tag, kind, value, step):
         return (
@@ -158,6 +159,9 @@ def _write_layouts(logdir):
         overlap = np.full((3, 2, 2), step, np.int64)
         if step:
             events.append(event(examples, "TAG_DATA_OVERLAP", "KIND_DATA_OVERLAP", overlap, step))
+    for n, step in enumerate([0, 1, 1, 2, 3]):  # step 1 twice: the later (3) wins; 3 is NaN
+        ready = np.full((4, 2), np.nan if step == 3 else 1.0 + n)
+        events.append(event(step_time, "TAG_REPLICA_TIME", "KIND_REPLICA_TIME", ready, step))
     for step in (5, 3, 4, 1):  # written out of step order
         sizes = np.full((3, 2), step, np.int32)
         events.append(event(inputs, "TAG_BATCH_SIZE", "KIND_BATCH_SIZE", sizes, step))
@@ -202,4 +206,7 @@ def test_a_run_of_changing_layouts_reads_as_written_in_bulk_and_one_by_one(tmp_p
         assert series["data"].steps.tolist() == [1, 2, 3, 4, 5]
         assert series["data"].batch_size[:, 0].tolist() == [10, 20, -30, 40, 50]
         assert series["inputs"].dense_steps.tolist() == [1, 3, 4, 5]
+        assert series["step_time"].ready.steps.tolist() == [0, 1, 2]
+        assert series["step_time"].ready.ready_median[:, 0].tolist() == [1, 3, 4]
+        assert "1 replica ready-time sample(s) skipped" in " ".join(got.data.notes)
         assert series["inputs"].batch_size[:, 1].tolist() == [1, 3, 4, 5]

@@ -143,6 +143,22 @@ def test_malformed_samples_are_skipped_with_a_note():
     assert data.step_time is None and "1 replica ready-time sample(s) skipped" in data.notes[0]
 
 
+def test_a_later_sample_at_a_step_wins_and_values_of_mixed_kinds_are_judged_each():
+    points = ready_points(SLOW)
+    points.insert(3, (20, ready_sample([0.04, 0.05])))  # step 20 written again: this one wins
+    points.insert(1, (5, np.full((4, 2), "x")))  # strings of the right shape: skipped
+    points.insert(2, (7, ready_sample([1, 2]).astype(np.int32)))  # integers: kept as float
+    data = build([0, 1], points)
+    ready = data.step_time.ready
+    assert ready.steps.tolist() == [0, 7, 10, 20, 30]
+    assert ready.ready_median.tolist() == [[WARM_UP] * 2, [1, 2], SLOW, [0.04, 0.05], SLOW]
+    assert ready.ready_median.dtype == np.float64
+    assert data.notes == [
+        "1 replica ready-time sample(s) skipped: each should be 4 rows of finite, non-negative "
+        "values for the run's 2 replicas (step_time/replicas, docs/data-format.md)."
+    ]
+
+
 def test_runs_without_the_tag_are_unchanged():
     data = build([0, 1], None)
     assert data.step_time is None and analysis.find_run(data) == []

@@ -10,6 +10,7 @@ import dataclasses
 
 import numpy as np
 
+from tb_replica_plugin.core import columns
 from tb_replica_plugin.families.step_time import schema
 
 
@@ -154,14 +155,7 @@ def read_replica_times(run, points, inputs, notes):
                 "Replica ready times name no replicas (the run has no inputs/shapes event): "
                 f"they are shown as replicas 0–{width - 1} in the order written."
             )
-    by_step = {}
-    bad = 0
-    for step, value in points:
-        value = np.asarray(value)
-        if _readable(value, len(replicas)):
-            by_step[int(step)] = value.astype(np.float64)
-        else:
-            bad += 1
+    steps, table, bad = _readable_samples(points, len(replicas))
     if bad:
         notes.append(
             f"{bad} replica ready-time sample(s) skipped: each should be "
@@ -169,21 +163,53 @@ def read_replica_times(run, points, inputs, notes):
             f"{len(replicas)} replicas "
             f"({schema.TAG_REPLICA_TIME}, docs/data-format.md)."
         )
-    if not by_step:
+    if not len(steps):
         return None
-    steps = sorted(by_step)
-    table = np.stack([by_step[s] for s in steps])  # [S, 4, R]
     return ReplicaTimeSeries(
         run=run,
         replicas=[int(r) for r in replicas],
         devices=[str(d) for d in devices] + [""] * (len(replicas) - len(devices)),
         workers=[],
-        steps=np.array(steps, dtype=np.int64),
+        steps=steps,
         ready_median=table[:, schema.READY_MEDIAN],
         ready_max=table[:, schema.READY_MAX],
         wait_median=table[:, schema.WAIT_MEDIAN],
         window_steps=table[:, schema.WINDOW_STEPS].astype(np.int64),
     )
+
+
+def _readable_samples(points, replicas):
+    """The samples with the layout of `schema` for `replicas`, taken by shape (`columns`).
+
+    Returns:
+      `(steps, table, skipped)`: int64 [S] in step order, one sample per step (the last one
+      written); float64 [S, 4, R]; how many samples were not readable.
+    """
+    kept_positions, kept_values, kept = [], [], 0
+    for group in columns.by_shape(points):
+        if group.shape != (schema.REPLICA_TIME_ROWS, replicas) or not replicas:
+            continue
+        values = group.values
+        if values.dtype.kind not in "fiu":  # a list of values of mixed kinds: each on its own
+            each = [np.asarray(points[i][1]) for i in group.positions]
+            ok = np.array([_readable(value, replicas) for value in each], bool)
+            kept_each = [value for value, good in zip(each, ok, strict=True) if good]
+            values = np.array(kept_each, np.float64).reshape(-1, *group.shape)
+        else:
+            ok = np.isfinite(values).all(axis=(1, 2)) & (values >= 0).all(axis=(1, 2))
+            ok &= (values[:, schema.WINDOW_STEPS] >= 1).all(axis=1)
+            values = values[ok]
+        kept_positions.append(group.positions[ok])
+        kept_values.append(values.astype(np.float64, copy=False))
+        kept += int(ok.sum())
+    if not kept:
+        return np.zeros((0,), np.int64), None, len(points)
+    positions = np.concatenate(kept_positions)
+    order = np.argsort(positions, kind="stable")  # the order written: the last one wins
+    steps = columns.steps_of(points)[positions[order]]
+    table = np.concatenate(kept_values)[order]
+    steps, table = columns.last_per_step(steps.astype(np.int64, copy=False), table)
+    return steps, table, len(points) - kept
 
 
 def _readable(value, replicas):
