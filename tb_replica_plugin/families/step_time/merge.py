@@ -8,7 +8,7 @@ job's series shows the steps every worker logged. Imports no TensorFlow.
 
 import numpy as np
 
-from tb_replica_plugin.core import jobs
+from tb_replica_plugin.core import columns, jobs
 from tb_replica_plugin.families.step_time import schema
 from tb_replica_plugin.families.step_time.read import ReplicaTimeSeries, StepTimeSeries
 
@@ -172,11 +172,15 @@ def worker_step_times(samples):
     """One worker's `workers/step_time` samples as `(steps, values)`: int64 [N] ascending and
     unique (a step logged twice keeps its last value), float64 [N, 3] (NaN for a sample not of
     3 values)."""
-    steps = np.array([step for step, _ in samples], np.int64)
-    try:
-        values = np.array([value for _, value in samples], np.float64).reshape(len(samples), -1)
-    except ValueError:  # samples of different shapes (or none)
-        values = np.zeros((len(samples), 0))
+    steps = columns.steps_of(samples)
+    if isinstance(samples, columns.Column) and samples.values.dtype.kind in "fiu":  # stacked
+        values = samples.values.astype(np.float64).reshape(len(samples), -1)
+    else:
+        try:
+            values = np.array([value for _, value in samples], np.float64)
+            values = values.reshape(len(samples), -1)
+        except ValueError:  # samples of different shapes (or none)
+            values = np.zeros((len(samples), 0))
     if values.shape[1] != TIMING_VALUES:
         values = np.full((len(samples), TIMING_VALUES), np.nan)
         for i, (_, value) in enumerate(samples):
