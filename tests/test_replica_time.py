@@ -397,3 +397,20 @@ def test_a_job_growing_ready_times_answers_as_a_fresh_read(logdir, tmp_path):
     assert plugin.store.computed["read"] == 1 and plugin.store.computed["refresh"] == 1
     fresh, _, _, _ = serve(str(tmp_path))
     assert after == [get_json(fresh, path) for path in paths]
+
+
+def test_a_workers_step_timing_reads_alike_as_a_column_and_as_a_list():
+    from tb_replica_plugin.core.columns import Column
+    from tb_replica_plugin.families.step_time.merge import worker_step_times
+
+    steps = np.array([0, 1, 1, 2], np.int64)  # step 1 twice: the later (2.0) wins
+    values = np.array([[0.5, 0.1, 0.2], [1.0, 0.1, 0.2], [2.0, 0.1, 0.2], [3.0, 0.1, 0.2]])
+    as_list = worker_step_times(list(zip(steps.tolist(), values, strict=True)))
+    as_column = worker_step_times(Column(steps, values.astype(np.float32)))
+    assert as_list[0].tolist() == as_column[0].tolist() == [0, 1, 2]
+    assert as_list[1][:, 0].tolist() == [0.5, 2.0, 3.0]
+    np.testing.assert_array_equal(as_column[1], as_list[1].astype(np.float32))
+    assert as_column[1].dtype == np.float64
+    # Values of another length: NaN rows, as for a list.
+    odd = worker_step_times(Column(steps[:2], np.zeros((2, 2))))
+    assert np.isnan(odd[1]).all() and odd[1].shape == (2, 3)
