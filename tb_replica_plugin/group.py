@@ -186,15 +186,18 @@ class GroupState:
       (1000, 16)
     """
 
-    def __init__(self, name, runs, source, experiment_id, job=None):
+    def __init__(self, name, runs, source, experiment_id, job=None, shared=False):
         """Args:
         name: the group name.
         runs: its runs.
         source: a `core.sources` source (its `tail(experiment_id, run)`).
         experiment_id: the experiment id.
         job: whether it is a candidate job (default: `name` is not among `runs`).
+        shared: a large job's first read is shared with a helper process (`shared_read`;
+          the tab's reads: TensorBoard serves from one process).
         """
         self.name = name
+        self._shared = shared
         self.runs = worker_order(runs)
         self._source = source
         self._experiment_id = experiment_id
@@ -243,25 +246,41 @@ class GroupState:
 
     def _refresh(self, ctx, listing, first_reads):
         first = not self._read
-        reads = iter(first_reads) if first and first_reads is not None else None
         changed = live = False
-        for member in self.members:
-            if reads is not None:
-                got = next(reads)
-            else:
-                tail_read = member.tail.read(ctx, (listing or {}).get(member.run))
-                if tail_read.reset or (not first and tail_read.files > 1):
-                    raise Irregular(f"{member.run}: read again")
-                if not first and not tail_read.samples:
-                    continue  # nothing appended (a tag's first value brings its metadata)
-                context = member.context if self.mode == "job" and not first else None
-                got = read_member(member.run, tail_read, context, first)
-            live = self._take_live(member, got) or live
-            changed = self._take(member, got, first) or changed
+        with self._first_reads(first, first_reads) as reads:
+            for member in self.members:
+                if reads is not None:
+                    got = next(reads)
+                else:
+                    tail_read = member.tail.read(ctx, (listing or {}).get(member.run))
+                    if tail_read.reset or (not first and tail_read.files > 1):
+                        raise Irregular(f"{member.run}: read again")
+                    if not first and not tail_read.samples:
+                        continue  # nothing appended (a tag's first value brings its metadata)
+                    context = member.context if self.mode == "job" and not first else None
+                    got = read_member(member.run, tail_read, context, first)
+                live = self._take_live(member, got) or live
+                changed = self._take(member, got, first) or changed
         self._read = True
         self.full_reads += first
         self.data_version += changed or first
         self.live_version += live or first
+
+    @contextlib.contextmanager
+    def _first_reads(self, first, given):
+        """The members' first reads when read elsewhere (None: each is read here): `given`,
+        or a large job's shared with a helper process (`shared_read`)."""
+        if not first:
+            yield None
+        elif given is not None:
+            yield iter(given)
+        elif self.mode == "job" and self._shared:
+            from tb_replica_plugin import shared_read
+
+            with shared_read.first_reads(self.members) as reads:
+                yield reads
+        else:
+            yield None
 
     @staticmethod
     def _take_live(member, got):

@@ -195,7 +195,7 @@ class RunStore:
         with self._lock:
             state = self._states.get(key)
             if state is None or state.runs != group.worker_order(members):
-                state = group.GroupState(name, members, self._source, experiment_id)
+                state = group.GroupState(name, members, self._source, experiment_id, shared=True)
                 self._states[key] = state
         reads, data, live = state.full_reads, state.data_version, state.live_version
         state.refresh(ctx, runs)

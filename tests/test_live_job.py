@@ -18,12 +18,17 @@ PLUGIN = "/data/plugin/replicas"
 NOW = 2_000_000_000.0  # the status family's clock in both servers (its state depends on it)
 
 
-def _write_job(logdir):
+def _write_job(logdir, workers=2):
     """`benchmarks.job_scale`'s job (worker 0 by ReplicaCallback in a Keras fit, every family;
-    worker 1 a copy with its own identity), 2 workers × 2 replicas × 4 logged steps."""
-    code = "import sys; from benchmarks.job_scale import write_job; write_job(sys.argv[1], 2, 2, 4)"
+    the others copies with their own identity), `workers` × 2 replicas × 4 logged steps."""
+    code = "import sys; from benchmarks.job_scale import write_job; "
+    code += "write_job(sys.argv[1], int(sys.argv[2]), 2, 4)"
     done = subprocess.run(
-        [sys.executable, "-c", code, logdir], cwd=REPO, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", code, logdir, str(workers)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
 

@@ -330,10 +330,14 @@ class Merger:
 
     Attributes:
       attribute: the family's `RunData` attribute.
+      sample_tags: the tags whose raw samples `add` reads from a worker's `RunData.samples`
+        (beside its series); None: it may read any (a worker read elsewhere keeps them all,
+        `group.trimmed`).
       seen: `{slot: whether its series was not None at its last add}`.
     """
 
     attribute = None
+    sample_tags = ()
 
     def __init__(self, expected_workers=1):
         self.expected_workers = max(int(expected_workers), 1)

@@ -56,6 +56,16 @@ class _FileTail:
     def values_read(self):
         return self._tail.values_read
 
+    @property
+    def directory(self):
+        """The run's directory."""
+        return self._tail.directory
+
+    def adopt(self, run_tail):
+        """Reads on from `run_tail`: a `RunTail` of the same run that read its files elsewhere
+        (`shared_read`), in place of this one's."""
+        self._tail = run_tail
+
     def read(self, ctx=None, tags_of_run=None):
         return self._tail.read()
 

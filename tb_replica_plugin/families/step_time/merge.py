@@ -46,6 +46,8 @@ class StepTimeMerger(jobs.Merger):
         self.ready_parts = {}  # slot -> (replicas, devices) of a worker with ready times
         self.ready_steps = set()  # every step some worker logged ready times at
 
+    sample_tags = (schema.TAG_STEP_TIME,)
+
     def add(self, slot, member, since):
         """Writes worker `slot`'s step timing and ready times from step `since` on (all: None).
 
