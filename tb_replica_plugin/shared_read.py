@@ -50,6 +50,8 @@ LEAD = 8
 # Seconds this process waits for a worker the helper announced before it reads it itself.
 RESULT_TIMEOUT = 60.0
 SHARED_READ_ENV = "TB_REPLICA_SHARED_READ"
+# The helper's files are written to /dev/shm when it has this many bytes free.
+SHM_FREE = 1024 * 1024 * 1024
 
 _FRAME = struct.Struct("<cI")  # what (a byte), a worker's index
 _TAKING, _DONE, _ERROR = b"T", b"R", b"E"  # from the helper; an error ends its frames
@@ -147,8 +149,7 @@ class _Helper:
         self._announced, self._done = set(), set()
         self._ended = False
         self._pending = b""
-        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        self._directory = tempfile.mkdtemp(prefix="tb_replica_read_", dir=shm)
+        self._directory = tempfile.mkdtemp(prefix="tb_replica_read_", dir=_files_directory())
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)
         try:
@@ -272,6 +273,17 @@ class _Helper:
                 self._process.wait(timeout=5)
             self._process.stdout.close()
         shutil.rmtree(self._directory, ignore_errors=True)
+
+
+def _files_directory():
+    """Where the helper's files go: memory (`/dev/shm`) where it is writable with `SHM_FREE`
+    bytes free (a container's is often 64 MB), else the temporary directory (None)."""
+    try:
+        if os.access("/dev/shm", os.W_OK) and shutil.disk_usage("/dev/shm").free >= SHM_FREE:
+            return "/dev/shm"
+    except OSError:
+        pass
+    return None
 
 
 def _helper_command():

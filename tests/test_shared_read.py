@@ -142,6 +142,9 @@ def test_a_small_job_or_the_switch_reads_in_one_process(logdir, monkeypatch):
     assert shared_read.worth_sharing(members)
     monkeypatch.setenv(shared_read.SHARED_READ_ENV, "0")
     assert not shared_read.worth_sharing(members)
+    # The helper's files: in memory where /dev/shm has room, else the temporary directory.
+    monkeypatch.setattr(shared_read, "SHM_FREE", 1 << 62)
+    assert shared_read._files_directory() is None
 
 
 # A helper that takes in the start, announces every worker, then does `{end}`.
