@@ -121,6 +121,29 @@ def test_the_others_median_leaves_the_replica_out():
     assert "logical devices sharing the host's cores" in finding.message
 
 
+def test_slow_replicas_found_among_candidates_equal_those_of_every_replica(monkeypatch):
+    """The rule judges only the replicas whose median is above the others' (`_candidates`):
+    its findings equal judging every replica, with medians on the thresholds exactly, and one
+    replica alone."""
+    # Replica 3 exactly 1.25 times the others' median, replica 7 just below it.
+    medians = np.array([0.02, 0.02, 0.02, 0.025, 0.02, 0.05, 0.02, 0.0249, 0.02, 0.02, 0.03, 0.02])
+    points = ready_points(list(medians))
+    found_by_width = {}
+    for width in (12, 7, 1):
+        cut = [(step, value[:, :width]) for step, value in points]
+        ready = build(list(range(width)), cut).step_time.ready
+        found = rules.find_slow_replicas(ready)
+        with monkeypatch.context() as patch:
+            patch.setattr(rules, "_candidates", lambda values, positions, thresholds: positions)
+            assert found == rules.find_slow_replicas(ready), width
+        found_by_width[width] = [(f.replicas, f.value) for f in found]
+    assert found_by_width == {
+        12: [([3], 1.25), ([5], 2.5), ([10], 1.5)],
+        7: [([3], 1.25), ([5], 2.5)],
+        1: [],  # one replica: nobody to compare with
+    }
+
+
 def test_malformed_samples_are_skipped_with_a_note():
     points = ready_points(SLOW)
     points += [
