@@ -256,3 +256,12 @@ def test_shared_values_and_match_fraction_equal_the_pairwise_definition():
                 )
     finally:
         rng_present.MATCH_CELLS = original
+
+
+def test_hex64_lists_write_each_value_as_hex64():
+    from tb_replica_plugin.core.downsample import hex64, hex64_lists
+
+    values = np.array([[0, 1, -1], [2**63 - 1, -(2**63), 255]], np.int64)
+    assert hex64_lists(values) == [[hex64(v) for v in row] for row in values]
+    assert hex64_lists(values)[0] == ["0000000000000000", "0000000000000001", "f" * 16]
+    assert hex64_lists(values[1]) == ["7fffffffffffffff", "8000000000000000", "00000000000000ff"]

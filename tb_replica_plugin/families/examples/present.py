@@ -7,7 +7,7 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 import numpy as np
 
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import cut_to_blocks, hex64, pick
+from tb_replica_plugin.core.downsample import cut_to_blocks, hex64_lists, pick
 from tb_replica_plugin.families.examples import rules
 
 ARGS = {"max_points": args.parse_max_points, "matrix_side": args.parse_matrix_side}
@@ -40,7 +40,7 @@ def data_body(series, max_points=None, matrix_side=None):
     sketch = []
     if last >= 0:
         for row, distinct in zip(series.sketch[last], series.distinct[last], strict=True):
-            sketch.append([hex64(v) for v in row[: min(int(distinct), row.size)]])
+            sketch.append(hex64_lists(row[: min(int(distinct), row.size)]))
     return {
         "run": series.run,
         "replicas": series.replicas,

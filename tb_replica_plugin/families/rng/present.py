@@ -7,7 +7,7 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 import numpy as np
 
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import cut_to_blocks, hex64, pick
+from tb_replica_plugin.core.downsample import cut_to_blocks, hex64_lists, pick
 from tb_replica_plugin.families.rng import rules
 
 ARGS = {"max_points": args.parse_max_points, "matrix_side": args.parse_matrix_side}
@@ -45,8 +45,8 @@ def rng_body(series, max_points=None, matrix_side=None):
                 "match": match.round(6).tolist(),
                 "stream_groups": [rules.stream_groups(fingerprint[s]) for s in picked],
                 "state_groups": [rules.stream_groups(state[s]) for s in picked],
-                "last_fingerprint": [hex64(v) for v in fingerprint[last]] if last >= 0 else [],
-                "last_state": [[hex64(w) for w in row] for row in state[last]] if last >= 0 else [],
+                "last_fingerprint": hex64_lists(fingerprint[last]) if last >= 0 else [],
+                "last_state": hex64_lists(state[last]) if last >= 0 else [],
             }
         )
     return {
