@@ -437,3 +437,10 @@ def test_a_workers_step_timing_reads_alike_as_a_column_and_as_a_list():
     # Values of another length: NaN rows, as for a list.
     odd = worker_step_times(Column(steps[:2], np.zeros((2, 2))))
     assert np.isnan(odd[1]).all() and odd[1].shape == (2, 3)
+
+
+def test_column_medians_equal_np_median_over_steps():
+    values = np.random.default_rng(4).choice([0.01, 0.02, 0.5, np.inf, 3.0], size=(7, 6))
+    values[2, 3] = np.nan  # a NaN window: NaN, as np.median gives
+    for rows in (values, values[:6], values[:1]):
+        np.testing.assert_array_equal(rules._column_medians(rows), np.median(rows, axis=0))

@@ -168,10 +168,16 @@ def ready_medians(ready):
         empty = np.full(len(ready.replicas), np.nan)
         return empty, empty.copy(), empty.copy()
     return (
-        np.median(ready.ready_median[used], axis=0),
-        np.median(ready.wait_median[used], axis=0),
+        _column_medians(ready.ready_median[used]),
+        _column_medians(ready.wait_median[used]),
         np.max(ready.ready_max[used], axis=0),
     )
+
+
+def _column_medians(values):
+    """`np.median(values, axis=0)`, each replica's column made contiguous first (its
+    partition reads one row of memory, not every row: 0.06 instead of 0.1 s at 1,000 x 2,048)."""
+    return np.median(np.ascontiguousarray(values.T), axis=1)
 
 
 def replica_groups(ready):
