@@ -13,6 +13,10 @@ through a tail of a source (`core.sources`) and keeps what its series need:
   that gives a note) makes the state read the group again from its start (`jobs.Irregular`);
 - either: the live families' samples (`Family.live`: status), read apart (`live`).
 
+The first read of a job may come from elsewhere: a pool of processes (`first_reads`, the
+report's), or for the tab's large jobs a helper process reading beside this one (`shared=True`,
+`shared_read`).
+
 No TensorFlow.
 """
 

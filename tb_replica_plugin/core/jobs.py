@@ -331,8 +331,8 @@ class Merger:
     Attributes:
       attribute: the family's `RunData` attribute.
       sample_tags: the tags whose raw samples `add` reads from a worker's `RunData.samples`
-        (beside its series); None: it may read any (a worker read elsewhere keeps them all,
-        `group.trimmed`).
+        (beside its series): a worker read by another process sends only those
+        (`shared_read`); None: it may read any (all are sent).
       seen: `{slot: whether its series was not None at its last add}`.
     """
 
