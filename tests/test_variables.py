@@ -506,6 +506,37 @@ def test_job_holds_each_row_bit_identical_to_global_replica_0_once():
     assert joined.steps.size == 0 and joined.rows.shape[1] == lone.rows.shape[1]
 
 
+def test_a_workers_last_step_written_again_keeps_its_rows_in_the_table():
+    """A live job's look re-merges each worker's last step (`since`): copies with the hash they
+    had keep their rows; only a changed copy adds one (the table does not grow at every look)."""
+
+    class Member:
+        def __init__(self, series):
+            self.variables = series
+
+    workers = [{"name": "worker_0"}, {"name": "worker_1"}]
+    merger = VariablesMerger(2)
+    first, second = synthetic([0.0, 0.0, 1e-3]), synthetic([0.0, 0.0, 1e-3])
+    merger.add(0, Member(first), None)
+    merger.add(1, Member(second), None)
+    rows_before, merged = merger.count, merger.result("job", [0, 1], workers, [])
+    row_of = merged.row_of.copy()
+    for _ in range(3):  # three looks, each re-reading the last step of both workers
+        merger.add(0, Member(synthetic([0.0, 0.0, 1e-3])), 2)
+        merger.add(1, Member(synthetic([0.0, 0.0, 1e-3])), 2)
+    again = merger.result("job", [0, 1], workers, [])
+    assert merger.count == rows_before
+    np.testing.assert_array_equal(again.row_of, row_of)
+    np.testing.assert_array_equal(again.stats, merged.stats)
+    # Worker 1's last step written again with another value: its drifted copies get new rows.
+    changed = synthetic([0.0, 0.0, 2e-3])
+    changed.hash[2] += 1
+    merger.add(1, Member(changed), 2)
+    assert merger.count == rows_before + 2
+    result = merger.result("job", [0, 1], workers, [])
+    np.testing.assert_allclose(result.rel_l2[2, 0], [0, 1e-3, 0, 2e-3], rtol=1e-9)
+
+
 def test_findings_tolerance_bits_and_sync_on_read():
     exact_zero = synthetic([0.0, 0.0])
     assert variables_rules.find_variables(exact_zero) == []

@@ -61,7 +61,10 @@ class VariablesMerger(jobs.Merger):
         self.rows.widen(self.axis.total)
         keep = series.steps >= since if since is not None else np.ones(series.steps.size, bool)
         rows = self.rows.place(slot, series.steps[keep])
-        row_of = self._job_rows(slot, series, keep, rows)
+        again = (
+            self._written_before(rows, columns, series.hash[keep]) if since is not None else None
+        )
+        row_of = self._job_rows(slot, series, keep, rows, again)
         self.rows.write(slot, "hash", rows, columns, series.hash[keep])
         self.rows.write(slot, "row_of", rows, columns, row_of)
         coverage = series.coverage[keep][:, None, :]
@@ -94,22 +97,35 @@ class VariablesMerger(jobs.Merger):
         self.rows.declare("zero", (variables, replicas), np.float64, np.nan, (1,))
         self.table = np.zeros((16, first.rows.shape[1]))
 
-    def _job_rows(self, slot, series, keep, rows):
+    def _written_before(self, rows, columns, hashes):
+        """`(rows, mask)` of a worker's steps written again (its last step, with new data):
+        int64 [S, V, R_w] the table rows its copies had, and where a copy has the same hash
+        as then (its row is kept, not appended again: a live job's table would grow by a step's
+        rows at every look)."""
+        at = np.maximum(rows, 0)
+        before = self.rows.arrays["row_of"][:, :, columns][at]
+        same_hash = self.rows.arrays["hash"][:, :, columns][at] == hashes
+        return before, (before >= 0) & same_hash & (rows >= 0)[:, None, None]
+
+    def _job_rows(self, slot, series, keep, rows, again=None):
         """int64 [S, V, R] of the worker's kept steps: each copy's row in the job's table; its
-        own rows appended unless bit-identical to global replica 0's copy at that step."""
+        own rows appended unless bit-identical to global replica 0's copy at that step, or
+        written before with the same hash (`again`: `_written_before`, or None)."""
         row_of, hashes = series.row_of[keep], series.hash[keep]
         valid = (row_of >= 0) & (rows >= 0)[:, None, None]
+        before, again = again if again is not None else (row_of, np.zeros(row_of.shape, bool))
         if slot == 0:
             reference = hashes[:, :, 0]
-            reference_row = self._mapped(series, row_of[:, :, 0], valid[:, :, 0])
+            new = self._mapped(series, row_of[:, :, 0], valid[:, :, 0] & ~again[:, :, 0])
+            reference_row = np.where(again[:, :, 0], before[:, :, 0], new)
         else:
             at = np.maximum(rows, 0)
             reference = self.rows.arrays["hash"][at, :, 0]
             reference_row = np.where((rows >= 0)[:, None], self.rows.arrays["row_of"][at, :, 0], -1)
         same = valid & (hashes == reference[:, :, None]) & (reference_row >= 0)[:, :, None]
         same &= self._comparable(slot)[None]
-        own = self._mapped(series, row_of, valid & ~same)
-        return np.where(same, reference_row[:, :, None], own)
+        own = self._mapped(series, row_of, valid & ~same & ~again)
+        return np.where(same, reference_row[:, :, None], np.where(again, before, own))
 
     def _comparable(self, slot):
         """bool [V, R_w]: the worker's copies hashed by global replica 0's algorithm, both
