@@ -236,17 +236,9 @@ MAX_AUTO_PROCESSES = 8
 
 def _event_bytes(logdir, limit):
     """Bytes of the event files under `logdir`, counted until they exceed `limit`."""
-    total = 0
-    for directory, _, names in os.walk(logdir):
-        for name in names:
-            if "tfevents" in name:
-                try:
-                    total += os.path.getsize(os.path.join(directory, name))
-                except OSError:
-                    continue
-                if total > limit:
-                    return total
-    return total
+    from tb_replica_plugin.core.event_files import event_bytes
+
+    return event_bytes((directory for directory, _, _ in os.walk(logdir)), limit)
 
 
 def _choose_event_reader(logdir, counted, defer=False):

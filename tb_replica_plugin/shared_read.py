@@ -91,17 +91,9 @@ def worth_sharing(members):
     directories = [getattr(m.tail, "directory", None) for m in members]
     if any(d is None or "://" in d for d in directories):
         return False
-    return sum(_event_bytes(d) for d in directories) >= MIN_BYTES
+    from tb_replica_plugin.core.event_files import event_bytes
 
-
-def _event_bytes(directory):
-    from tb_replica_plugin.core.event_files import event_file_names
-
-    try:
-        names = event_file_names(os.listdir(directory))
-        return sum(os.path.getsize(os.path.join(directory, n)) for n in names)
-    except OSError:
-        return 0
+    return event_bytes(directories, MIN_BYTES) >= MIN_BYTES
 
 
 def _reads(members, helper):
@@ -142,13 +134,28 @@ def _read_here(member, index, helper):
     return group.read_member(member.run, member.tail.read(), None, True)
 
 
+class _Frames:
+    """The whole `_FRAME`s of a pipe read in pieces (a piece may end inside a frame)."""
+
+    def __init__(self):
+        self._pending = b""
+
+    def whole(self, data):
+        """`[(what, index)]` of the frames that `data` completes."""
+        self._pending += data
+        whole = len(self._pending) // _FRAME.size * _FRAME.size
+        frames = list(_FRAME.iter_unpack(self._pending[:whole]))
+        self._pending = self._pending[whole:]
+        return frames
+
+
 class _Helper:
     """The helper process of one job's first read: its pipes and its files."""
 
     def __init__(self, runs):
         self._announced, self._done = set(), set()
         self._ended = False
-        self._pending = b""
+        self._frames = _Frames()
         self._directory = tempfile.mkdtemp(prefix="tb_replica_read_", dir=_files_directory())
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         path = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)
@@ -182,11 +189,8 @@ class _Helper:
             if not data:  # the helper ended: a warning if it left a worker it took
                 self._end("it stopped" if self._announced - self._done else None)
                 return
-            self._pending += data
-            whole = len(self._pending) // _FRAME.size * _FRAME.size
-            for what, index in _FRAME.iter_unpack(self._pending[:whole]):
+            for what, index in self._frames.whole(data):
                 self._take_frame(what, index)
-            self._pending = self._pending[whole:]
 
     def _take_frame(self, what, index):
         if what == _TAKING:
@@ -381,7 +385,7 @@ class _OtherProcess:
 
     def __init__(self, fd):
         self._fd = fd
-        self._pending = b""
+        self._frames = _Frames()
         self.claimed = set()
         self.merging = -1
         self.gone = False
@@ -405,14 +409,11 @@ class _OtherProcess:
         if not data:
             self.gone = True
             return
-        self._pending += data
-        whole = len(self._pending) // _FRAME.size * _FRAME.size
-        for what, index in _FRAME.iter_unpack(self._pending[:whole]):
+        for what, index in self._frames.whole(data):
             if what == _CLAIM:
                 self.claimed.add(index)
             else:
                 self.merging = max(self.merging, index)
-        self._pending = self._pending[whole:]
 
 
 def main():

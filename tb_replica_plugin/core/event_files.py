@@ -365,6 +365,25 @@ def event_file_names(names):
     return sorted(n for n in names if "tfevents" in n and not n.endswith(".profile-empty"))
 
 
+def event_bytes(directories, limit=None):
+    """Bytes of the event files (`event_file_names`) directly in each of `directories`, counted
+    until they exceed `limit` (None: all); a directory or file that cannot be read counts 0."""
+    total = 0
+    for directory in directories:
+        try:
+            names = event_file_names(os.listdir(directory))
+        except OSError:
+            continue
+        for name in names:
+            try:
+                total += os.path.getsize(os.path.join(directory, name))
+            except OSError:
+                continue
+            if limit is not None and total > limit:
+                return total
+    return total
+
+
 @dataclasses.dataclass
 class TailRead:
     """What one `RunTail.read` found.

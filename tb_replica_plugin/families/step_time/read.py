@@ -185,7 +185,7 @@ def _readable_samples(points, replicas):
       `(steps, table, skipped)`: int64 [S] in step order, one sample per step (the last one
       written); float64 [S, 4, R]; how many samples were not readable.
     """
-    kept_positions, kept_values, kept = [], [], 0
+    kept_positions, kept_values = [], []
     for group in columns.by_shape(points):
         if group.shape != (schema.REPLICA_TIME_ROWS, replicas) or not replicas:
             continue
@@ -201,15 +201,14 @@ def _readable_samples(points, replicas):
             values = values[ok]
         kept_positions.append(group.positions[ok])
         kept_values.append(values.astype(np.float64, copy=False))
-        kept += int(ok.sum())
-    if not kept:
-        return np.zeros((0,), np.int64), None, len(points)
-    positions = np.concatenate(kept_positions)
+    positions = np.concatenate(kept_positions) if kept_positions else np.zeros(0, np.int64)
+    if not positions.size:
+        return positions, None, len(points)
     order = np.argsort(positions, kind="stable")  # the order written: the last one wins
     steps = columns.steps_of(points)[positions[order]]
     table = np.concatenate(kept_values)[order]
     steps, table = columns.last_per_step(steps.astype(np.int64, copy=False), table)
-    return steps, table, len(points) - kept
+    return steps, table, len(points) - positions.size
 
 
 def _readable(value, replicas):
