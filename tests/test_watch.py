@@ -387,3 +387,32 @@ def test_packed_stats_equal_the_exact_stats_where_every_value_is_finite():
     ragged = [tf.ragged.constant([[1.0], [2.0, 3.0]]), tf.ragged.constant([[4.0]])]
     assert not stats.packable(ragged)
     assert not stats.packable([tf.constant(["a"])])
+
+
+def test_a_watched_value_pickles_its_stats_as_one_array_and_reads_back_the_same():
+    """A worker read in another process is sent pickled: stats of one layout go as one array
+    (not one array per step), and come back equal, step for step; stats of layouts that differ
+    (a leaf added at step 2) go as they are."""
+    import pickle
+
+    from tb_replica_plugin.families.watch.read import WatchedValue
+
+    rng = np.random.default_rng(0)
+    alike = [(step, rng.normal(size=(1, 10, 8))) for step in range(0, 300, 3)]
+    differ = [(0, np.ones((1, 10, 2))), (2, np.full((2, 10, 2), np.nan))]
+    events = [{"step": 0, "explain": False, "leaves": []}]
+    for stats, nonfinite in ((alike, differ), (alike[:1], [])):
+        value = WatchedValue("logits", events, stats, nonfinite)
+        sent = pickle.dumps(value)
+        back = pickle.loads(sent)
+        assert back.name == "logits" and back.shape_events == events
+        for got, want in ((back.stats, stats), (back.nonfinite, nonfinite)):
+            assert [s for s, _ in got] == [s for s, _ in want]
+            for (_, a), (_, b) in zip(got, want, strict=True):
+                np.testing.assert_array_equal(a, b)
+                assert a.dtype == b.dtype
+    # The 100 steps came as one array: each step's array is a row of it.
+    back = pickle.loads(pickle.dumps(WatchedValue("x", [], alike, differ)))
+    bases = {id(a.base) for _, a in back.stats}
+    assert len(bases) == 1 and back.stats[0][1].base.shape == (100, 1, 10, 8)
+    assert all(a.base is None for _, a in back.nonfinite)

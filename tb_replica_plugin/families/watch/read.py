@@ -47,6 +47,40 @@ class WatchedValue:
             names = [entry["name"] for entry in event["leaves"]]
         return names or self.leaves
 
+    def __reduce__(self):
+        """Pickles each of `stats` and `nonfinite` as one array when its arrays are alike (a
+        worker read in another process: `shared_read`, the report's pool), not one per step."""
+        return _unpacked_value, (
+            self.name,
+            self.shape_events,
+            _packed_points(self.stats),
+            _packed_points(self.nonfinite),
+        )
+
+
+def _packed_points(points):
+    """`(steps, stacked arrays)` of `[(step, array)]` whose arrays have one shape and dtype,
+    else the list itself."""
+    if len(points) < 2:
+        return points
+    first = points[0][1]
+    if any(a.shape != first.shape or a.dtype != first.dtype for _, a in points):
+        return points
+    return np.array([s for s, _ in points], np.int64), np.stack([a for _, a in points])
+
+
+def _unpacked_value(name, shape_events, stats, nonfinite):
+    """The `WatchedValue` that `WatchedValue.__reduce__` packed."""
+    return WatchedValue(name, shape_events, _unpacked_points(stats), _unpacked_points(nonfinite))
+
+
+def _unpacked_points(points):
+    """The `[(step, array)]` of `_packed_points` (each array a view of the stacked one)."""
+    if isinstance(points, tuple):
+        steps, stacked = points
+        return list(zip(steps.tolist(), stacked, strict=True))
+    return points
+
 
 @dataclasses.dataclass
 class WatchSeries:
