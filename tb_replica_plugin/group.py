@@ -182,6 +182,7 @@ class GroupState:
       values_read: summary values read by its tails so far.
       uid: unique to this state (a version is `(uid, data_version)`).
       full_reads: reads of the group from its start (1, more after `jobs.Irregular`).
+      looks: refreshes that looked at the runs (requests that came together share one).
 
     Example:
       >>> state = GroupState("job", ["job/worker_0", "job/worker_1"], FileSource("logs"), "")
@@ -207,6 +208,8 @@ class GroupState:
         self._experiment_id = experiment_id
         self._job = name not in runs if job is None else job
         self._lock = threading.Lock()
+        self.looks = 0  # refreshes started
+        self._looked = 0  # the last one finished
         self.uid = next(_UIDS)
         self.full_reads = 0
         self.data_version = 0
@@ -237,8 +240,16 @@ class GroupState:
             tails (None: they list).
           first_reads: for the first refresh, an iterable of each run's `MemberRead` in the
             order of `runs` (read elsewhere: `reader.read_log_dir`'s processes); None: read here.
+
+        A refresh that started after this call and has finished read whatever was appended
+        before it: the call returns without looking again (the tab's requests of one view come
+        together, and each looked at every worker of a job in turn: 6 x 40 ms at 256 workers).
         """
+        after = self.looks  # an int read whole: refreshes numbered above it start later
         with self._lock, event_files.reading_in_bulk():
+            if self._looked > after:
+                return
+            self.looks += 1
             try:
                 self._refresh(ctx, listing, first_reads)
             except _NotAJob:
@@ -247,6 +258,8 @@ class GroupState:
             except Irregular:
                 self._reset(self.mode)
                 self._refresh(ctx, listing, None)
+            finally:
+                self._looked = self.looks
 
     def _refresh(self, ctx, listing, first_reads):
         first = not self._read

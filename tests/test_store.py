@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import threading
+import time
 
 import pytest
 from conftest import REPO, mirrored, write_loop_15_7
@@ -514,3 +515,63 @@ def test_run_store_docstring_example_runs_as_written(tmp_path):
     runner = doctest.DocTestRunner()
     result = runner.run(test)
     assert (result.failed, result.attempted) == (0, len(test.examples)) and result.attempted >= 2
+
+
+class _CountingLock:
+    """A lock that counts the threads that came to take it."""
+
+    def __init__(self):
+        self.lock, self.came = threading.Lock(), 0
+
+    def __enter__(self):
+        self.came += 1
+        self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
+def test_refreshes_asked_during_one_share_the_next_which_reads_what_came_before_them(tmp_path):
+    """The requests of one view come together: those that come while a refresh looks at the
+    runs wait for it, then share one more look (it started after each came, so it reads what
+    was appended before they asked); a refresh after that looks again."""
+    from benchmarks import live_job
+    from benchmarks.multiworker_load import write_job
+    from tb_replica_plugin import group
+    from tb_replica_plugin.core.sources import FileSource
+
+    logdir = str(tmp_path)
+    write_job(logdir, workers=3, replicas=2, steps=5)
+    state = group.GroupState("job", [f"job/worker_{i}" for i in range(3)], FileSource(logdir), "")
+    state.refresh()
+    state._lock = _CountingLock()
+    # The next look stops after reading the last worker, until the others came.
+    last = state.members[-1].tail
+    read, read_done, go_on = last.read, threading.Event(), threading.Event()
+
+    def held_read(*args):
+        got = read(*args)
+        read_done.set()
+        go_on.wait(60)
+        return got
+
+    last.read = held_read
+    held = threading.Thread(target=state.refresh)
+    held.start()
+    assert read_done.wait(60)
+    last.read = read
+    assert live_job.append_steps(os.path.join(logdir, "job"), 2, heartbeat=False) == 3 * 2 * 2
+    came_after = [threading.Thread(target=state.refresh) for _ in range(4)]
+    for thread in came_after:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while state._lock.came < 1 + 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go_on.set()
+    for thread in [held, *came_after]:
+        thread.join(60)
+        assert not thread.is_alive()
+    assert state.looks == 3  # the first, the held one, one for the four
+    assert state.data()["job"].inputs.steps.tolist() == list(range(7))
+    state.refresh()
+    assert state.looks == 4
