@@ -62,6 +62,12 @@ def test_ready_times_are_read_with_the_runs_replicas():
     median_ready, median_wait, max_ready = rules.ready_medians(ready)
     assert median_ready.tolist() == SLOW and max_ready.tolist() == [0.025, 0.035]
     assert np.allclose(median_wait, [0.01, 0.0])
+    # Asked again (the findings, then the route body): the same arrays, read-only; another
+    # series gets its own.
+    assert rules.ready_medians(ready)[0] is median_ready and not median_ready.flags.writeable
+    other = build([0, 1], ready_points([0.02, 0.02])).step_time.ready
+    assert rules.ready_medians(other)[0].tolist() == [0.02, 0.02]
+    assert rules.ready_medians(ready)[0].tolist() == SLOW
 
 
 def test_a_replica_ready_at_30_ms_against_20_ms_is_slow():
