@@ -258,6 +258,30 @@ def test_shared_values_and_match_fraction_equal_the_pairwise_definition():
         rng_present.MATCH_CELLS = original
 
 
+def test_match_blocks_of_replicas_that_never_share_a_stream_equal_those_of_the_matrix():
+    """With more replicas than `matrix_side`, a generator whose replicas never drew the same
+    stream gets its blocks without the R x R matrix: equal to the matrix's (`cut_to_blocks`);
+    one step where two replicas share a stream takes the matrix (its pair shows)."""
+    from tb_replica_plugin.core.downsample import cut_to_blocks
+
+    generator = {"name": "g", "kind": "tf.random.Generator", "layer": None}
+    generator.update(layer_class=None, mirrored=True, state_size=1)
+    rng = np.random.default_rng(3)
+    for share in (False, True):
+        fingerprint = rng.integers(-(2**62), 2**62, size=(6, 1, 10))
+        if share:
+            fingerprint[4, 0, 7] = fingerprint[4, 0, 1]
+        state = np.zeros((6, 1, 10, 1), np.int64)
+        series = rng_read.RngSeries(
+            "r", list(range(10)), [""] * 10, [generator], np.arange(6), fingerprint, state, []
+        )
+        (body,) = rng_present.rng_body(series, matrix_side=4)["generators"]
+        (want,), pooled = cut_to_blocks([rng_present.match_fraction(fingerprint[:, 0])], 4)
+        assert body["match"] == want.round(6).tolist() and body["pooled"] == pooled["pooled"]
+        assert pooled["pooled"]["pairs_above_0"] == int(share)
+        assert (np.array(body["match"]) > 0).sum() == (2 if share else 0)
+
+
 def test_hex64_lists_write_each_value_as_hex64():
     from tb_replica_plugin.core.downsample import hex64, hex64_lists
 

@@ -148,6 +148,19 @@ def pool_pairs(matrix, side):
     return np.maximum.reduceat(np.maximum.reduceat(values, starts, axis=0), starts, axis=1)
 
 
+def pool_identity(replicas, side):
+    """`pool_pairs` of the R × R identity (no two replicas ever match), without the matrix: 0
+    everywhere, -1 on a diagonal block of one replica.
+
+    Example:
+      >>> pool_identity(5, 3).tolist()
+      [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, -1.0]]
+    """
+    starts = block_starts(replicas, side)
+    sizes = np.diff(np.append(starts, replicas))
+    return np.diag(np.where(sizes > 1, 0.0, -1.0))
+
+
 def block_starts(replicas, blocks):
     """The first replica position of each of min(R, `blocks`) blocks of R replicas: block i
     holds the positions r with `r * P // R == i` (P blocks, none empty).

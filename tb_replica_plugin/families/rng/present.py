@@ -7,7 +7,7 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 import numpy as np
 
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import cut_to_blocks, hex64_lists, pick
+from tb_replica_plugin.core.downsample import cut_to_blocks, hex64_lists, pick, pool_identity
 from tb_replica_plugin.families.rng import rules
 
 ARGS = {"max_points": args.parse_max_points, "matrix_side": args.parse_matrix_side}
@@ -36,8 +36,7 @@ def rng_body(series, max_points=None, matrix_side=None):
         fingerprint = series.fingerprint[:, index]
         state = series.state[:, index, :, : generator["state_size"]]
         last = series.steps.size - 1
-        match = match_fraction(fingerprint) if last >= 0 else np.zeros((0, 0))
-        (match,), pooled = cut_to_blocks([match], matrix_side)
+        match, pooled = _match_matrix(fingerprint, matrix_side)
         generators.append(
             {
                 **generator,
@@ -59,6 +58,23 @@ def rng_body(series, max_points=None, matrix_side=None):
         "generators": generators,
         "notes": series.notes,
     }
+
+
+def _match_matrix(fingerprint, side):
+    """A generator's `match` matrix and its `cut_to_blocks` fields; in blocks without the
+    R × R matrix when no two replicas ever drew the same stream (a healthy run: the matrix is
+    the identity, 0.1 s at 2,048 replicas)."""
+    steps, replicas = fingerprint.shape
+    if not steps:
+        return np.zeros((0, 0)), {}
+    if (
+        side is not None
+        and replicas > side
+        and not rules.steps_with_equal_values(fingerprint).any()
+    ):
+        return pool_identity(replicas, side), {"pooled": {"side": side, "pairs_above_0": 0}}
+    (match,), pooled = cut_to_blocks([match_fraction(fingerprint)], side)
+    return match, pooled
 
 
 # Replica pairs × partitions compared at once by `match_fraction` (bounds its memory to ~64 MB).
