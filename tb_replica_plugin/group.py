@@ -258,8 +258,7 @@ class GroupState:
             except Irregular:
                 self._reset(self.mode)
                 self._refresh(ctx, listing, None)
-            finally:
-                self._looked = self.looks
+            self._looked = self.looks  # a look that raised is not shared: the next look again
 
     def _refresh(self, ctx, listing, first_reads):
         first = not self._read

@@ -531,10 +531,14 @@ class _CountingLock:
         self.lock.release()
 
 
-def test_refreshes_asked_during_one_share_the_next_which_reads_what_came_before_them(tmp_path):
+@pytest.mark.parametrize("held_look", ["returns", "raises"])
+def test_refreshes_asked_during_one_share_the_next_which_reads_what_came_before_them(
+    tmp_path, held_look
+):
     """The requests of one view come together: those that come while a refresh looks at the
     runs wait for it, then share one more look (it started after each came, so it reads what
-    was appended before they asked); a refresh after that looks again."""
+    was appended before they asked); a refresh after that looks again. A held look that
+    raises gives its error to its own request only: the others still look and read."""
     from benchmarks import live_job
     from benchmarks.multiworker_load import write_job
     from tb_replica_plugin import group
@@ -548,15 +552,24 @@ def test_refreshes_asked_during_one_share_the_next_which_reads_what_came_before_
     # The next look stops after reading the last worker, until the others came.
     last = state.members[-1].tail
     read, read_done, go_on = last.read, threading.Event(), threading.Event()
+    errors = []
 
     def held_read(*args):
         got = read(*args)
         read_done.set()
         go_on.wait(60)
+        if held_look == "raises":
+            raise OSError("the file went away")
         return got
 
+    def held_refresh():
+        try:
+            state.refresh()
+        except OSError as error:
+            errors.append(str(error))
+
     last.read = held_read
-    held = threading.Thread(target=state.refresh)
+    held = threading.Thread(target=held_refresh)
     held.start()
     assert read_done.wait(60)
     last.read = read
@@ -571,6 +584,7 @@ def test_refreshes_asked_during_one_share_the_next_which_reads_what_came_before_
     for thread in [held, *came_after]:
         thread.join(60)
         assert not thread.is_alive()
+    assert errors == (["the file went away"] if held_look == "raises" else [])
     assert state.looks == 3  # the first, the held one, one for the four
     assert state.data()["job"].inputs.steps.tolist() == list(range(7))
     state.refresh()

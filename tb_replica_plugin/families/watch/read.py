@@ -61,10 +61,11 @@ class WatchedValue:
 def _packed_points(points):
     """`(steps, stacked arrays)` of `[(step, array)]` whose arrays have one shape and dtype,
     else the list itself."""
-    if len(points) < 2:
+    if len(points) < 2 or not isinstance(points[0][1], np.ndarray):
         return points
     first = points[0][1]
-    if any(a.shape != first.shape or a.dtype != first.dtype for _, a in points):
+    alike = (isinstance(a, np.ndarray) and a.shape == first.shape for _, a in points)
+    if not all(alike) or any(a.dtype != first.dtype for _, a in points):
         return points
     return np.array([s for s, _ in points], np.int64), np.stack([a for _, a in points])
 
