@@ -520,10 +520,26 @@ def _context(samples):
     for tag, points in samples.items():
         steps = columns.steps_of(points)
         if steps.size:
-            first = np.unique(steps)[-CONTEXT_STEPS:][0]
+            first = context_start(steps)
             kept = np.flatnonzero(steps >= first).tolist()
             context[tag] = [(int(steps[i]), np.array(points[i][1])) for i in kept]
     return context
+
+
+def context_start(steps):
+    """The first of the last `CONTEXT_STEPS` distinct values of `steps` (int [n], n >= 1).
+
+    Steps in order (as a tag's samples are, but for a step written again) are read from their
+    end, not sorted whole: 4,000 tags of a 256-worker job took 0.1 s with `np.unique`.
+
+    Example:
+      >>> int(context_start(np.array([1, 2, 2, 3]))), int(context_start(np.array([3, 1, 2])))
+      (2, 2)
+    """
+    if steps.size > 1 and bool(np.all(steps[1:] >= steps[:-1])):
+        runs = np.flatnonzero(steps[1:] != steps[:-1]) + 1  # where each later value starts
+        return steps[runs[-CONTEXT_STEPS]] if runs.size >= CONTEXT_STEPS else steps[0]
+    return np.unique(steps)[-CONTEXT_STEPS:][0]
 
 
 def _classic_tags(family):

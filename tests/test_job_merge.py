@@ -284,3 +284,19 @@ def test_straggler_thresholds():
     # Millisecond steps: a 2x slower worker within timer noise is not reported.
     tiny = step_time_read.StepTimeSeries(**{**timing.__dict__, "busy": busy / 100})
     assert not step_time_rules.find_stragglers(tiny, workers)
+
+
+def test_a_workers_context_starts_at_its_last_two_distinct_steps_in_order_or_not():
+    """A worker keeps each tag's samples from the first of its last `CONTEXT_STEPS` distinct
+    steps: read from the end when the steps are in order, the same as sorting them all."""
+    from tb_replica_plugin import group
+
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        steps = np.sort(rng.integers(0, rng.integers(1, 12), size=rng.integers(1, 9)))
+        if trial % 3 == 0:
+            steps = rng.permutation(steps)  # a step written again after later ones
+        want = np.unique(steps)[-group.CONTEXT_STEPS :][0]
+        assert group.context_start(steps) == want, steps
+    assert group.context_start(np.array([4, 4, 4])) == 4
+    assert group.context_start(np.array([1, 2, 2, 3, 3])) == 2
