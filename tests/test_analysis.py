@@ -14,9 +14,9 @@ from tb_replica_plugin.core.downsample import (
     floats,
     json_floats,
     pairs_above_zero,
-    pool_identity,
     pool_pairs,
     pool_replicas,
+    pool_uniform,
 )
 from tb_replica_plugin.families.inputs import present as inputs_present
 from tb_replica_plugin.families.inputs import read as inputs_read
@@ -146,10 +146,14 @@ def test_a_match_matrix_is_cut_to_blocks_of_replica_pairs():
     assert pool_pairs(matrix, 5).tolist() == np.where(np.eye(5) > 0, -1, matrix).tolist()
     assert pairs_above_zero(matrix) == 2 and pairs_above_zero(np.eye(3)) == 0
     assert pool_pairs(matrix, 2).dtype == np.float64 and matrix[0, 0] == 1.0  # input untouched
-    # No two replicas ever match (the identity): the same blocks without the matrix.
+    # Every pair holds one value (the identity: none; all ones): the same blocks without the
+    # matrix.
     for replicas, side in ((5, 2), (5, 3), (5, 4), (7, 6), (2048, 640), (2048, 64)):
-        want = pool_pairs(np.eye(replicas), side)
-        assert pool_identity(replicas, side).tolist() == want.tolist()
+        for value in (0.0, 0.25, 1.0):
+            matrix = np.full((replicas, replicas), value)
+            np.fill_diagonal(matrix, 1.0)
+            want = pool_pairs(matrix, side)
+            assert pool_uniform(replicas, side, value).tolist() == want.tolist()
 
 
 def test_per_replica_series_are_cut_to_blocks_of_replicas():

@@ -258,18 +258,23 @@ def test_shared_values_and_match_fraction_equal_the_pairwise_definition():
         rng_present.MATCH_CELLS = original
 
 
-def test_match_blocks_of_replicas_that_never_share_a_stream_equal_those_of_the_matrix():
-    """With more replicas than `matrix_side`, a generator whose replicas never drew the same
-    stream gets its blocks without the R x R matrix: equal to the matrix's (`cut_to_blocks`);
-    one step where two replicas share a stream takes the matrix (its pair shows)."""
+def test_match_blocks_without_the_matrix_equal_those_of_the_matrix():
+    """With more replicas than `matrix_side`, a generator none of whose steps splits the
+    replicas into groups (each step: all drew their own stream, or all the same) gets its blocks
+    without the R x R matrix: equal to the matrix's (`cut_to_blocks`). A step where two
+    replicas share a stream and the others do not takes the matrix (its pair shows)."""
     from tb_replica_plugin.core.downsample import cut_to_blocks
 
     generator = {"name": "g", "kind": "tf.random.Generator", "layer": None}
     generator.update(layer_class=None, mirrored=True, state_size=1)
     rng = np.random.default_rng(3)
-    for share in (False, True):
+    for case in ("distinct", "some steps alike", "every step alike", "a pair shares"):
         fingerprint = rng.integers(-(2**62), 2**62, size=(6, 1, 10))
-        if share:
+        if case == "some steps alike":
+            fingerprint[[1, 4]] = fingerprint[[1, 4], :, :1]
+        elif case == "every step alike":
+            fingerprint[:] = fingerprint[:, :, :1]
+        elif case == "a pair shares":
             fingerprint[4, 0, 7] = fingerprint[4, 0, 1]
         state = np.zeros((6, 1, 10, 1), np.int64)
         series = rng_read.RngSeries(
@@ -278,8 +283,10 @@ def test_match_blocks_of_replicas_that_never_share_a_stream_equal_those_of_the_m
         (body,) = rng_present.rng_body(series, matrix_side=4)["generators"]
         (want,), pooled = cut_to_blocks([rng_present.match_fraction(fingerprint[:, 0])], 4)
         assert body["match"] == want.round(6).tolist() and body["pooled"] == pooled["pooled"]
-        assert pooled["pooled"]["pairs_above_0"] == int(share)
-        assert (np.array(body["match"]) > 0).sum() == (2 if share else 0)
+        above = {"distinct": 0, "some steps alike": 45, "every step alike": 45, "a pair shares": 1}
+        assert pooled["pooled"]["pairs_above_0"] == above[case], case
+    # Blocks of 10 replicas by 4: [0, 0, 0, 1, 1, 2, 2, 2, 3, 3]; the pair (1, 7) at 1 step of 6.
+    assert body["match"][0] == [0.0, 0.0, round(1 / 6, 6), 0.0]
 
 
 def test_hex64_lists_write_each_value_as_hex64():

@@ -148,17 +148,20 @@ def pool_pairs(matrix, side):
     return np.maximum.reduceat(np.maximum.reduceat(values, starts, axis=0), starts, axis=1)
 
 
-def pool_identity(replicas, side):
-    """`pool_pairs` of the R × R identity (no two replicas ever match), without the matrix: 0
-    everywhere, -1 on a diagonal block of one replica.
+def pool_uniform(replicas, side, value):
+    """`pool_pairs` of an R × R matrix whose every pair r ≠ q holds `value` (its diagonal left
+    out as there), without the matrix: `value` everywhere, -1 on a diagonal block of one
+    replica.
 
     Example:
-      >>> pool_identity(5, 3).tolist()
+      >>> pool_uniform(5, 3, 0.0).tolist()
       [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, -1.0]]
     """
     starts = block_starts(replicas, side)
     sizes = np.diff(np.append(starts, replicas))
-    return np.diag(np.where(sizes > 1, 0.0, -1.0))
+    pooled = np.full((len(starts), len(starts)), float(value))
+    pooled[np.diag_indices(len(starts))] = np.where(sizes > 1, float(value), -1.0)
+    return pooled
 
 
 def block_starts(replicas, blocks):

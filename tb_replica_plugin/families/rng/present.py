@@ -7,7 +7,7 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 import numpy as np
 
 from tb_replica_plugin.core import args
-from tb_replica_plugin.core.downsample import cut_to_blocks, hex64_lists, pick, pool_identity
+from tb_replica_plugin.core.downsample import cut_to_blocks, hex64_lists, pick, pool_uniform
 from tb_replica_plugin.families.rng import rules
 
 ARGS = {"max_points": args.parse_max_points, "matrix_side": args.parse_matrix_side}
@@ -62,17 +62,19 @@ def rng_body(series, max_points=None, matrix_side=None):
 
 def _match_matrix(fingerprint, side):
     """A generator's `match` matrix and its `cut_to_blocks` fields; in blocks without the
-    R × R matrix when no two replicas ever drew the same stream (a healthy run: the matrix is
-    the identity, 0.1 s at 2,048 replicas)."""
+    R × R matrix when no step splits the replicas into groups (at each step all drew the same
+    stream or all their own, as in a healthy run: every pair then matches at the same
+    fraction; 0.1 s at 2,048 replicas)."""
     steps, replicas = fingerprint.shape
     if not steps:
         return np.zeros((0, 0)), {}
-    if (
-        side is not None
-        and replicas > side
-        and not rules.steps_with_equal_values(fingerprint).any()
-    ):
-        return pool_identity(replicas, side), {"pooled": {"side": side, "pairs_above_0": 0}}
+    if side is not None and replicas > side:
+        every = rules.steps_alike(fingerprint)
+        if not (rules.steps_with_equal_values(fingerprint) & ~every).any():
+            value = int(every.sum()) / steps
+            pairs = replicas * (replicas - 1) // 2 if value > 0 else 0
+            fields = {"pooled": {"side": side, "pairs_above_0": pairs}}
+            return pool_uniform(replicas, side, value), fields
     (match,), pooled = cut_to_blocks([match_fraction(fingerprint)], side)
     return match, pooled
 
