@@ -68,14 +68,14 @@ def _match_matrix(fingerprint, side):
     steps, replicas = fingerprint.shape
     if not steps:
         return np.zeros((0, 0)), {}
-    if side is not None and replicas > side:
-        every = rules.steps_alike(fingerprint)
-        if not (rules.steps_with_equal_values(fingerprint) & ~every).any():
-            value = int(every.sum()) / steps
-            pairs = replicas * (replicas - 1) // 2 if value > 0 else 0
-            fields = {"pooled": {"side": side, "pairs_above_0": pairs}}
-            return pool_uniform(replicas, side, value), fields
-    (match,), pooled = cut_to_blocks([match_fraction(fingerprint)], side)
+    kinds = rules.step_kinds(fingerprint)
+    every, split = kinds
+    if side is not None and replicas > side and not split.any():
+        value = int(every.sum()) / steps
+        pairs = replicas * (replicas - 1) // 2 if value > 0 else 0
+        fields = {"pooled": {"side": side, "pairs_above_0": pairs}}
+        return pool_uniform(replicas, side, value), fields
+    (match,), pooled = cut_to_blocks([match_fraction(fingerprint, kinds)], side)
     return match, pooled
 
 
@@ -83,7 +83,7 @@ def _match_matrix(fingerprint, side):
 MATCH_CELLS = 1 << 26
 
 
-def match_fraction(fingerprint):
+def match_fraction(fingerprint, kinds=None):
     """float64 [R, R]: the fraction of steps at which replicas a and b drew equal streams.
 
     A step where no two replicas draw the same stream (in a healthy run, every step) counts
@@ -94,19 +94,19 @@ def match_fraction(fingerprint):
 
     Args:
       fingerprint: int64 [S, R] (S >= 1), one generator's stream fingerprints.
+      kinds: its `rules.step_kinds` when already known.
 
     Returns:
       The fractions; labellings compared in chunks of at most `MATCH_CELLS` pairs (2048
       replicas × 1,000 distinct labellings would be 4 GB at once).
     """
     steps, replicas = fingerprint.shape
-    some = rules.steps_with_equal_values(fingerprint)
-    every = rules.steps_alike(fingerprint)
+    every, split = kinds if kinds is not None else rules.step_kinds(fingerprint)
     # A step where every replica draws its own stream matches each replica with itself only;
     # one where all draw the same matches every pair.
-    equal = np.diag(np.full(replicas, steps - int(some.sum()), dtype=np.int64))
+    equal = np.diag(np.full(replicas, steps - int((every | split).sum()), dtype=np.int64))
     equal += int(every.sum())
-    labels = fingerprint[some & ~every]
+    labels = fingerprint[split]
     counts = np.ones(len(labels), dtype=np.int64)
     if len(labels) * replicas * replicas > MATCH_CELLS:  # worth finding the distinct labellings
         labels, counts = distinct_rows(first_equal_replica(labels))

@@ -119,18 +119,34 @@ def steps_alike(values):
     return (values == values[:, :1]).all(axis=1)
 
 
+def step_kinds(values):
+    """`(alike, split)`, bool [S] each: the steps at which every replica holds the same value
+    (`steps_alike`), and those at which some replicas do and others not.
+
+    Args:
+      values: int64 [S, R].
+
+    Example:
+      >>> [a.tolist() for a in step_kinds(np.array([[5, 5, 5], [5, 6, 5], [1, 2, 3]]))]
+      [[True, False, False], [False, True, False]]
+    """
+    alike = steps_alike(values)
+    split = np.zeros_like(alike)
+    others = np.flatnonzero(~alike) if values.shape[1] > 1 else []
+    if len(others):
+        ordered = np.sort(values[others], axis=1)  # one sort per step
+        split[others] = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
+    return alike, split
+
+
 def steps_with_equal_values(values):
     """bool [S]: whether two replicas hold equal values at each step.
 
     Args:
       values: int64 [S, R].
     """
-    found = steps_alike(values)
-    others = np.flatnonzero(~found) if values.shape[1] > 1 else []
-    if len(others):
-        ordered = np.sort(values[others], axis=1)  # one sort per step
-        found[others] = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
-    return found
+    alike, split = step_kinds(values)
+    return alike | split
 
 
 def shared_values(values):
@@ -144,11 +160,11 @@ def shared_values(values):
       [[True, False, True], [False, False, False]]
     """
     shared = np.zeros(values.shape, dtype=bool)
-    alike = steps_alike(values)
+    alike, split = step_kinds(values)
     shared[alike] = True
     # Only the steps where some but not all replicas share a value (rare) are looked at replica
     # by replica.
-    for s in np.flatnonzero(steps_with_equal_values(values) & ~alike):
+    for s in np.flatnonzero(split):
         _, inverse, counts = np.unique(values[s], return_inverse=True, return_counts=True)
         shared[s] = counts[inverse.reshape(-1)] > 1
     return shared

@@ -46,6 +46,8 @@ class ReplicaTimeSeries:
     ready_max: np.ndarray
     wait_median: np.ndarray
     window_steps: np.ndarray
+    # `rules.ready_medians`' `(ready_median, its medians)`: computed once per series.
+    medians_cache: tuple = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclasses.dataclass

@@ -13,7 +13,6 @@ Pure Python and numpy.
 """
 
 import re
-import weakref
 
 import numpy as np
 
@@ -160,16 +159,16 @@ def ready_medians(ready):
     Returns:
       `(median_ready, median_wait, max_ready)`: float64 arrays [R] (NaN without windows).
 
-    The arrays are read-only: the last series' are kept and given again (a version's
-    findings and its `/step_time` body ask for the same: 80 ms at 1,000 x 2,048).
+    Computed once per series and read-only (a version's findings and its `/step_time` body
+    ask for the same: 80 ms at 1,000 x 2,048).
 
     Example:
       >>> [a.tolist() for a in ready_medians(ready)]  # replica 1 slow in every window
       [[0.02, 0.03], [0.01, 0.0], [0.025, 0.04]]
     """
-    seen, medians = _last_medians[0]
-    if seen() is ready:
-        return medians
+    cached = ready.medians_cache
+    if cached is not None and cached[0] is ready.ready_median:
+        return cached[1]
     used = timed_windows(ready)
     if not np.any(used):
         medians = tuple(np.full(len(ready.replicas), np.nan) for _ in range(3))
@@ -181,12 +180,8 @@ def ready_medians(ready):
         )
     for array in medians:
         array.flags.writeable = False
-    _last_medians[0] = (weakref.ref(ready), medians)
+    ready.medians_cache = (ready.ready_median, medians)
     return medians
-
-
-# `ready_medians`' last series (a weak reference: a dropped job is not kept) and its medians.
-_last_medians = [(lambda: None, None)]
 
 
 def _column_medians(values):
