@@ -279,14 +279,15 @@ class VariablesMerger(jobs.Merger):
         identical = (hash_arr == hash_arr[:, :, :1]) & layout["comparable"][None]
         first = np.broadcast_to(row_of[:, :, :1], row_of.shape)
         same = identical & (row_of >= 0) & (first >= 0)
-        row_of[same] = first[same]  # a worker read before worker 0 had this step
+        np.copyto(row_of, first, where=same)  # a worker read before worker 0 had this step
         arrays["identical"][block, :, :total] = identical
-        l2, rel, lower = read.drift_estimates(self.table[: self.count], row_of, identical, layout)
+        zeros = read.identical_zeros(identical, out=arrays["zero"][block, :, :total])
+        table = self.table[: self.count]
+        l2, rel, lower = read.drift_estimates(table, row_of, identical, layout, zeros)
         if l2 is not rel and not self.estimated:  # the first estimate: three arrays from now on
             self.estimated = True
             for name in ("l2", "rel", "lower"):
                 self.rows.declare_like(name, "zero")
-        arrays["zero"][block, :, :total] = np.where(identical, 0.0, np.nan)
         if self.estimated:
             for name, values in (("l2", l2), ("rel", rel), ("lower", lower)):
                 arrays[name][block, :, :total] = values

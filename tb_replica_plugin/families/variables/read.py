@@ -331,7 +331,21 @@ def placement_document(raw):
     return PlacementDocument(document)
 
 
-def drift_estimates(rows, row_of, identical, layout):
+def identical_zeros(identical, out=None):
+    """float64: 0.0 where `identical`, NaN elsewhere (the drift of copies that are not
+    estimated), written into `out` when given (no array of its size made).
+
+    Example:
+      >>> identical_zeros(np.array([True, False])).tolist()
+      [0.0, nan]
+    """
+    out = np.empty(identical.shape) if out is None else out
+    out.fill(np.nan)
+    np.copyto(out, 0.0, where=identical)
+    return out
+
+
+def drift_estimates(rows, row_of, identical, layout, zeros=None):
     """The drift of every copy from replica 0's: 0 where bit-identical, estimated from the
     fingerprints for the other copies present with replica 0's (normally none), NaN elsewhere.
 
@@ -339,15 +353,17 @@ def drift_estimates(rows, row_of, identical, layout):
       rows, row_of: the fingerprints (`compact_fingerprints`), row_of int64 [S, V, R].
       identical: bool [S, V, R]: copy r bit-identical to copy 0 (same algorithm).
       layout: `document_layout` of the placement.
+      zeros: `identical_zeros(identical)` when the caller holds it (None: made here).
 
     Returns:
       `(l2, rel, lower)`, float64 [S, V, R] each: ||copy_r - copy_0||, that over ||copy_0||,
       and a lower bound of max |copy_r - copy_0|. When no copy needs an estimate they are one
-      read-only array.
+      read-only array (a read-only view of `zeros`).
     """
+    zeros = identical_zeros(identical) if zeros is None else zeros
     at = np.nonzero(layout["both"][None] & ~identical)  # the copies whose drift is estimated
     if not len(at[0]):  # every copy bit-identical to replica 0's or absent (the norm)
-        zero = np.where(identical, 0.0, np.nan)
+        zero = zeros.view()
         zero.flags.writeable = False
         return zero, zero, zero
     copy = dense_fingerprints(rows, row_of[at])
@@ -366,7 +382,7 @@ def drift_estimates(rows, row_of, identical, layout):
         lower_at = np.where(small, np.maximum(lower_at, sketch_max), lower_at)
     estimates = []
     for values in (l2_at, rel_at, lower_at):
-        estimate = np.where(identical, 0.0, np.nan)
+        estimate = zeros.copy()
         estimate[at] = values
         estimates.append(estimate)
     return tuple(estimates)
