@@ -1,6 +1,7 @@
 """Pure-logic tests: rebuilding per-step series, downsampling, findings, metadata."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from tb_replica_plugin import analysis, metadata
 from tb_replica_plugin.core import leaf_entries
 from tb_replica_plugin.core.downsample import (
     block_starts,
+    bucket_means,
     float32_list,
     floats,
     json_floats,
@@ -232,3 +234,33 @@ def test_flatten_with_names():
         "y",
     ]
     assert flatten_with_names(5) == [("input", 5)]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_bucket_means_equal_each_buckets_nanmean_with_and_without_nan(dtype):
+    """`downsample.bucket_means`: values without NaN take the sums over the bucket sizes, bit for
+    bit the sums over the counts that values with NaN take; both are each bucket's mean of its
+    values that are not NaN (an all-NaN bucket stays NaN, an Inf makes its bucket's mean Inf)."""
+    rng = np.random.default_rng(3)
+    values = rng.normal(size=(101, 3, 5)).astype(dtype)
+    starts = np.array([0, 1, 7, 40, 100])
+    ends = [*starts[1:], len(values)]
+    close = 1e-6 if dtype == np.float32 else 0  # float32 sums of 60 values, added in turn
+
+    def nanmeans(values):
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the all-NaN bucket
+            return np.stack(
+                [np.nanmean(values[a:b], axis=0) for a, b in zip(starts, ends, strict=True)]
+            )
+
+    got = bucket_means(values, starts)
+    counts = np.add.reduceat(np.ones(values.shape, np.int64), starts, axis=0)
+    np.testing.assert_array_equal(got, np.add.reduceat(values, starts, axis=0) / counts)
+    np.testing.assert_allclose(got, nanmeans(values), rtol=1e-6, atol=close)
+    values[3, 0, 0], values[100, 1] = np.nan, np.nan  # one value, and the last bucket's row
+    values[50, 2, 4] = np.inf
+    got = bucket_means(values, starts)
+    np.testing.assert_allclose(got, nanmeans(values), rtol=1e-6, atol=close)
+    assert np.isnan(got[4, 1]).all() and got[3, 2, 4] == np.inf
+    assert np.isfinite(np.delete(got[:4].reshape(4, -1), 14, axis=1)).all()

@@ -19,9 +19,22 @@ def pick(count, max_points):
 
 
 def bucket_means(values, starts):
-    """Mean of each bucket of rows (NaN-aware; an all-NaN bucket stays NaN)."""
-    sums = np.add.reduceat(np.nan_to_num(values), starts, axis=0)
-    counts = np.add.reduceat(np.isfinite(values).astype(np.int64), starts, axis=0)
+    """Mean of each bucket of rows without its NaN values (an all-NaN bucket stays NaN; an
+    infinite value makes its bucket's mean infinite); bucket i is rows `starts[i]` to
+    `starts[i + 1]`.
+
+    Example:
+      >>> bucket_means(np.array([1.0, 3.0, np.nan, 4.0, np.nan]), [0, 2, 4]).tolist()
+      [2.0, 4.0, nan]
+    """
+    values = np.asarray(values)
+    missing = np.isnan(values)
+    sizes = np.diff(starts, append=len(values))
+    if not missing.any() and (sizes > 0).all():  # the usual case: the sums over the sizes
+        sizes = sizes.reshape(-1, *(1,) * (values.ndim - 1))
+        return np.add.reduceat(values, starts, axis=0) / sizes
+    sums = np.add.reduceat(np.where(missing, 0, values), starts, axis=0)
+    counts = np.add.reduceat((~missing).astype(np.int64), starts, axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 

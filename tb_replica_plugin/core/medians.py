@@ -49,13 +49,22 @@ def _median_of_others_full(values):
     part = np.partition(values, kth, axis=1)
     v_low, v_low1 = part[:, low, None], part[:, low + 1, None]
     v_high, v_high1 = part[:, high, None], part[:, high + 1, None]
-    with np.errstate(invalid="ignore", over="ignore"):
-        if low == high:  # an odd count of others: one middle value
-            return np.where(values > v_high, v_high, np.where(values <= v_low, v_low1, v_high))
-        above = (v_low + v_high) / 2
-        below = (v_low1 + v_high1) / 2
-        between = (v_low + v_high1) / 2
-    return np.where(values > v_high, above, np.where(values <= v_low, below, between))
+    if low == high:  # an odd count of others: one middle value
+        above, below, between = v_high, v_low1, v_high
+    else:
+        with np.errstate(invalid="ignore", over="ignore"):
+            above, below, between = (
+                (v_low + v_high) / 2,
+                (v_low1 + v_high1) / 2,
+                (v_low + v_high1) / 2,
+            )
+    # One [S, R] array written case by case, the first case of the nested test written last.
+    medians = np.empty(values.shape, np.result_type(above, below, between))
+    np.copyto(medians, between)
+    with np.errstate(invalid="ignore"):
+        np.copyto(medians, below, where=values <= v_low)
+        np.copyto(medians, above, where=values > v_high)
+    return medians
 
 
 def _median_of_others_sorted(values):
