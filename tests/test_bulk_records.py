@@ -287,3 +287,24 @@ def test_a_tag_noted_by_a_record_parsed_alone_after_its_bulk_records_reads_one_b
     got, read = _read(str(tmp_path / "events.out.tfevents.1.h"), data, [])
     _same(got, wanted)
     assert read == values and len(got["ours/late"]) == 11
+
+
+def test_a_tags_records_of_two_step_widths_are_joined_in_one_copy(tmp_path):
+    """Two tags logged at steps 100-159, their records one and two step bytes long (the varint
+    grows at 128), the first with metadata: each tag's three groups are copied once into one
+    part (`joined_values`), in record order, and read as the reference."""
+    events = [([tag], step, 1.5, step) for step in range(100, 160) for tag in ("ours/a", "ours/b")]
+    data = _file_bytes(events)
+    wanted, values = _reference(data)
+    joined = []
+    original = bulk_records.joined_values
+
+    def spy(data, groups):
+        joined.append((groups[0][0].tag, len(groups)))
+        return original(data, groups)
+
+    with mock.patch.object(bulk_records, "joined_values", spy):
+        got, read = _read(str(tmp_path / "events.out.tfevents.1.h"), data, [])
+    _same(got, wanted)
+    assert read == values and sorted(joined) == [("ours/a", 3), ("ours/b", 3)]
+    assert [step for step, _ in got["ours/b"]] == list(range(100, 160))

@@ -222,6 +222,36 @@ class Template:
         return values
 
 
+def joined_values(data, groups):
+    """The records of one tag decoded by several templates (`bulk_groups`' groups), as one
+    part: their values copied once from the read's bytes, in record order.
+
+    A tag's records come in groups of one length each (its step's varint grows a byte at 128
+    and 16,384): each group's `Template.values`, then joined, copied the values twice.
+
+    Args:
+      data: the read's bytes (those the groups' `Rows` are over).
+      groups: `[(template, record numbers, Rows)]` of one tag, the templates of one dtype and
+        value shape.
+
+    Returns:
+      `(numbers, steps, values)`: int64 [n] ascending, int64 [n], and read-only dtype
+      [n, *shape].
+    """
+    numbers = np.concatenate([numbers for _, numbers, _ in groups])
+    steps = np.concatenate([found.steps(rows) for found, _, rows in groups])
+    at = np.concatenate([rows.starts + found.content_span[0] for found, _, rows in groups])
+    if (numbers[1:] < numbers[:-1]).any():
+        order = np.argsort(numbers, kind="stable")
+        numbers, steps, at = numbers[order], steps[order], at[order]
+    first = groups[0][0]
+    width = first.content_span[1] - first.content_span[0]
+    windows = np.lib.stride_tricks.sliding_window_view(np.frombuffer(data, np.uint8), width)
+    values = windows[at].view(first.dtype).reshape(len(at), *first.shape)
+    values.flags.writeable = False
+    return numbers, steps, values
+
+
 def _spans(mask):
     """`[(start, stop)]` of the runs of True in bool [n] `mask`."""
     edges = np.flatnonzero(np.diff(np.concatenate([[False], mask, [False]]).astype(np.int8)))

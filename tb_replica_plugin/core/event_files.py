@@ -245,6 +245,14 @@ def tensor_to_numpy_view(tensor):
     return np.frombuffer(content, dtype).reshape(shape)
 
 
+def _bulk_parts(data, groups):
+    """`[(record numbers, steps, values)]` of one tag's groups decoded in bulk: one part when
+    their templates share a dtype and value shape (`bulk_records.joined_values`)."""
+    if len(groups) > 1 and len({(g[0].dtype, tuple(g[0].shape)) for g in groups}) == 1:
+        return [bulk_records.joined_values(data, groups)]
+    return [(numbers, found.steps(rows), found.values(rows)) for found, numbers, rows in groups]
+
+
 def _in_record_order(parts):
     """`[(step, value)]` of `[(record numbers, steps, values)]` parts, by record number: a
     `columns.Column` when every part is a bulk one of one dtype and value shape."""
@@ -633,6 +641,7 @@ class RunTail:
                 parsed = number
                 break
             values += self._add_event(event, number, items, noted)
+        bulk = {}  # tag -> its groups
         for template, numbers, rows in sorted(groups, key=lambda group: group[1][0]):
             keep = numbers < parsed
             numbers, rows = numbers[keep], rows[keep]
@@ -646,8 +655,9 @@ class RunTail:
             tag = self._note_template(template, rows[:1])
             values += len(numbers)
             if tag.maybe_ours:
-                part = (numbers, template.steps(rows), template.values(rows))
-                items.setdefault(template.tag, []).append(part)
+                bulk.setdefault(template.tag, []).append((template, numbers, rows))
+        for name, tag_groups in bulk.items():
+            items.setdefault(name, []).extend(_bulk_parts(data, tag_groups))
         for name, parts in items.items():
             points = _in_record_order(parts)
             found[name] = columns.joined(found[name], points) if name in found else points
