@@ -312,9 +312,11 @@ class StepArrays:
 
 
 def _grown(array, capacity, fill):
-    grown = np.empty((capacity, *array.shape[1:]), array.dtype)
+    zeros = not array.dtype.hasobject and fill == 0  # the kernel's zero pages: not written here
+    grown = (np.zeros if zeros else np.empty)((capacity, *array.shape[1:]), array.dtype)
     grown[: len(array)] = array
-    grown[len(array) :] = fill  # each element written once
+    if not zeros:
+        grown[len(array) :] = fill  # each element written once
     return grown
 
 
