@@ -273,7 +273,8 @@ class _Helper:
                 self._process.stdin.close()
             if self._process.poll() is None:
                 self._process.kill()
-            self._process.wait(timeout=5)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # reaped later by Popen
+                self._process.wait(timeout=5)
             self._process.stdout.close()
         shutil.rmtree(self._directory, ignore_errors=True)
 
