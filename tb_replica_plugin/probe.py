@@ -64,11 +64,12 @@ class ReplicaProbe(*recording_mixins(), ProbeCore):
         worker sees a fault at the same step (and so stops at the same step).
       capture_limit, capture_bytes: culprit capture of `observe_gradients(..., batch=...)`, as
         for `ReplicaCallback` (default 3 steps, 4 MB per replica batch).
-      heartbeat: write a heartbeat at every background flush (every `flush_secs`: the last step
-        recorded, whether the main thread is inside a step, when it last made progress; about
-        100 bytes), so a hang or a killed process shows in the tab and the report (default
-        True). How the run ends (`close`, the `with` block, an uncaught exception, interpreter
-        exit) is recorded either way. See docs/status.md.
+      heartbeat: write a heartbeat at every background flush (every `flush_secs`, and a few more
+        in a stretch's first seconds: the last step recorded, whether the training thread is
+        inside a step, when it last made progress; 192 bytes on disk each), so a hang or a
+        killed process shows in the tab and the report (default True). How the run ends
+        (`close`, the `with` block, an uncaught exception, interpreter exit) is recorded either
+        way. See docs/status.md.
       stall_secs: after this many seconds without progress the heartbeat also writes every
         thread's Python stack, once per stall (default 60; `SIGUSR1` asks for them at once).
 

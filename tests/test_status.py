@@ -251,6 +251,115 @@ def test_interpreter_exit_with_the_probe_open_ends_the_run_finished(tmp_path):
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"closed": False}
 
 
+FIT_CHILD = os.path.join(REPO, "tests", "fit_end_child.py")
+
+
+def test_a_fit_stopped_outside_its_step_and_caught_by_the_script_is_not_finished(tmp_path):
+    """A child process (tests/fit_end_child.py `caught`): three fits stopped at the end of step
+    60 of 400 by another callback, each caught by the script; `on_train_end` never ran. A real
+    SIGINT (Ctrl-C while the main thread runs fit's Python, the script saves the model and
+    exits 0): interrupted at step 60, with the frames where it landed. A `ValueError`, caught,
+    then a second fit with the same callback: the first stretch crashed at 60 (its exception's
+    type is unknowable), the second finished. A KeyboardInterrupt raised without a signal, then
+    exit: crashed at 60, saying what is known."""
+    from fit_end_child import STOP_AT
+
+    logdir = str(tmp_path)
+    result = _child("caught", logdir, script=FIT_CHILD)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["iterations"] == {"sigint": STOP_AT + 1, "error": STOP_AT + 21, "keyboard": 61}
+    report = load(logdir)
+    runs = {e["run"]: e["status"] for e in report.to_json()["runs"]}
+
+    status = report.runs["sigint"].status
+    end = status.end
+    assert (end["state"], end["how"], end["step"]) == ("interrupted", "exit", STOP_AT)
+    assert end["exception"]["class"] == "KeyboardInterrupt"
+    assert end["exception"]["message"] == (
+        f"SIGINT (Ctrl-C) at step {STOP_AT}: fit stopped without returning (on_train_end never "
+        "ran); the script caught the KeyboardInterrupt, then exited normally"
+    )
+    frames = end["exception"]["frames"]  # where the signal landed: the stopping callback
+    assert (frames[-1]["function"], frames[-1]["user"]) == ("on_train_batch_end", True)
+    assert "caught" in [f["function"] for f in frames]
+    assert runs["sigint"]["state"] == "interrupted"
+    assert report.findings["sigint"] == []
+
+    status = report.runs["error"].status
+    (crash,) = status.earlier_crashes
+    assert (crash["state"], crash["how"], crash["step"]) == ("crashed", "fit", STOP_AT)
+    assert crash["exception"]["class"] is None
+    assert crash["exception"]["message"] == (
+        f"fit stopped at step {STOP_AT} without returning (on_train_end never ran): an "
+        "exception left fit and the script caught it, then began another fit"
+    )
+    assert [e["type"] for e in status.events] == ["start", "end", "start", "end"]
+    end = status.end
+    assert (end["state"], end["how"], end["step"], end["exception"]) == (
+        "finished",
+        "fit",
+        STOP_AT + 20,
+        None,
+    )
+
+    end = report.runs["keyboard"].status.end
+    assert (end["state"], end["how"], end["step"]) == ("crashed", "exit", STOP_AT)
+    assert end["exception"]["message"] == (
+        f"fit stopped at step {STOP_AT} without returning (on_train_end never ran): an "
+        "exception left fit and the script exited normally (it caught the exception, or the "
+        "exception was SystemExit)"
+    )
+    (finding,) = report.findings["keyboard"]
+    assert (finding.kind, finding.first_step) == ("training_crashed", STOP_AT)
+    assert finding.message.startswith(
+        f"Training crashed at step {STOP_AT} with an exception: fit stopped at step {STOP_AT} "
+        "without returning"
+    )
+
+
+def test_a_fit_killed_in_its_first_seconds_says_which_step_it_reached(tmp_path):
+    """A child process fits with `flush_secs=5` (20 ms steps) and is SIGKILLed once it printed
+    step 100, within its first seconds: the heartbeats at its first completed step and 1, 2, 4
+    s later say which step it reached (at most about a second behind), not "before the first
+    step"."""
+    logdir = str(tmp_path)
+    child = subprocess.Popen(
+        [sys.executable, FIT_CHILD, "kill", logdir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO,
+    )
+    seen = []  # (monotonic time the parent read it, step)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and (not seen or seen[-1][1] < 100):
+            line = child.stdout.readline()
+            assert line, "the child stopped before it was killed"
+            if line.startswith("step "):
+                seen.append((time.monotonic(), int(line.split()[1])))
+        killed_at = time.monotonic()
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+        child.stdout.close()
+    assert child.returncode == -signal.SIGKILL
+    assert seen[-1][1] >= 100
+    report = load(logdir, now=time.time() + 3600)
+    status = report.runs["replicas"].status
+    assert status.end is None
+    last = status.last_heartbeat()["step"]
+    # Every step printed more than 1.5 s before the kill (the widest gap of the first
+    # heartbeats, 1 s, and the flush and the pipe) is in a heartbeat; nothing is invented.
+    must_have = max([step for t, step in seen if t <= killed_at - 1.5], default=1)
+    assert max(1, must_have) <= last <= seen[-1][1] + 2
+    (finding,) = report.findings["replicas"]
+    assert finding.kind == "stopped_without_end"
+    assert f"at step {last}" in finding.message and "before the first step" not in finding.message
+
+
 def test_a_custom_loop_in_a_notebook_ends_with_each_cell_and_says_how(tmp_path):
     """A child process runs a custom loop cell by cell in a real IPython shell (as a Jupyter
     kernel does): a cell's exception never reaches `sys.excepthook` and the kernel lives on

@@ -33,6 +33,10 @@ class RunEnd:
       context: `traceback.FrameSummary`s of the code that called the place where `error` was
         caught (outermost first), to put above the exception's own traceback; empty when the
         traceback reaches the outermost frame (`sys.excepthook`).
+      unreturned: the stretch was a Keras `fit` that stopped without returning and without an
+        exception escaping its step (its `on_train_end` never ran: another callback raised, or
+        Ctrl-C landed between steps, and the script caught it), found by the next `fit` that
+        gets the model; the status family records what it knows instead of "finished".
     """
 
     state: str
@@ -41,9 +45,10 @@ class RunEnd:
     step: int | None = None
     findings: tuple = ()
     context: tuple = ()
+    unreturned: bool = False
 
 
-def run_end(how, error=None, step=None, findings=(), context=()):
+def run_end(how, error=None, step=None, findings=(), context=(), unreturned=False):
     """The `RunEnd` of a stretch of training that ended by `how`, with `error` or `findings`.
 
     Args:
@@ -52,6 +57,7 @@ def run_end(how, error=None, step=None, findings=(), context=()):
       step: see `RunEnd.step`.
       findings: the findings that stopped it (`halt_on`), if any.
       context: see `RunEnd.context`.
+      unreturned: see `RunEnd.unreturned`.
 
     Returns:
       A `RunEnd`: "halted" with findings (or a `ReplicaFaultError`, whose findings it takes),
@@ -71,12 +77,12 @@ def run_end(how, error=None, step=None, findings=(), context=()):
         state = CRASHED
     else:
         state = HALTED if found else FINISHED
-    return RunEnd(state, how, error, step, found, tuple(context))
+    return RunEnd(state, how, error, step, found, tuple(context), bool(unreturned))
 
 
 class Lifecycle:
     """`ProbeCore`'s begin, end and host steps of a stretch of training (a mixin: it uses the
-    probe's `_lock`, `_core`, `_disabled_reason`, `_recorders`, `_axis`, `flush`,
+    probe's `_lock`, `_core`, `_disabled_reason`, `_recorders`, `_axis`, `flush`, `flush_soon`,
     `_flush_writer` and `warn_failed`)."""
 
     def begin_run(self, how):
@@ -96,12 +102,14 @@ class Lifecycle:
                     self.warn_failed(recorder.name, error)
             self._flush_writer()  # what begun wrote is on disk even if the process dies now
 
-    def end_run(self, how, error=None, step=None, findings=(), context=(), wait=None):
+    def end_run(
+        self, how, error=None, step=None, findings=(), context=(), wait=None, unreturned=False
+    ):
         """Host side: the stretch of training ended; every family hears how, then the file is
         flushed (`run_end` for the arguments). A failure warns once.
 
         Args:
-          how, error, step, findings, context: see `run_end`.
+          how, error, step, findings, context, unreturned: see `run_end`.
           wait: at most this many seconds to wait for the probe's host lock (None: as long as
             it takes); the process hooks (`sys.excepthook`, `atexit`) pass a bound, so a
             flush stuck on a dead file system never holds up the interpreter's exit.
@@ -109,7 +117,7 @@ class Lifecycle:
         Example:
           >>> probe.end_run("close")  # a clean end; `close()` does this itself
         """
-        ended = run_end(how, error, step, findings, context)
+        ended = run_end(how, error, step, findings, context, unreturned)
         if not self._lock.acquire(timeout=-1 if wait is None else wait):
             return
         try:
@@ -136,12 +144,17 @@ class Lifecycle:
         """Host side, for what calls the step function itself (the callback's train function):
         before a call (`returned=None`), and after it returned `returned` steps. The host's
         view of where training is (`host_steps`) counts these calls from the step `set_step`
-        set: no step number is kept here, and nothing is read from the device."""
+        set: no step number is kept here, and nothing is read from the device. The first call
+        that returns asks for a flush at once (`flush_soon`): the status family's heartbeat
+        then records that a step completed, for a process killed in its first seconds."""
         if returned is None:
             self._host_in_call = True
         else:
+            first = not self._host_returned
             self._host_returned += int(returned)
             self._host_in_call = False
+            if first:  # a heartbeat now says a step ran (the status family's first beats)
+                self.flush_soon()
 
     @property
     def host_steps(self):

@@ -476,6 +476,10 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle):
         if self._writer is None or self._disabled_reason:
             return
         self._next_flush = time.monotonic() + self.flush_secs
+        for recorder in self._recorders.values():  # a family wanting the next one sooner
+            due = recorder.flush_due()
+            if due is not None and due < self._next_flush:
+                self._next_flush = due
         run_dir = self._run_dir or self.log_dir
         if self._dir_identity is not None and _dir_identity(run_dir) != self._dir_identity:
             self._disable(

@@ -158,6 +158,12 @@ class Recorder:
         """Host side, in the background flush thread, before each periodic flush (the probe's
         host lock held; `now`: `time.time()`). Default: nothing."""
 
+    def flush_due(self):
+        """Host side: the `time.monotonic()` by which this family wants the next background
+        flush, when sooner than `flush_secs` from now (the status family's first heartbeats of
+        a stretch), else None (the default). Asked after each flush; cheap."""
+        return None
+
     def ended(self, ending):
         """Host side: a stretch of training ended (`ProbeCore.end_run`; `ending`: a
         `core.lifecycle.RunEnd`), before the probe flushes. Default: nothing."""

@@ -15,7 +15,11 @@ through `keras.compat` (see there).
 callback raising), so the model is restored on two more paths: the train function is wrapped so
 that any exception escaping a step restores the model and flushes before it propagates, and the
 model's `make_train_function` is wrapped so that the next `fit` (or `train_on_batch`) without this
-callback after a failure gets the original train function back before it starts.
+callback after a failure gets the original train function back before it starts. A fit that
+stopped outside its step (another callback raised, or Ctrl-C landed between steps) and whose
+exception the script caught is recorded as not finished: the status family ends its stretch
+"crashed" (or "interrupted" when a SIGINT arrived) at the next fit, at `close` or at exit
+(`families/status/record.py`).
 
 Gradients: the optimizer all-reduces inside `apply_gradients`/`apply`, so the callback wraps those
 two methods of the optimizer *instance* (and `compute_loss` of the model instance, to see each
@@ -300,7 +304,7 @@ class ReplicaCallback(*compat.callback_bases()):
     def on_train_end(self, logs=None):
         if self._probe is not None:
             self._check_variables_whole(final=True)
-        self._finish(self.model)
+        self._finish(self.model, returned=True)
 
     def on_test_end(self, logs=None):
         # `evaluate`/`predict` with this callback also call set_model; `fit`'s validation runs
@@ -336,9 +340,11 @@ class ReplicaCallback(*compat.callback_bases()):
             for finding in found:
                 print(f"ReplicaCallback: stopping training: {halt.describe(finding)}")
 
-    def _finish(self, model, error=None):
-        """Restores the model and writes what was recorded: at train end, or when a step raised
-        `error` (recorded as how the fit ended, at the step it was raised at).
+    def _finish(self, model, error=None, returned=False):
+        """Restores the model and writes what was recorded: at train end (`returned`), when a
+        step raised `error` (recorded as how the fit ended, at the step it was raised at), or
+        when the next fit finds the hooks of a fit that neither returned nor saw an exception
+        in its step (recorded as such: `RunEnd.unreturned`).
 
         The next fit continues the steps from the probe's step axis (`STEP_AXIS_ATTR`).
         """
@@ -347,9 +353,12 @@ class ReplicaCallback(*compat.callback_bases()):
             self._restore(model)
         finally:
             if self._probe is not None:
-                step = self._probe.host_steps[0] if error is not None else None
+                unreturned = error is None and not returned
+                step = self._probe.host_steps[0] if error is not None or unreturned else None
                 context = traceback.extract_stack()[:-2] if error is not None else ()
-                self._probe.end_run("fit", error, step, self.stopped_by, context)
+                self._probe.end_run(
+                    "fit", error, step, self.stopped_by, context, unreturned=unreturned
+                )
 
     # ------------------------------------------------------------------ helpers
 

@@ -5,12 +5,16 @@ Nothing here runs in the training step. The probe calls the recorder on the host
 - `begun(how)`: a stretch of training begins (the probe's first record, each `fit`): a start
   event (who, where, which replicas) and the heartbeat's clocks reset; the thread it begins in
   is the *training thread* (the main one, or the thread a loop or `fit` runs in);
-- `before_flush(now)`: in the probe's background flush thread, every `flush_secs`: a heartbeat
-  (the last step recorded, whether the training thread is inside a TensorFlow function call,
-  when it last made progress) and, once per stall, every thread's Python stack;
+- `before_flush(now)`: in the probe's background flush thread, every `flush_secs` (and at the
+  few earlier times `flush_due` asks for in a stretch's first seconds): a heartbeat (the last
+  step recorded, whether the training thread is inside a TensorFlow function call, when it last
+  made progress) and, once per stall, every thread's Python stack;
 - `ended(ending)`: the stretch ended (`fit` returned or raised, `close`, a `with` block, an
   uncaught exception, interpreter exit): an end event with the exception, its Python frames and
-  the replicas, devices and workers TensorFlow's message names.
+  the replicas, devices and workers TensorFlow's message names. A Keras `fit` that stopped
+  without returning (an exception raised between two steps and caught by the script) and a
+  stretch a SIGINT stopped are not recorded "finished": "interrupted" when the chained SIGINT
+  handler (`_SigintWatch`) saw one, else "crashed" saying what is known (`_unseen_end`).
 
 Uncaught exceptions reach the recorders through chained `sys.excepthook` and
 `threading.excepthook` (the training thread's ends its stretch; another thread's is an event and
@@ -36,6 +40,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from tb_replica_plugin.core import lifecycle
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.families.status import attribution, schema
 
@@ -46,6 +51,11 @@ DEFAULT_STALL_SECS = 60.0
 CELL = "cell"
 # The most the process hooks (`sys.excepthook`, `atexit`) wait for a probe's host lock.
 HOOK_WAIT_SECS = 10.0
+# Extra heartbeats this many seconds after a stretch begins and again after the first heartbeat
+# that sees a step (those under `flush_secs`): a process killed in its first seconds, before the
+# first regular heartbeat, still says which step it reached (Keras `fit` asks for a heartbeat at
+# its first completed step too: `Lifecycle.mark_call`). At most 4 more heartbeats per stretch.
+FIRST_BEATS_SECS = (1.0, 2.0, 4.0, 8.0)
 # The signal that asks for the stacks (`SIGUSR1`) once a probe installed it, else None.
 STACKS_SIGNAL = None
 # The innermost Python frame of a thread running a TensorFlow function (a step, or a wait at its
@@ -92,6 +102,10 @@ class Recorder(RecorderBase):
         self._last_written = {}  # tag -> last wall-clock step written (strictly increasing)
         self._stacks_requested = False
         self.stacks_written = 0
+        self._first_beats = []  # `time.monotonic()` of the extra heartbeats still due
+        self._begin_step = None  # the step the stretch began at (until a heartbeat sees another)
+        # What `_on_sigint` saw while the stretch was open: `{"wall", "step", "frames"}`.
+        self._sigint = None
 
     # ------------------------------------------------------------------ probe hooks
 
@@ -110,9 +124,14 @@ class Recorder(RecorderBase):
 
     def _begin(self, how, thread):
         if self._open:
-            return
+            if not (how == "fit" and self._how == "fit"):
+                return
+            # The previous `fit` never returned (its on_train_end did not run): say so first.
+            self.ended(lifecycle.run_end("fit", unreturned=True))
         self._open, self._how, self._ended_by_cell, self._thread = True, how, None, thread
+        self._sigint = None
         LIVE.add(self)
+        _SIGINT.watch()
         now = time.time()
         self._clock = _StepClock(now)
         static = self.probe.static or {}
@@ -130,13 +149,19 @@ class Recorder(RecorderBase):
             stall_secs=float(self.stall_secs) if self.heartbeat else None,
             thread=None if self._thread is threading.main_thread() else self._thread.name,
         )
-        self._beat(now)  # a run killed before its first background flush has one too
+        self._begin_step = self._beat(now)  # a run killed before the first flush has one too
+        self._plan_first_beats()
 
     def before_flush(self, now):
         if not self._open:
             self._resume_after_cell()
             return
         step = self._beat(now)
+        due = time.monotonic() + 0.05
+        self._first_beats = [t for t in self._first_beats if t > due]
+        if self._begin_step is not None and step is not None and step != self._begin_step:
+            self._begin_step = None  # the first heartbeat that sees a step: a few more soon
+            self._plan_first_beats()
         stalled = self.heartbeat and now - self._clock.active_wall > self.stall_secs
         if self._stacks_requested or (stalled and self._clock.take_stall()):
             reason = "signal" if self._stacks_requested else "stall"
@@ -147,20 +172,23 @@ class Recorder(RecorderBase):
         self._resume_after_cell()  # a loop run again and ended before a heartbeat saw it
         if not self._open:
             return
-        self._open = False
+        self._open, self._first_beats = False, []
         LIVE.discard(self, ended_by_cell=run_end.how == CELL)
+        _SIGINT.unwatch()
         now = time.time()
         self._beat(now)  # where it ended
         step = run_end.step if run_end.step is not None else self.probe.recorded_step()
         if run_end.how == CELL:
             self._ended_by_cell = (step,)
-        error = None
+        state, error = run_end.state, None
         if run_end.error is not None:
             error = self._exception(run_end.error, step, run_end.context)
+        elif self._stopped_unseen(run_end):
+            state, error = self._unseen_end(run_end.how, step)
         self._event(
             schema.EVENT_END,
             now,
-            state=run_end.state,
+            state=state,
             how=run_end.how,
             step=step,
             exception=error,
@@ -169,8 +197,77 @@ class Recorder(RecorderBase):
 
     def close(self):
         LIVE.discard(self)
-        self._open, self._ended_by_cell = False, None
+        _SIGINT.unwatch()
+        self._open, self._ended_by_cell, self._first_beats = False, None, []
         super().close()
+
+    def flush_due(self):
+        """The next extra heartbeat of a stretch's first seconds (`FIRST_BEATS_SECS`), or None."""
+        if not (self._open and self.heartbeat and self._first_beats):
+            return None
+        return self._first_beats[0]
+
+    def _plan_first_beats(self):
+        start = time.monotonic()
+        flush_secs = self.probe.flush_secs
+        self._first_beats = [start + s for s in FIRST_BEATS_SECS if s < flush_secs]
+
+    # ------------------------------------------------------------------ ends nobody saw
+
+    def sigint_arrived(self, wall, frame):
+        """`_on_sigint`, in the main thread between two bytecodes (no lock, no TensorFlow: the
+        thread may hold any of them): notes the first SIGINT of the open stretch."""
+        if self._open and self._sigint is None:
+            self._sigint = {
+                "wall": wall,
+                "step": self.probe.host_steps[0],  # plain ints (Keras `fit`), else None
+                "frames": attribution.frames_from_stack(frame),
+            }
+
+    def _stopped_unseen(self, run_end):
+        """Whether a clean-looking end hides how training stopped: a Keras `fit` that never
+        returned (ended by anything but its own `on_train_end`), or a stretch a SIGINT
+        interrupted (the script caught the KeyboardInterrupt, then closed or exited)."""
+        if run_end.state != schema.END_FINISHED or run_end.findings:
+            return False
+        if self._how == "fit":
+            return run_end.how != "fit" or run_end.unreturned
+        return self._sigint is not None
+
+    def _unseen_end(self, how, step):
+        """`(state, EXCEPTION)` of an end `_stopped_unseen` found: "interrupted" with a
+        KeyboardInterrupt at the frames where a SIGINT landed when one did; else (a `fit` whose
+        exception the script caught: Python tells nobody its type) "crashed" with an exception
+        of unknown class whose message says what is known."""
+        fit = self._how == "fit"
+        if self._sigint is not None:
+            at = self._sigint["step"] if self._sigint["step"] is not None else step
+            stopped = "fit stopped without returning (on_train_end never ran)" if fit else ""
+            if fit and at != step:
+                stopped = f"fit stopped at step {step} without returning (on_train_end never ran)"
+            message = (
+                f"SIGINT (Ctrl-C) at step {at}: {stopped + '; ' if stopped else ''}the script "
+                f"caught the KeyboardInterrupt, then {_AFTERWARDS.get(how, how)}"
+            )
+            record = self._exception(KeyboardInterrupt(message), step, ())
+            record["frames"] = self._sigint["frames"]
+            return schema.END_INTERRUPTED, record
+        stopped = f"fit stopped at step {step} without returning (on_train_end never ran)"
+        thread = self._thread
+        running = thread is not None and thread.is_alive()
+        if how == "exit" and running and thread is not threading.current_thread():
+            message = (
+                f"{stopped}: the interpreter exited while fit still ran in thread "
+                f"{thread.name!r} (a daemon thread)"
+            )
+            return schema.END_CRASHED, self._unknown_exception(message, step)
+        message = f"{stopped}: an exception left fit and {_CAUGHT.get(how, how)}"
+        return schema.END_CRASHED, self._unknown_exception(message, step)
+
+    def _unknown_exception(self, message, step):
+        record = self._exception(RuntimeError(message), step, ())
+        record.update({"class": None, "module": None})
+        return record
 
     def _resume_after_cell(self):
         """After a notebook cell ended the stretch (`notebook.py`): once the probe records a
@@ -354,6 +451,24 @@ def _in_function_call(frame):
     return False
 
 
+# What the script did after catching the exception that stopped training, by `RunEnd.how`.
+_AFTERWARDS = {
+    "exit": "exited normally",
+    "close": "closed the probe",
+    "context": "left the probe's `with` block",
+    "fit": "began another fit",
+    "cell": "the notebook cell ended",
+}
+_CAUGHT = {
+    "exit": (
+        "the script exited normally (it caught the exception, or the exception was SystemExit)"
+    ),
+    "close": "the script caught it, then closed the probe",
+    "fit": "the script caught it, then began another fit",
+    "cell": "the notebook cell caught it",
+}
+
+
 def _finding_json(finding):
     to_json = getattr(finding, "to_json", None)
     return to_json() if to_json is not None else {"message": str(finding)}
@@ -376,11 +491,15 @@ class _Live:
         self._ended_by_cell = weakref.WeakSet()
         self._lock = threading.Lock()
         self._installed = False
+        # Weak references to the open ones, replaced whole under the lock: what a signal
+        # handler reads (it may run while its own thread holds the lock).
+        self.snapshot = ()
 
     def add(self, recorder):
         with self._lock:
             self._recorders.add(recorder)
             self._ended_by_cell.discard(recorder)
+            self.snapshot = tuple(weakref.ref(r) for r in self._recorders)
             if not self._installed:
                 self._installed = True
                 _install_hooks()
@@ -389,6 +508,7 @@ class _Live:
         """No longer open; with `ended_by_cell`, kept among those a cell ended."""
         with self._lock:
             self._recorders.discard(recorder)
+            self.snapshot = tuple(weakref.ref(r) for r in self._recorders)
             if ended_by_cell:
                 self._ended_by_cell.add(recorder)
             else:
@@ -426,6 +546,50 @@ def _install_hooks():
     from tb_replica_plugin.families.status import notebook
 
     notebook.watch_cells()
+
+
+class _SigintWatch:
+    """A SIGINT handler chained before Python's own while a stretch is open, so that a stretch
+    that Ctrl-C stopped reads "interrupted" even when the script caught the KeyboardInterrupt
+    (e.g. `try: model.fit(...) except KeyboardInterrupt: model.save(...)`): `fit` then never
+    returns nor sees the exception (it leaves from another callback or between two steps),
+    and Python tells nobody what left it.
+
+    Installed only from the main thread and only over Python's `default_int_handler` (a handler
+    of the user's, IPython's or asyncio's is left alone); the handler notes the SIGINT in each
+    open stretch (`Recorder.sigint_arrived`) and calls `default_int_handler`, which raises the
+    KeyboardInterrupt as before (its traceback shows one more frame, `_on_sigint`). Put back
+    when no stretch is open. Nothing runs per step.
+    """
+
+    def watch(self):
+        """Installs the handler (main thread, over `default_int_handler` only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        with contextlib.suppress(ValueError, OSError, RuntimeError):
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                signal.signal(signal.SIGINT, _on_sigint)
+
+    def unwatch(self):
+        """Puts `default_int_handler` back once no stretch is open (if still ours)."""
+        if LIVE.snapshot or threading.current_thread() is not threading.main_thread():
+            return
+        with contextlib.suppress(ValueError, OSError, RuntimeError):
+            if signal.getsignal(signal.SIGINT) is _on_sigint:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _on_sigint(signum, frame):
+    """SIGINT: every open stretch notes it, then Python's own handler raises KeyboardInterrupt."""
+    wall = time.time()
+    for ref in LIVE.snapshot:
+        recorder = ref()
+        if recorder is not None:
+            _quietly(recorder.sigint_arrived, wall, frame)
+    signal.default_int_handler(signum, frame)
+
+
+_SIGINT = _SigintWatch()
 
 
 def _at_exit():

@@ -14,7 +14,8 @@ value.
 Imported by the writer and the reader; no imports.
 """
 
-# Every `flush_secs` (the heartbeat interval): float64 tensor [HEARTBEAT_FIELDS], the slots below.
+# Every `flush_secs` (the heartbeat interval; a few more in a stretch's first seconds): float64
+# tensor [HEARTBEAT_FIELDS], the slots below.
 TAG_HEARTBEAT = "status/heartbeat"
 # Rare: a scalar string tensor holding one JSON object with a "type" (`EVENT_TYPES`).
 TAG_EVENT = "status/event"
@@ -51,12 +52,13 @@ HEARTBEAT_FIELDS = 8
 # - "stacks": {"wall_time", "reason" ("stall" or "signal"), "step", "active_wall" (HB_ACTIVE_WALL
 #   then), "threads": [{"name", "ident", "main", "training" (absent in older runs: the main
 #   one), "daemon", "frames": [FRAME, ...] (outermost first)}]}: every thread's Python stack.
-# EXCEPTION: {"class", "module", "message" (at most MESSAGE_CHARS characters), "frames":
-#   [FRAME, ...] (the traceback, outermost first), "defined_at": [FRAME, ...] (TensorFlow's
-#   "defined at" frames of the failing op, outermost first), "node" (the failing op's node name,
-#   or null), "replicas" (global replica ids it names), "devices" (device names it names),
-#   "tasks" ([{"task_type", "task_index"}] it names), "unhealthy_tasks" (those it says stopped
-#   sending heartbeats), "step" (the training step it was raised at, or null)}.
+# EXCEPTION: {"class", "module" (both null when the type is unknown: a Keras `fit` stopped between
+#   two steps by an exception the script caught), "message" (at most MESSAGE_CHARS characters),
+#   "frames": [FRAME, ...] (the traceback, outermost first), "defined_at": [FRAME, ...]
+#   (TensorFlow's "defined at" frames of the failing op, outermost first), "node" (the failing
+#   op's node name, or null), "replicas" (global replica ids it names), "devices" (device names
+#   it names), "tasks" ([{"task_type", "task_index"}] it names), "unhealthy_tasks" (those it
+#   says stopped sending heartbeats), "step" (the training step it was raised at, or null)}.
 # FRAME: {"file", "line", "function", "user" (not Python's, TensorFlow's, Keras's or this
 #   package's code)}.
 EVENT_START = "start"
