@@ -612,7 +612,7 @@ def _lost_together(candidates, everyone):
     step the lost workers reached, whose last progress came before the first loss, had stopped
     before (a stall shorter than the stall time): its loss comes first, and its message says so.
     """
-    by_name = {m.name: m for m in everyone if m.heartbeat is not None}
+    by_name = {m.name: m for m in everyone if m.heartbeat is not None and m.name is not None}
     if not candidates or candidates[0].worker not in by_name:
         return candidates
     first = candidates[0]
