@@ -59,9 +59,12 @@ class Thresholds:
         per-replica batches, e.g. 2 examples, two replicas' norms differ 10× at single steps by
         chance). Every step's ratio is shown in the tab whatever this is.
       stall_seconds: a run (or a worker of a job) is `stalled` when its last heartbeat shows
-        no progress (no new step, the main thread on the same innermost Python line) for more
-        than this many seconds while it still heartbeats (300: longer than a slow step,
-        an evaluation or a checkpoint of most jobs; lower it to see a hang sooner).
+        no progress (no new step, the training thread on the same innermost Python line) for
+        more than this many seconds. None (the default): each run's own stall time, the
+        `stall_secs` its probe or callback recorded (default 60 s, when it writes every thread's
+        stack), or 300 s for a run that recorded none (written with `heartbeat=False`, or by an
+        older version). Set it to judge every run alike (lower: see a hang sooner; higher: a
+        long step, evaluation or checkpoint is not a stall).
       silent_seconds: a run without an end record whose last heartbeat is older than this many
         seconds (or three heartbeat intervals, whichever is longer) stopped: killed or lost
         (`stopped_without_end`).
@@ -79,7 +82,7 @@ class Thresholds:
     max_grad_norm_ratio: float = 10.0
     min_grad_outlier_fraction: float = 0.5
 
-    stall_seconds: float = 300.0
+    stall_seconds: float | None = None
     silent_seconds: float = 60.0
 
     @classmethod
@@ -110,7 +113,7 @@ class Thresholds:
                 raise ValueError(
                     f"unknown threshold {name!r}; known thresholds: {', '.join(sorted(fields))}"
                 )
-            kind = float if fields[name].type in (float, "float") else int
+            kind = int if fields[name].type in (int, "int") else float
             try:
                 values[name] = kind(raw)
             except ValueError:

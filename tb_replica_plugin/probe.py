@@ -71,7 +71,9 @@ class ReplicaProbe(*recording_mixins(), ProbeCore):
         (`close`, the `with` block, an uncaught exception, interpreter exit) is recorded either
         way. See docs/status.md.
       stall_secs: after this many seconds without progress the heartbeat also writes every
-        thread's Python stack, once per stall (default 60; `SIGUSR1` asks for them at once).
+        thread's Python stack, once per stall (default 60; `SIGUSR1` asks for them at once);
+        recorded in the start event, the reader calls the run `stalled` after the same time
+        unless told another (`Thresholds.stall_seconds`).
 
     Raises:
       ValueError: if `update_freq`, `source`, `flush_secs`, `examples_every`, `halt_on`,

@@ -67,9 +67,11 @@ EXPECTED = {
     "slow_replica/replicas": [("slow_replica", "warning", [1], 7)],
     # fit raises on replica 1 at step 3 (a layer asserts its inputs are finite).
     "crash/replicas": [("training_crashed", "error", [1], 3)],
-    # Worker 1 stops before step 5 and dies; worker 0's UnavailableError names it: the root
-    # cause is worker 1, lost at its last step (4); worker 0's crash names worker 1's replica.
+    # Worker 1 stops before step 5 (for 20 s, past its 5 s stall_secs) and dies; worker 0's
+    # UnavailableError names it: the root cause is worker 1's stall (it never entered step 5),
+    # then its loss at its last step (4); worker 0's crash names worker 1's replica.
     "mw_stall/replicas": [
+        ("stalled", "error", [1], 5),
         ("stopped_without_end", "error", [1], 4),
         ("training_crashed", "error", [1], 5),
     ],
@@ -114,7 +116,8 @@ def test_every_demo_run_ends_finished_but_the_crash_and_the_stall(demo_report):
     assert [w["name"] for w in stall.workers] == ["worker_0", "worker_1"]
     assert stall.members[1].end is None  # killed without an end record (os._exit)
     (root,) = [f for f in demo_report.findings["mw_stall/replicas"] if f.cause == "root_cause"]
-    assert root.kind == "stopped_without_end" and "worker_1" in root.message
+    assert (root.kind, root.name) == ("stalled", "worker_1")
+    assert "; then worker_1 stopped sending heartbeats with no end record" in root.message
 
 
 def _report(*args):

@@ -1,4 +1,4 @@
-"""A multi-worker job that hangs, read while it hangs, then one whose worker is killed.
+"""A multi-worker job that hangs, read while it hangs, then killed (both workers, or worker 1).
 
 Real 2-worker MultiWorkerMirroredStrategy jobs on localhost (`demo/multiworker.py`'s `mw_stall`
 and `mw_fit_stall`): worker 1 stops before step 5 and waits (for longer than the test, which
@@ -19,6 +19,7 @@ from conftest import REPO, VENV_BIN
 
 from demo import multiworker
 from tb_replica_plugin import analysis, load
+from tb_replica_plugin.families.status import present
 
 STALL = {"stall_seconds": 15}
 # Worker 1 waits this long before it dies on its own: longer than any test needs.
@@ -108,11 +109,43 @@ def test_a_hung_job_names_the_worker_that_never_entered_the_step(tmp_path, scena
             assert entry["status"]["state"] == "stalled"
             if scenario == "mw_fit_stall":
                 _kill_worker_1_and_read_worker_0(logdir, job, processes, logs)
+            else:
+                _kill_both_and_read(logdir, job, processes)
         finally:
             for process in processes:
                 multiworker.stop_worker(process)
             for log in logs:
                 log.close()
+
+
+def _kill_both_and_read(logdir, job, processes):
+    """Both workers SIGKILLed while the job hangs: read 2 minutes later, it is silent, and its
+    root cause stays worker 1, which stopped progressing: its stall (judged by the run's own
+    `stall_secs`, 5 s, or by 15 s), or its loss when the stall time is longer than the stall."""
+    for process in processes:
+        os.kill(process.pid, signal.SIGKILL)
+    for process in processes:
+        process.wait(timeout=30)
+    later = time.time() + 120
+    for stall_seconds in (None, STALL["stall_seconds"], 300):
+        thresholds = analysis.Thresholds(stall_seconds=stall_seconds)
+        report = load(logdir, thresholds=thresholds, now=later)
+        (root,) = [f for f in report.findings[job] if f.cause == "root_cause"]
+        assert (root.name, root.replicas) == ("worker_1", [1]), root.message
+        (line,) = present.report_text(report.runs[job], thresholds, now=later)
+        assert line.startswith("  status: silent — worker_0 and worker_1 stopped sending "), line
+        assert "SIGUSR1" not in root.message and "still heartbeat" not in root.message
+        if stall_seconds == 300:  # a stall shorter than the stall time: worker 1's loss
+            assert root.kind == "stopped_without_end", root.message
+            assert "the workers were killed together, and it is the one that had stopped" in (
+                root.message
+            )
+            continue
+        assert root.kind == "stalled", root.message
+        assert "then the workers stopped sending heartbeats" in root.message
+        assert "worker_1 (replica 1) never entered step 5 (its last step is 4)" in root.message
+        assert "wait_for_a_lock, then stopped sending heartbeats" in root.message
+        assert line.endswith("; root cause: worker_1 never entered step 5"), line
 
 
 def _kill_worker_1_and_read_worker_0(logdir, job, processes, logs):
@@ -134,9 +167,15 @@ def _kill_worker_1_and_read_worker_0(logdir, job, processes, logs):
     assert end["step"] == multiworker.STALL_STEP
     assert worker_1.end is None  # killed: no end record
     findings = {f.kind: f for f in report.findings[job]}
-    root = findings["stopped_without_end"]
-    assert root.cause == "root_cause" and root.replicas == [1]
-    assert root.message.startswith("Root cause (first observed failure): Worker worker_1")
+    # Worker 1 stopped progressing before step 5 (for longer than its `stall_secs`, 5 s), then
+    # was killed: its stall is the first observed failure, its loss is listed too.
+    root = findings["stalled"]
+    assert root.cause == "root_cause" and root.replicas == [1] and root.name == "worker_1"
+    assert "; then worker_1 stopped sending heartbeats with no end record" in root.message
+    assert "SIGUSR1" not in root.message
+    lost = findings["stopped_without_end"]
+    assert lost.cause is None and lost.replicas == [1]
+    assert lost.message.startswith("Worker worker_1 (replica 1) stopped sending heartbeats")
     crashed = findings["training_crashed"]
     assert crashed.replicas == [1]  # the replicas its error names: worker 1's
     assert crashed.message.startswith("Worker worker_0 (replica 0) crashed at step 5 with ")

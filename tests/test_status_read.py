@@ -414,13 +414,14 @@ def test_run_without_status_tags_has_no_state_and_no_finding():
 
 
 def test_thresholds_have_the_status_fields():
-    assert (Thresholds().stall_seconds, Thresholds().silent_seconds) == (300.0, 60.0)
+    assert (Thresholds().stall_seconds, Thresholds().silent_seconds) == (None, 60.0)
     assert Thresholds.from_overrides(["stall_seconds=15"]).stall_seconds == 15.0
     assert set(rules.FINDING_KINDS) == {
         "training_crashed",
         "stalled",
         "stopped_without_end",
         "thread_crashed",
+        "training_interrupted",
     }
     assert rules.FINDING_KINDS["stalled"]["thresholds"] == ("stall_seconds",)
 

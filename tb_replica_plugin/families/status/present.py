@@ -294,10 +294,16 @@ def _headline(state, everyone):
             return text, "stopped_without_end", lost[0].name
         age = f" {lost[0].age_s:.0f} s" if lost[0].age_s is not None else ""
         step = states.step_of(lost[0])
-        after = f"after step {step}" if step >= 0 else "before the first step"
-        text = f"silent{age} {after} — no end record (killed or lost)"
+        after = f" after step {step}" if step >= 0 else states.stopped_at(lost[0], step)
+        text = f"silent{age}{after} — no end record (killed or lost)"
         return text, "stopped_without_end", None
     if state == states.RUNNING:
+        if all(states.heartbeat_off(m.series) for m in everyone if m.state == states.RUNNING):
+            text = (
+                "running (no heartbeats: heartbeat=False; whether it still runs is unknown until "
+                "its end record)"
+            )
+            return text, None, None
         steps = [m.heartbeat["step"] for m in everyone if m.heartbeat is not None]
         age = min((m.age_s for m in everyone if m.age_s is not None), default=None)
         at = f" at step {max(steps)}" if steps and max(steps) >= 0 else ""
@@ -316,7 +322,8 @@ def _headline(state, everyone):
 
 
 _ROOT_CAUSE_TEXT = {
-    "stopped_without_end": "{worker} stopped sending heartbeats {at_step} with no end record",
+    "stopped_without_end": "{worker} stopped sending heartbeats{stopped_at} with no end record",
+    "training_interrupted": "{worker} was interrupted {at_step}",
     "training_crashed": "{worker} crashed {at_step}",
     "stalled": "{worker} never entered {step_name}",
 }
@@ -354,7 +361,12 @@ def report_text(run_data, thresholds=Thresholds(), now=None):
     said = said and (kind in ("stalled", "stopped_without_end") or cause["worker"] == worker)
     if cause is not None and not said:
         step = -1 if cause["step"] is None else cause["step"]
-        names = {"at_step": states.at_step(step), "step_name": states.step_name(step)}
+        lost = next((m for m in everyone if m.name == cause["worker"]), everyone[0])
+        names = {
+            "at_step": states.at_step(step),
+            "step_name": states.step_name(step),
+            "stopped_at": states.stopped_at(lost, step),
+        }
         line += "; root cause: " + _ROOT_CAUSE_TEXT[cause["kind"]].format(**cause, **names)
     lines = [line]
     for crash in earlier_crashes(everyone):

@@ -2,17 +2,21 @@
 
 - `training_crashed` (error): the run's end record holds an exception: its class, first line,
   step, the replicas, devices and workers TensorFlow's text names, and the user's frame.
-- `stalled` (error): no progress for more than `Thresholds.stall_seconds` while the process(es)
-  still heartbeat. In a job: the furthest step N any worker entered, the workers that never
-  entered it (the cause) with the top user frame of their main thread, and those waiting inside
-  it (at the all-reduce).
+- `stalled` (error): a last heartbeat that shows no progress for longer than the run's stall time
+  (`states.stall_limit`: `Thresholds.stall_seconds`, else the run's own `stall_secs`), whether
+  the process(es) still heartbeat or stopped since (killed while stalled). In a job: the
+  furthest step N any worker entered, the workers that never entered it (the cause) with the
+  top user frame of their training thread, and those waiting inside it (at the all-reduce).
 - `stopped_without_end` (error): heartbeats stopped (older than `Thresholds.silent_seconds`, or
   three heartbeat intervals) with no end record: killed or lost. In a job also a worker another
   worker's exception lists among the tasks that "stopped sending heartbeats".
 - `thread_crashed` (warning): a thread other than the main and training ones died of an
   exception.
+- `training_interrupted` (warning): in a job whose other workers failed, a worker that ended
+  interrupted (KeyboardInterrupt: Ctrl-C, SIGINT).
 
-In a job the earliest of the crashes, stalls and losses across workers is the root cause
+In a job the earliest of the crashes, interruptions, stalls and losses across workers is the
+root cause
 ("first observed failure", as torchelastic): its finding has `cause="root_cause"` and a message
 that says so (`root_cause` gives it to the presenter). Only the latest process segment of a run
 decides its state (`read.StatusSeries`). Runs without status data have no state and no finding.
@@ -44,9 +48,11 @@ from tb_replica_plugin.families.status.states import (
     run_state,
     silent_limit,
     stall_frame,
+    stall_limit,
     stalled_for,
     step_name,
     step_of,
+    stopped_at,
     thread_label,
 )
 
@@ -58,7 +64,9 @@ ROOT_CAUSE = "root_cause"
 ROOT_CAUSE_PREFIX = "Root cause (first observed failure): "
 
 # A job's failures at the same moment: which is the root cause first.
-_ROOT_CAUSE_ORDER = ("stopped_without_end", "training_crashed", "stalled")
+_ROOT_CAUSE_ORDER = ("stopped_without_end", "training_interrupted", "training_crashed", "stalled")
+# The states of a job's workers that are failures an interrupted worker may have caused.
+_FAILED = (schema.END_CRASHED, STALLED, SILENT)
 
 FINDING_KINDS = {
     "training_crashed": {
@@ -73,8 +81,9 @@ FINDING_KINDS = {
         "severity": "error",
         "thresholds": ("stall_seconds",),
         "summary": (
-            "No progress for longer than the stall time while the processes still heartbeat; in "
-            "a job, the worker that never entered the step the others wait in."
+            "No progress for longer than the run's stall time at its last heartbeat (still "
+            "heartbeating, or killed since); in a job, the worker that never entered the step "
+            "the others wait in."
         ),
     },
     "stopped_without_end": {
@@ -89,6 +98,14 @@ FINDING_KINDS = {
         "severity": "warning",
         "thresholds": (),
         "summary": "A thread other than the training one died of an exception; training went on.",
+    },
+    "training_interrupted": {
+        "severity": "warning",
+        "thresholds": (),
+        "summary": (
+            "A worker of a job was interrupted (KeyboardInterrupt: Ctrl-C, SIGINT) and the other "
+            "workers failed without it."
+        ),
     },
 }
 
@@ -129,15 +146,25 @@ def _sentence(text):
     return text.rstrip(" .:;,") + "."
 
 
-def _crash_hint(exception, lost_names):
-    """What to look at, from the exception's class and text."""
+def _lost_hint(lost):
+    """What a crash that names lost workers (`Member`s) says of them: why they stopped, when
+    their own end record says so, else where to look."""
+    who = " and ".join(m.name for m in lost) or "another worker"
+    head = f"It says {who} stopped sending heartbeats: this crash follows from that one."
+    ended = {m.state for m in lost}
+    if lost and ended == {schema.END_INTERRUPTED}:
+        return f"{head} {who} was interrupted (KeyboardInterrupt: Ctrl-C or SIGINT) before."
+    if lost and ended <= {schema.END_INTERRUPTED, schema.END_CRASHED}:
+        return f"{head} {who} ended before ({' and '.join(sorted(ended))}): its finding says why."
+    return f"{head} Look at {who}'s own log and its host (the OOM killer in `dmesg`, a preemption)."
+
+
+def _crash_hint(exception, lost):
+    """What to look at, from the exception's class and text (`lost`: the `Member`s it names as
+    unhealthy)."""
     text = f"{exception_class(exception)} {exception.get('message') or ''}"
-    if lost_names or exception.get("unhealthy_tasks"):
-        who = " and ".join(lost_names) or "another worker"
-        return (
-            f"It says {who} stopped sending heartbeats: this crash follows from that one. Look "
-            f"at {who}'s own log and its host (the OOM killer in `dmesg`, a preemption)."
-        )
+    if lost or exception.get("unhealthy_tasks"):
+        return _lost_hint(lost)
     if "not finite" in text or "CheckNumerics" in text or "NaN" in text:
         return (
             "A NaN or Inf reached a numeric check: look at what that replica was fed at that "
@@ -190,6 +217,7 @@ def crash_finding(run, member, everyone):
     exception = end.get("exception") or {}
     step = crash_step(member)
     lost = named_workers(exception.get("unhealthy_tasks"), everyone, exclude=member.name)
+    lost_members = [m for m in everyone if m.name in lost]
     if exception:
         first = attribution.first_line(exception.get("message") or "")
         what = f"{exception_class(exception)}: {first}" if first else exception_class(exception)
@@ -197,7 +225,7 @@ def crash_finding(run, member, everyone):
             _names_text(exception, member, everyone)
             + _frame_text(exception)
             + " "
-            + _crash_hint(exception, lost)
+            + _crash_hint(exception, lost_members)
         )
     else:
         what, details = "no exception recorded", " Look at the process's own log."
@@ -214,27 +242,64 @@ def crash_finding(run, member, everyone):
     )
 
 
-def _single_stall(run, member, thresholds):
+def _no_stack_text(member):
+    """What the status says of a stalled member whose stall has no stack yet: when it will."""
+    who = "the run" if member.name is None else member.label
+    if member.state == SILENT:
+        return f"No stack of {who} was recorded before its heartbeats stopped."
+    recorded = (member.series.start or {}).get("stall_secs")
+    signal = f"at once on SIGUSR1 to process {member.heartbeat['pid']}"
+    if isinstance(recorded, int | float) and stalled_for(member.heartbeat) < recorded:
+        return (
+            f"No stack of {who} yet: its probe writes every thread's stack after {recorded:g} s "
+            f"without progress (its `stall_secs`), or {signal}."
+        )
+    return f"No stack of {who} for this stall: its probe writes every thread's stack {signal}."
+
+
+_RAISE_STALL_TIME = (
+    "If a step, an evaluation or a checkpoint really takes this long, raise the stall time "
+    "(`stall_secs` of the probe or callback, or the reader's `stall_seconds` threshold)."
+)
+
+
+def _single_stall(run, member, thresholds, now):
     heartbeat = member.heartbeat
     seconds = stalled_for(heartbeat)
     step = step_of(member)
     frame = stall_frame(member)
     thread = thread_label(member.series)
+    dead = member.state == SILENT
+    verb = "was" if dead else "has been"
     if heartbeat["in_step"]:
         what = (
-            f"the {thread} has been inside {step_name(step)} (a TensorFlow call) all along: a "
+            f"the {thread} {verb} inside {step_name(step)} (a TensorFlow call) all along: a "
             "collective waiting for a peer that never joins, an input pipeline that never "
             "yields, or an op that never returns"
         )
     else:
-        what = f"the {thread} is in Python, outside any step"
+        what = (
+            f"the {thread} {'was' if member.state == SILENT else 'is'} in Python, outside any step"
+        )
     where = f", at {frame_place(frame)}" if frame else ""
-    look = f"Look at {frame_place(frame)}" if frame else "Look at its stack in the status view"
+    if dead:
+        ago = max(0.0, now - heartbeat["wall"])
+        how = (
+            f", then the process stopped sending heartbeats ({ago:.0f} s ago) with no end "
+            "record (killed or lost)"
+        )
+        look = f"Look at {frame_place(frame)}." if frame else _no_stack_text(member)
+    else:
+        how = " while the process still heartbeats"
+        look = (
+            f"Look at {frame_place(frame)}; SIGUSR1 to process {heartbeat['pid']} writes every "
+            "thread's stack again."
+            if frame
+            else _no_stack_text(member)
+        )
     message = (
-        f"No progress for {seconds:.0f} s {at_step(step)} while the process still heartbeats: "
-        f"{what}{where}. {look}; SIGUSR1 to process {heartbeat['pid']} writes every thread's "
-        "stack again. If a step, an evaluation or a checkpoint really takes this long, raise "
-        "Thresholds.stall_seconds."
+        f"No progress for {seconds:.0f} s {at_step(step)}{how}: {what}{where}. {look} "
+        f"{_RAISE_STALL_TIME}"
     )
     return status_finding(
         "stalled",
@@ -243,7 +308,7 @@ def _single_stall(run, member, thresholds):
         message,
         replicas=member.replicas,
         value=round(seconds, 3),
-        threshold=thresholds.stall_seconds,
+        threshold=stall_limit(member.series, thresholds),
     )
 
 
@@ -251,34 +316,42 @@ def _labels(group):
     return " and ".join(m.label for m in group)
 
 
+def _is_open(member):
+    """Whether a member had a last heartbeat and no end record (heartbeating, or silent)."""
+    return member.heartbeat is not None and member.series.end is None
+
+
 def _behind_text(member, step):
     """How a worker behind step N is described in a job's stall finding."""
     last = member.heartbeat["step"]
-    recorded = f"its last step is {last}" if last >= 0 else "it recorded no step"
+    recorded = f"its last step is {last}" if last >= 0 else "its last heartbeat recorded no step"
     text = f"{member.label} never entered {step_name(step)} ({recorded})"
-    if member.state == SILENT:
-        return text + " and stopped sending heartbeats"
-    if member.state not in (RUNNING, STALLED):
+    if not _is_open(member):
         return text + f": it ended ({member.state})"
-    frame = stall_frame(member)
+    frame = stall_frame(member) if member.state != SILENT or member.stalled else None
     where = f", its {thread_label(member.series)} at {frame_place(frame)}" if frame else ""
+    if member.state == SILENT:
+        return text + where + ", then stopped sending heartbeats"
     return text + where
 
 
 def _stall_advice(step, cause, behind):
     if cause:
-        return (
+        dead = all(m.state == SILENT for m in cause)
+        framed = all(stall_frame(m) is not None for m in cause)
+        advice = (
             f"{_labels(cause)} {'is' if len(cause) == 1 else 'are'} the cause: look at why it "
-            f"does not go on with {step_name(step)} (that line, an input pipeline that ends "
-            "earlier on "
-            "one worker, a condition that differs per worker)."
+            f"{'did' if dead else 'does'} not go on with {step_name(step)} "
+            f"({'that line, ' if framed else ''}an input pipeline that ends earlier on one "
+            "worker, a condition that differs per worker)."
         )
+        missing = [_no_stack_text(m) for m in cause if stall_frame(m) is None]
+        return " ".join([advice, *missing])
     if behind:
         return "The workers behind stopped or ended: their findings say why."
     return (
         f"Every worker is inside {step_name(step)} and none progresses: a collective that does "
-        "not "
-        "complete (collectives that differ across workers, a peer outside this job)."
+        "not complete (collectives that differ across workers, a peer outside this job)."
     )
 
 
@@ -292,48 +365,72 @@ class StallRoles:
     behind: list
     idle: list
     cause: list
+    stalled: list
 
 
 def stall_roles(everyone):
-    """The roles of a job's workers in a stall, or None when no heartbeating worker is stalled.
+    """The roles of a job's workers in a stall, or None when no worker without end record was
+    stalled at its last heartbeat (`Member.stalled`: still heartbeating, or silent since).
 
-    N (`step`) is the furthest step any worker entered (its HB_STEP). `waiting`: heartbeating
-    workers inside step N (at the all-reduce); `behind`: workers whose last step is below N
-    (whatever their state); `idle`: stalled workers at N outside the step; `cause`: the
-    heartbeating workers behind, else (nobody behind) the idle ones. `seconds`: the longest
-    time without progress of a heartbeating worker.
+    N (`step`) is the furthest step any worker entered (its HB_STEP). `waiting`: workers without
+    end record inside step N (at the all-reduce); `behind`: workers whose last step is below N
+    (whatever their state); `idle`: stalled workers at N outside the step; `cause`: the workers
+    behind that still heartbeat or stalled before they stopped, else (nobody behind) the idle
+    ones; `stalled`: the stalled workers. `seconds`: the longest time without progress at the
+    last heartbeat of a worker without end record.
     """
     known = [m for m in everyone if m.heartbeat is not None]
-    alive = [m for m in known if m.state in (RUNNING, STALLED)]
-    if not any(m.state == STALLED for m in alive):
+    unended = [m for m in known if _is_open(m)]
+    stalled = [m for m in unended if m.stalled]
+    if not stalled:
         return None
     step = max(m.heartbeat["step"] for m in known)
-    at_step = [m for m in alive if m.heartbeat["step"] == step]
+    at_n = [m for m in unended if m.heartbeat["step"] == step]
     behind = [m for m in known if m.heartbeat["step"] < step]
-    idle = [m for m in at_step if not m.heartbeat["in_step"] and m.state == STALLED]
+    idle = [m for m in at_n if not m.heartbeat["in_step"] and m.stalled]
+    went_on = [m for m in behind if m in unended and (m.state != SILENT or m.stalled)]
     return StallRoles(
         step=step,
-        seconds=max(stalled_for(m.heartbeat) for m in alive),
-        waiting=[m for m in at_step if m.heartbeat["in_step"]],
+        seconds=max(stalled_for(m.heartbeat) for m in unended),
+        waiting=[m for m in at_n if m.heartbeat["in_step"]],
         behind=behind,
         idle=idle,
-        cause=[m for m in behind if m in alive] or ([] if behind else idle),
+        cause=went_on or ([] if behind else idle),
+        stalled=stalled,
     )
 
 
 def _stall_parts(roles):
     parts = []
-    if roles.waiting:
-        verb = "waits" if len(roles.waiting) == 1 else "wait"
-        parts.append(
-            f"{_labels(roles.waiting)} {verb} inside {step_name(roles.step)} (at the all-reduce)"
-        )
+    for dead in (False, True):
+        group = [m for m in roles.waiting if (m.state == SILENT) == dead]
+        if group:
+            verb = "waited" if dead else ("waits" if len(group) == 1 else "wait")
+            parts.append(
+                f"{_labels(group)} {verb} inside {step_name(roles.step)} (at the all-reduce)"
+            )
     parts.extend(_behind_text(m, roles.step) for m in roles.behind)
     for member in roles.idle:
         frame = stall_frame(member)
         where = f", its {thread_label(member.series)} at {frame_place(frame)}" if frame else ""
-        parts.append(f"{member.label} is outside {step_name(roles.step)}{where}")
+        verb = "was" if member.state == SILENT else "is"
+        parts.append(f"{member.label} {verb} outside {step_name(roles.step)}{where}")
     return parts
+
+
+def _stall_when(everyone):
+    """ "while the workers still heartbeat", or which of them stopped since."""
+    unended = [m for m in everyone if _is_open(m)]
+    alive = [m for m in unended if m.state in (RUNNING, STALLED)]
+    if len(alive) == len(unended):
+        return "while the workers still heartbeat"
+    dead = [m for m in unended if m not in alive]
+    who = "the workers" if len(dead) == len(everyone) > 1 else " and ".join(m.name for m in dead)
+    text = f"; then {who} stopped sending heartbeats with no end record (killed or lost)"
+    if alive:
+        verb = "heartbeats" if len(alive) == 1 else "heartbeat"
+        text += f" while {' and '.join(m.name for m in alive)} still {verb}"
+    return text
 
 
 def job_stall(run, everyone, roles, thresholds):
@@ -350,11 +447,11 @@ def job_stall(run, everyone, roles, thresholds):
     behind all stopped or ended has no time of its own (their loss or crash is the root cause);
     with nobody behind nor idle, the earliest last progress of a stalled worker.
     """
-    stalled = [m for m in everyone if m.state == STALLED]
-    blamed = roles.cause or roles.behind or stalled
+    blamed = roles.cause or roles.behind or roles.stalled
+    when = _stall_when(everyone)
     message = (
-        f"No progress for {roles.seconds:.0f} s in {step_name(roles.step)} while the workers "
-        f"still heartbeat: {'; '.join(_stall_parts(roles))}. "
+        f"No progress for {roles.seconds:.0f} s in {step_name(roles.step)}"
+        f"{' ' if when.startswith('while') else ''}{when}: {'; '.join(_stall_parts(roles))}. "
         f"{_stall_advice(roles.step, roles.cause, roles.behind)} Synchronous workers wait for "
         "each other for ever; tf.distribute.experimental.CommunicationOptions(timeout_seconds="
         "...) makes them fail instead."
@@ -367,11 +464,11 @@ def job_stall(run, everyone, roles, thresholds):
         replicas=[r for m in blamed for r in m.replicas],
         name=blamed[0].name,
         value=round(roles.seconds, 3),
-        threshold=thresholds.stall_seconds,
+        threshold=stall_limit(roles.stalled[0].series, thresholds),
     )
     if roles.behind and not roles.cause:
         return finding, None
-    return finding, min(m.heartbeat["active_wall"] for m in roles.cause or stalled)
+    return finding, min(m.heartbeat["active_wall"] for m in roles.cause or roles.stalled)
 
 
 def lost_finding(run, member, now, thresholds):
@@ -388,10 +485,10 @@ def lost_finding(run, member, now, thresholds):
         named = f", and {who}'s error lists it among the tasks that stopped sending heartbeats"
     subject = "The run" if member.name is None else f"Worker {member.label}"
     message = (
-        f"{subject} stopped sending heartbeats {at_step(step)}{ago} with no end record{named}: "
-        "its process was killed (the OOM killer, a preemption or eviction, SIGKILL) or its host "
-        "was lost; a clean end, an exception or Ctrl-C would have written one. Look at the "
-        "host's logs (`dmesg` for the OOM killer) and the scheduler's events."
+        f"{subject} stopped sending heartbeats{stopped_at(member, step)}{ago} with no end "
+        f"record{named}: its process was killed (the OOM killer, a preemption or eviction, "
+        "SIGKILL) or its host was lost; a clean end, an exception or Ctrl-C would have written "
+        "one. Look at the host's logs (`dmesg` for the OOM killer) and the scheduler's events."
     )
     return status_finding(
         "stopped_without_end",
@@ -402,6 +499,27 @@ def lost_finding(run, member, now, thresholds):
         name=member.name,
         value=None if age is None else round(age, 3),
         threshold=silent_limit(member.series, member.heartbeat, thresholds),
+    )
+
+
+def interrupted_finding(run, member, everyone):
+    """The `training_interrupted` finding of a worker of a job that ended interrupted while
+    another worker failed (crashed, stalled or silent), or None."""
+    if member.name is None or member.state != schema.END_INTERRUPTED:
+        return None
+    failed = [m for m in everyone if m is not member and m.state in _FAILED]
+    if not failed:
+        return None
+    end = member.series.end
+    step = step_of(member, (end.get("exception") or {}).get("step"), end.get("step"))
+    names = " and ".join(m.name for m in failed)
+    message = (
+        f"Worker {member.label} was interrupted {at_step(step)} (KeyboardInterrupt: Ctrl-C or "
+        f"SIGINT to its process), and {names} failed without it: a synchronous job cannot go on "
+        "without one of its workers. To stop a job, stop every worker (or its launcher)."
+    )
+    return status_finding(
+        "training_interrupted", run, step, message, replicas=member.replicas, name=member.name
     )
 
 
@@ -465,6 +583,9 @@ def _evaluate(status, now, thresholds):
         crash = crash_finding(status.run, member, everyone)
         if crash is not None:
             add(crash, member.series.end["wall_time"], crash_step(member))
+        interrupted = interrupted_finding(status.run, member, everyone)
+        if interrupted is not None:
+            add(interrupted, member.series.end["wall_time"], interrupted.first_step)
         lost = lost_finding(status.run, member, now, thresholds)
         if lost is not None:
             add(lost, last_sign_of_life(member.series, member.heartbeat), step_of(member))
@@ -472,10 +593,54 @@ def _evaluate(status, now, thresholds):
     roles = stall_roles(everyone) if isinstance(status, JobStatus) else None
     if roles is not None:
         add(*job_stall(status.run, everyone, roles, thresholds), roles.step)
-    elif not isinstance(status, JobStatus) and everyone[0].state == STALLED:
-        stall = _single_stall(status.run, everyone[0], thresholds)
+    elif not isinstance(status, JobStatus) and everyone[0].stalled:
+        stall = _single_stall(status.run, everyone[0], thresholds, now)
         add(stall, everyone[0].heartbeat["active_wall"], step_of(everyone[0]))
-    return findings, sorted(candidates, key=lambda c: (c.wall_time, c.order, c.worker or ""))
+    ordered = sorted(candidates, key=lambda c: (c.wall_time, c.order, c.worker or ""))
+    return findings, _lost_together(ordered, everyone)
+
+
+# Slack added to the heartbeat interval within which losses count as one (the job killed at once).
+LOST_TOGETHER_SLACK_SECONDS = 1.0
+
+
+def _lost_together(candidates, everyone):
+    """`candidates` with the cause of a job killed at once first.
+
+    When the first failures are losses within one heartbeat interval of each other (every worker
+    killed together), their last heartbeats' order is chance. The worker behind the furthest
+    step the lost workers reached, whose last progress came before the first loss, had stopped
+    before (a stall shorter than the stall time): its loss comes first, and its message says so.
+    """
+    by_name = {m.name: m for m in everyone if m.heartbeat is not None and m.name is not None}
+    if not candidates or candidates[0].worker not in by_name:
+        return candidates
+    first = candidates[0]
+    window = max(m.heartbeat["interval"] for m in by_name.values()) + LOST_TOGETHER_SLACK_SECONDS
+    together = []
+    for candidate in candidates:
+        if candidate.finding.kind != "stopped_without_end" or candidate.worker not in by_name:
+            break
+        if candidate.wall_time - first.wall_time > window:
+            break
+        together.append(by_name[candidate.worker])
+    furthest = max((m.heartbeat["step"] for m in together), default=-1)
+    behind = [
+        m
+        for m in together
+        if m.heartbeat["step"] < furthest and m.heartbeat["active_wall"] < first.wall_time - window
+    ]
+    if not behind:
+        return candidates
+    cause = min(behind, key=lambda m: m.heartbeat["active_wall"])
+    chosen = next(c for c in candidates if c.worker == cause.name)
+    ahead = " and ".join(m.name for m in together if m.heartbeat["step"] == furthest)
+    chosen.finding.message += (
+        f" It had made no progress for {stalled_for(cause.heartbeat):.0f} s before (less than "
+        f"the stall time), behind {ahead} in {step_name(furthest)}: the workers were killed "
+        "together, and it is the one that had stopped."
+    )
+    return [chosen] + [c for c in candidates if c is not chosen]
 
 
 def status_findings(status, now, thresholds=Thresholds()):

@@ -14,6 +14,10 @@ from tb_replica_plugin.analysis import Thresholds, replica_list_text
 from tb_replica_plugin.families.status import attribution, schema
 from tb_replica_plugin.families.status.read import JobStatus
 
+# The stall time of a run that recorded none (heartbeat off, or written before `stall_secs` was
+# recorded), when the reader sets none (`Thresholds.stall_seconds` None).
+UNRECORDED_STALL_SECONDS = 300.0
+
 RUNNING = "running"
 STALLED = "stalled"
 SILENT = "silent"
@@ -51,6 +55,9 @@ class Member:
       age_s: seconds since its last heartbeat (None without one).
       heartbeat: its last heartbeat (`StatusSeries.last_heartbeat`), or None.
       lost_per: names of the workers whose exception lists it as unhealthy.
+      stalled: whether its last heartbeat (no end record) shows no progress for longer than its
+        `stall_limit`: true for a stalled process, and for a silent one that stalled before its
+        heartbeats stopped.
     """
 
     name: str | None
@@ -61,6 +68,7 @@ class Member:
     age_s: float | None
     heartbeat: dict | None
     lost_per: list = dataclasses.field(default_factory=list)
+    stalled: bool = False
 
     @property
     def label(self):
@@ -78,6 +86,36 @@ def stalled_for(heartbeat):
     if heartbeat is None or heartbeat["active_wall"] < 0:
         return 0.0
     return max(0.0, heartbeat["wall"] - heartbeat["active_wall"])
+
+
+def stall_limit(series, thresholds):
+    """Seconds without progress after which a run is stalled: `thresholds.stall_seconds` when the
+    reader sets it, else the `stall_secs` the run recorded in its start event (when its probe
+    writes the stacks), else `UNRECORDED_STALL_SECONDS`."""
+    if thresholds.stall_seconds is not None:
+        return float(thresholds.stall_seconds)
+    recorded = (series.start or {}).get("stall_secs") if series is not None else None
+    if isinstance(recorded, int | float) and not isinstance(recorded, bool) and recorded > 0:
+        return float(recorded)
+    return UNRECORDED_STALL_SECONDS
+
+
+def heartbeat_off(series):
+    """Whether a run's latest segment was written with `heartbeat=False`: its start event says
+    so (`heartbeat_secs` null) and it holds no heartbeat. Its liveness is unknown until its end
+    record: the absence of heartbeats proves nothing."""
+    start = series.start if series is not None else None
+    if not start or "heartbeat_secs" not in start or start["heartbeat_secs"] is not None:
+        return False
+    return series.last_heartbeat() is None
+
+
+def stalled_at_last_heartbeat(series, heartbeat, thresholds):
+    """Whether a run without end record showed no progress for longer than its `stall_limit` at
+    its last heartbeat (its own times, not the reader's clock)."""
+    if series is None or series.end is not None or heartbeat is None:
+        return False
+    return stalled_for(heartbeat) > stall_limit(series, thresholds)
 
 
 def silent_limit(series, heartbeat, thresholds):
@@ -114,11 +152,13 @@ def series_state(series, now, thresholds=Thresholds()):
     end = series.end
     if end is not None:
         return RunState(end_state(end), age)
-    if stalled_for(heartbeat) > thresholds.stall_seconds:
-        return RunState(STALLED, age)
+    if heartbeat_off(series):
+        return RunState(RUNNING, None)
     last = last_sign_of_life(series, heartbeat)
     if last is not None and now - last > silent_limit(series, heartbeat, thresholds):
         return RunState(SILENT, age)
+    if stalled_at_last_heartbeat(series, heartbeat, thresholds):
+        return RunState(STALLED, age)
     return RunState(RUNNING, age)
 
 
@@ -126,11 +166,12 @@ def run_state(status, now, thresholds=Thresholds()):
     """How a run (or job) is going at time `now`.
 
     The latest segment's end record decides ("finished", "crashed", "halted",
-    "interrupted"): a run that ended is never stalled. Else its last heartbeat: no progress for
-    more than `thresholds.stall_seconds` (heartbeat wall minus its last sign of progress, from
-    the data, not from `now`) is "stalled"; else a last heartbeat older than
-    `max(thresholds.silent_seconds, 3 * heartbeat interval)` at `now` is "silent" (stopped with
-    no end record: killed or lost); else "running". A job's state is its worst worker's
+    "interrupted"): a run that ended is never stalled. A run written with `heartbeat=False` is
+    "running" until its end record (no heartbeat proves nothing). Else its last heartbeat: older
+    than `max(thresholds.silent_seconds, 3 * heartbeat interval)` at `now` is "silent" (stopped
+    with no end record: killed or lost, whether or not it had stalled before); else no progress
+    for more than its `stall_limit` (heartbeat wall minus its last sign of progress, from the
+    data, not from `now`) is "stalled"; else "running". A job's state is its worst worker's
     (`STATES` order; a worker another one names as unhealthy is "silent"), its age its most
     recent heartbeat's.
 
@@ -158,6 +199,7 @@ def run_state(status, now, thresholds=Thresholds()):
 
 def _member(name, replicas, task, series, now, thresholds):
     state = series_state(series, now, thresholds)
+    heartbeat = None if series is None else series.last_heartbeat()
     return Member(
         name=name,
         replicas=list(replicas),
@@ -165,7 +207,8 @@ def _member(name, replicas, task, series, now, thresholds):
         series=series,
         state=UNKNOWN if series is None else state.state,
         age_s=state.age_s,
-        heartbeat=None if series is None else series.last_heartbeat(),
+        heartbeat=heartbeat,
+        stalled=stalled_at_last_heartbeat(series, heartbeat, thresholds),
     )
 
 
@@ -247,6 +290,17 @@ def crash_step(member):
     heartbeat's (-1 when unknown)."""
     end = member.series.end or {}
     return step_of(member, (end.get("exception") or {}).get("step"), end.get("step"))
+
+
+def stopped_at(member, step):
+    """Where a member stopped sending heartbeats, as known: " at step 5"; for an unknown step
+    (-1) " after a last heartbeat that recorded no step" (steps may have run since it), or
+    " after its start (no heartbeat recorded)"."""
+    if step >= 0:
+        return f" at step {step}"
+    if member.heartbeat is not None:
+        return " after a last heartbeat that recorded no step"
+    return " after its start (no heartbeat recorded)"
 
 
 def step_name(step):
