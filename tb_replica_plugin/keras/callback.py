@@ -147,8 +147,10 @@ class ReplicaCallback(*compat.callback_bases()):
       heartbeat: write a heartbeat every `flush_secs` (default True), so a hang or a killed
         process shows; how `fit` ends (returned, raised on a replica, stopped by `halt_on`) is
         recorded either way. See `ReplicaProbe` and docs/status.md.
-      stall_secs: seconds without progress before every thread's Python stack is written
-        (default 60).
+      stall_secs: after this many seconds without progress the heartbeat also writes every
+        thread's Python stack, once per stall (default 60; `SIGUSR1` asks for them at once);
+        recorded in the start event, the reader calls the run `stalled` after the same time
+        unless told another (`Thresholds.stall_seconds`).
 
     Nothing here can stop training: a failure to trace the collectors, to create or write the log
     dir (unwritable, removed while training, full disk) warns once (`RuntimeWarning`) and
