@@ -458,6 +458,8 @@ _AFTERWARDS = {
     "close": "closed the probe",
     "context": "left the probe's `with` block",
     "fit": "began another fit",
+    "evaluate": "began evaluate with the callback",
+    "predict": "began predict with the callback",
     "cell": "the notebook cell ended",
 }
 _CAUGHT = {
@@ -466,6 +468,8 @@ _CAUGHT = {
     ),
     "close": "the script caught it, then closed the probe",
     "fit": "the script caught it, then began another fit",
+    "evaluate": "the script caught it, then began evaluate with the callback",
+    "predict": "the script caught it, then began predict with the callback",
     "cell": "the notebook cell caught it",
 }
 
