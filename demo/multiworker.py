@@ -41,6 +41,11 @@ Not in `SCENARIOS` (run on its own by tests/test_multiworker.py):
   thread's stack after 5 s without progress. Both workers exit with an error (launched with
   `allow_failure=True`). The demo runs `mw_stall`; tests/test_status_jobs.py runs both, reads
   them while they hang, and kills worker 1 itself.
+- `mw_interrupt` (custom loop): worker 1 sends itself SIGINT before step `STALL_STEP` (Ctrl-C:
+  `os.kill(os.getpid(), SIGINT)`, its KeyboardInterrupt not caught), so its process ends
+  "interrupted"; worker 0 waits inside that step at the all-reduce until TensorFlow's
+  coordination service gives up on worker 1 (`UnavailableError`). tests/test_status_jobs.py
+  runs it: the job's root cause is worker 1's interruption.
 - `mw_halt_loop`: the same fault in a custom loop with `ReplicaProbe(halt_on="error")` that
   calls `observe_gradients` in cross-replica context, on what `strategy.run` returned, and
   `probe.faults()` after each step (`LOGDIR/mw_halt_loop/stopped_worker_<i>.json`).
@@ -60,6 +65,7 @@ no duplicated examples and 0 cross-worker drift.
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -78,7 +84,8 @@ SCENARIOS = (
     "mw_fit_tf_keras",
 )
 HALT_SCENARIOS = ("mw_halt", "mw_halt_loop", "mw_halt_overflow")
-STALL_SCENARIOS = ("mw_stall", "mw_fit_stall")  # each ends its job with an error, on purpose
+# Each ends its job with an error, on purpose.
+STALL_SCENARIOS = ("mw_stall", "mw_fit_stall", "mw_interrupt")
 EXTRA_SCENARIOS = HALT_SCENARIOS + STALL_SCENARIOS
 # `mw_stall`, `mw_fit_stall`: worker 1 stops before this step, for this long (seconds), then dies.
 STALL_STEP = 5
@@ -390,6 +397,18 @@ def stall_before(step):
     return before_step
 
 
+def interrupt_before(step):
+    """`before_step` of worker 1 of `mw_interrupt`: Ctrl-C to its own process before `step`."""
+    counter = iter(range(1 << 30))
+
+    def before_step():
+        if next(counter) == step:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5.0)  # the KeyboardInterrupt is raised here, at the next bytecode
+
+    return before_step
+
+
 def fit_stall(strategy, run_dir, x, y):
     """`mw_fit_stall`: tf_keras `fit` whose worker 1 stops before step `STALL_STEP`."""
     import tensorflow as tf
@@ -525,7 +544,8 @@ def run_scenario(name, logdir, strategy):
     """Runs one scenario on this worker (every worker runs the same scenarios in order)."""
     run_dir = os.path.join(logdir, name, "replicas")
     x, y = _data(64)
-    loops = {"mw_clean", "mw_straggler", "mw_drift", "mw_stall", "mw_uneven_shard", "mw_unsharded"}
+    loops = {"mw_clean", "mw_straggler", "mw_drift", "mw_stall", "mw_interrupt"}
+    loops |= {"mw_uneven_shard", "mw_unsharded"}
     fits = {
         "mw_fit_tf_keras": lambda: fit_tf_keras(strategy, run_dir, x, y),
         "mw_halt": lambda: fit_halt(strategy, logdir, x, y),
@@ -563,6 +583,10 @@ def _loop_scenario(name, strategy, run_dir, x, y):
         options["probe_options"] = STALL_PROBE
         if task == 1:
             options["before_step"] = stall_before(STALL_STEP)
+    elif name == "mw_interrupt":
+        options["probe_options"] = STALL_PROBE
+        if task == 1:
+            options["before_step"] = interrupt_before(STALL_STEP)
     custom_loop(strategy, run_dir, dataset, 8, **options)
 
 

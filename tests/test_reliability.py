@@ -367,6 +367,44 @@ def test_next_fit_after_another_callback_raised_runs_the_original_step(tmp_path)
     assert series.steps.tolist() == [0, 1]  # the second fit recorded nothing
 
 
+@pytest.mark.parametrize("after", ["evaluate", "predict"])
+def test_evaluate_after_a_fit_that_stopped_without_returning_restores_the_model(tmp_path, after):
+    """A callback raises between two steps, the script catches it, then evaluates (or predicts)
+    with the same `ReplicaCallback`: the model comes back as it was and that fit's stretch is
+    recorded as stopped, saying what came next. Fit's own validation keeps the instrumentation
+    (the fit that validates records every step and ends finished)."""
+
+    class Boom(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                raise ValueError("stop here")
+
+    model = small_model(mirrored(2), 3)
+    x, y = xy(64)
+    callback = ReplicaCallback(str(tmp_path), flush_secs=NEVER)
+    with pytest.raises(ValueError, match="stop here"):
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[callback, Boom()])
+    assert "train_step" in model.__dict__  # on_train_end never ran
+    if after == "evaluate":
+        model.evaluate(x, y, batch_size=8, verbose=0, callbacks=[callback])
+    else:
+        model.predict(x, batch_size=8, verbose=0, callbacks=[callback])
+    assert "train_step" not in model.__dict__ and "make_train_function" not in model.__dict__
+    status = tb_replica_plugin.load(str(tmp_path)).runs["replicas"].status
+    assert (status.end["state"], status.end["how"], status.end["step"]) == ("crashed", after, 2)
+    assert status.end["exception"]["message"] == (
+        "fit stopped at step 2 without returning (on_train_end never ran): an exception left "
+        f"fit and the script caught it, then began {after} with the callback"
+    )
+    # A fit with validation (evaluate inside fit, fit's callbacks): instrumented to its end.
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback], validation_split=0.25)
+    assert "train_step" not in model.__dict__
+    series = read_run(str(tmp_path / "replicas"))
+    assert series.steps.tolist() == list(range(3)) + list(range(3, 15))  # 6 steps per epoch
+    status = tb_replica_plugin.load(str(tmp_path)).runs["replicas"].status
+    assert (status.end["state"], status.end["how"], status.end["step"]) == ("finished", "fit", 14)
+
+
 def test_background_flush_writes_without_close(tmp_path):
     strategy = mirrored(2)
     probe = ReplicaProbe(str(tmp_path / "replicas"), strategy, update_freq=1, flush_secs=0.2)

@@ -21,8 +21,8 @@ from conftest import REPO, mirrored
 from status_loops import loop as _loop
 
 from tb_replica_plugin import ReplicaProbe, load
+from tb_replica_plugin.families.status import present, schema
 from tb_replica_plugin.families.status import record as status_record
-from tb_replica_plugin.families.status import schema
 from tb_replica_plugin.probe import ReplicaFaultError
 
 
@@ -295,6 +295,23 @@ def test_a_fit_stopped_outside_its_step_and_caught_by_the_script_is_not_finished
         "exception left fit and the script caught it, then began another fit"
     )
     assert [e["type"] for e in status.events] == ["start", "end", "start", "end"]
+    # The same process wrote both stretches: an earlier stretch, not an earlier process.
+    stopped = (
+        f"fit stopped at step {STOP_AT} without returning (on_train_end never ran): an exception "
+        "left fit and the script caught it, then began another fit"
+    )
+    assert present.report_text(report.runs["error"]) == [
+        "  status: finished",
+        f"    an earlier stretch of this process: crashed at step {STOP_AT}: {stopped}",
+    ]
+    body = runs["error"]
+    assert [c["same_process"] for c in body["earlier_crashes"]] == [True]
+    assert [(e["earlier_process"], e["earlier_stretch"]) for e in body["events"]] == [
+        (False, True),
+        (False, True),
+        (False, False),
+        (False, False),
+    ]
     end = status.end
     assert (end["state"], end["how"], end["step"], end["exception"]) == (
         "finished",
@@ -316,6 +333,15 @@ def test_a_fit_stopped_outside_its_step_and_caught_by_the_script_is_not_finished
         f"Training crashed at step {STOP_AT} with an exception: fit stopped at step {STOP_AT} "
         "without returning"
     )
+    # No frame of the user's code: no "that line" to look at.
+    assert finding.message.endswith(
+        "SystemExit). Look at the full message and traceback in the status view."
+    ), finding.message
+    assert "that line" not in finding.message
+    # The status line says what the message says, not "an exception".
+    assert present.report_text(report.runs["keyboard"]) == [
+        f"  status: crashed at step {STOP_AT} — {end['exception']['message']}"
+    ]
 
 
 def test_a_fit_killed_in_its_first_seconds_says_which_step_it_reached(tmp_path):

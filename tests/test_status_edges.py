@@ -20,6 +20,7 @@ from test_status_read import (
     T0,
     end,
     event,
+    fixture_exception,
     heartbeat,
     job_of,
     run_data,
@@ -285,3 +286,48 @@ def test_a_run_is_judged_by_the_stall_time_it_recorded_unless_the_reader_says_ot
         assert rules.run_state(series, now, Thresholds(stall_seconds=45)).state == "running"
     assert Thresholds.from_overrides(["stall_seconds=15"]).stall_seconds == 15.0
     assert Thresholds.from_overrides(["min_identical_rng_steps=2"]).min_identical_rng_steps == 2
+
+
+def test_a_crash_quotes_a_line_only_when_it_has_one():
+    """The crash finding's advice names "that line" only when the message quotes a frame of the
+    user's code; the status line of an exception without a class (a `fit` that stopped without
+    returning) says its message, not "an exception"; an earlier stretch of the same process is
+    not called an earlier process."""
+    now = T0 + 100
+    framed = fixture_exception(3)
+    bare = {"class": "InvalidArgumentError", "message": framed["message"], "frames": [], "step": 3}
+    for exception, tail in ((framed, " and at that line."), (bare, " per replica).")):
+        series = series_of(
+            stepping(0, 3), [start(T0), end(T0 + 9, "crashed", 3, exception=exception)]
+        )
+        (crash,) = rules.find(run_data(series), now=now)
+        assert crash.message.endswith(tail), crash.message
+    unknown = {"class": None, "message": "fit stopped at step 3 without returning\nmore", "step": 3}
+    series = series_of(stepping(0, 3), [start(T0), end(T0 + 9, "crashed", 3, exception=unknown)])
+    (crash,) = rules.find(run_data(series), now=now)
+    assert crash.message == (
+        "Training crashed at step 3 with an exception: fit stopped at step 3 without "
+        "returning. Look at the full message and traceback in the status view."
+    )
+    assert present.report_text(run_data(series), now=now) == [
+        "  status: crashed at step 3 — fit stopped at step 3 without returning"
+    ]
+    # Two stretches of process 100 (two fits), then a third of process 200.
+    events = [
+        start(T0, pid=100),
+        end(T0 + 9, "crashed", 3, exception=unknown),
+        start(T0 + 10, pid=100),
+        end(T0 + 19, "crashed", 3, exception=bare),
+        start(T0 + 20, pid=100),
+    ]
+    series = series_of(stepping(0, 3), events)
+    lines = present.report_text(run_data(series), now=T0 + 21)
+    assert lines[1:] == [
+        "    an earlier stretch of this process: crashed at step 3: fit stopped at step 3 "
+        "without returning",
+        "    an earlier stretch of this process: crashed at step 3: InvalidArgumentError: "
+        + attribution.first_line(bare["message"]),
+    ]
+    series = series_of(stepping(0, 3), events[:4] + [start(T0 + 20, pid=200)])
+    lines = present.report_text(run_data(series), now=T0 + 21)
+    assert [line.split(":")[0] for line in lines[1:]] == ["    an earlier process of this run"] * 2

@@ -1,10 +1,12 @@
-"""A multi-worker job that hangs, read while it hangs, then killed (both workers, or worker 1).
+"""A multi-worker job that hangs, read while it hangs, then killed (both workers, or worker 1);
+a job whose worker 1 is stopped by Ctrl-C.
 
 Real 2-worker MultiWorkerMirroredStrategy jobs on localhost (`demo/multiworker.py`'s `mw_stall`
 and `mw_fit_stall`): worker 1 stops before step 5 and waits (for longer than the test, which
 reads the job meanwhile) while worker 0 waits inside step 5 at the all-reduce. Every wait here is
 bounded, and the test ends the processes it started, by pid (a process blocked in the all-reduce
-ignores SIGTERM; `stop_worker` sends SIGKILL after 10 s).
+ignores SIGTERM; `stop_worker` sends SIGKILL after 10 s). `mw_interrupt`: worker 1 sends itself
+SIGINT before step 5 and worker 0 fails in step 5 (about 20 s in all).
 """
 
 import json
@@ -19,7 +21,7 @@ from conftest import REPO, VENV_BIN
 
 from demo import multiworker
 from tb_replica_plugin import analysis, load
-from tb_replica_plugin.families.status import present
+from tb_replica_plugin.families.status import present, rules
 
 STALL = {"stall_seconds": 15}
 # Worker 1 waits this long before it dies on its own: longer than any test needs.
@@ -180,3 +182,51 @@ def _kill_worker_1_and_read_worker_0(logdir, job, processes, logs):
     assert crashed.replicas == [1]  # the replicas its error names: worker 1's
     assert crashed.message.startswith("Worker worker_0 (replica 0) crashed at step 5 with ")
     assert "UnavailableError" in crashed.message and "names worker_1" in crashed.message
+
+
+def test_a_worker_stopped_by_ctrl_c_is_the_root_cause_of_the_job(tmp_path):
+    """`mw_interrupt`: worker 1 gets a real SIGINT before step 5 (its KeyboardInterrupt not
+    caught); worker 0, inside step 5 at the all-reduce, gets TensorFlow's `UnavailableError`
+    naming worker 1. The root cause is worker 1's interruption, and no finding points at the
+    OOM killer."""
+    logdir, job = str(tmp_path / "logs"), "mw_interrupt/replicas"
+    step = multiworker.STALL_STEP
+    multiworker.launch(logdir, scenarios=["mw_interrupt"], timeout=90, allow_failure=True)
+    report = load(logdir)
+    worker_0, worker_1 = report.runs[job].status.members
+    end_1 = worker_1.end
+    assert (end_1["state"], end_1["how"], end_1["step"]) == ("interrupted", "exception", step - 1)
+    assert end_1["exception"]["class"] == "KeyboardInterrupt"
+    assert end_1["exception"]["frames"][-1]["function"] == "before_step"
+    end_0 = worker_0.end
+    assert (end_0["state"], end_0["step"]) == ("crashed", step)
+    assert end_0["exception"]["class"] == "UnavailableError"
+    assert end_0["exception"]["unhealthy_tasks"] == [{"task_type": "worker", "task_index": 1}]
+    assert end_1["wall_time"] < end_0["wall_time"]
+    findings = {f.kind: f for f in report.findings[job]}
+    assert set(findings) == {"training_interrupted", "training_crashed"}
+    root = findings["training_interrupted"]
+    assert (root.cause, root.name, root.replicas, root.first_step) == (
+        "root_cause",
+        "worker_1",
+        [1],
+        step - 1,
+    )
+    assert root.message.startswith(
+        "Root cause (first observed failure): Worker worker_1 (replica 1) was interrupted at "
+        f"step {step - 1} (KeyboardInterrupt: Ctrl-C or SIGINT to its process), and worker_0 "
+        "failed without it"
+    ), root.message
+    crashed = findings["training_crashed"]
+    assert crashed.cause is None
+    assert crashed.message.startswith(f"Worker worker_0 (replica 0) crashed at step {step} with ")
+    assert "worker_1 was interrupted (KeyboardInterrupt: Ctrl-C or SIGINT) before" in (
+        crashed.message
+    )
+    for finding in findings.values():
+        assert "dmesg" not in finding.message and "OOM" not in finding.message, finding.message
+    later = worker_0.end["wall_time"] + 600
+    cause = rules.root_cause(report.runs[job].status, later)
+    assert (cause["kind"], cause["worker"]) == ("training_interrupted", "worker_1")
+    (line,) = present.report_text(report.runs[job], now=later)
+    assert line.endswith(f"; root cause: worker_1 was interrupted at step {step - 1}"), line

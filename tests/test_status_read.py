@@ -341,7 +341,8 @@ def test_rerun_segment_decides_the_state_and_keeps_the_old_crash_listed():
     ]
     body = _body_is_strict_json(data, now)
     assert [e["earlier_process"] for e in body["events"]] == [True, True, False, False]
-    assert len(body["earlier_crashes"]) == 1
+    assert not any(e["earlier_stretch"] for e in body["events"])  # pids 100 and 200
+    assert [c["same_process"] for c in body["earlier_crashes"]] == [False]
 
 
 def test_thread_crash_is_a_warning_and_the_run_goes_on():

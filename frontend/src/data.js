@@ -141,9 +141,10 @@ export async function fetchStatus(run, opts) {
       worker: e.worker ?? null,
       type: String(e.type ?? ''),
       earlier_process: Boolean(e.earlier_process),
+      earlier_stretch: Boolean(e.earlier_stretch),
       summary: String(e.summary ?? ''),
     })),
-    earlier_crashes: list(body.earlier_crashes).map((c) => ({ worker: c.worker ?? null, wall_time: orNull(c.wall_time), summary: String(c.summary ?? '') })),
+    earlier_crashes: list(body.earlier_crashes).map((c) => ({ worker: c.worker ?? null, wall_time: orNull(c.wall_time), same_process: Boolean(c.same_process), summary: String(c.summary ?? '') })),
   };
 }
 

@@ -26,7 +26,9 @@ class RunEnd:
       how: what ended it: "fit" (Keras `fit` returned or raised), "close" (`probe.close()`),
         "context" (a `with ReplicaProbe(...)` block exited), "exit" (the interpreter exited with
         the probe open), "exception" (an uncaught exception reached `sys.excepthook`), "cell"
-        (the notebook cell that ran a custom loop returned or raised: `status/notebook.py`).
+        (the notebook cell that ran a custom loop returned or raised: `status/notebook.py`),
+        "evaluate"/"predict" (begun with the callback after a `fit` that stopped without
+        returning).
       error: the exception, or None.
       step: the training step it ended at when the host knows it (Keras `fit`), else None.
       findings: the `analysis.Finding`s that stopped training ("halted").

@@ -147,8 +147,10 @@ class ReplicaCallback(*compat.callback_bases()):
       heartbeat: write a heartbeat every `flush_secs` (default True), so a hang or a killed
         process shows; how `fit` ends (returned, raised on a replica, stopped by `halt_on`) is
         recorded either way. See `ReplicaProbe` and docs/status.md.
-      stall_secs: seconds without progress before every thread's Python stack is written
-        (default 60).
+      stall_secs: after this many seconds without progress the heartbeat also writes every
+        thread's Python stack, once per stall (default 60; `SIGUSR1` asks for them at once);
+        recorded in the start event, the reader calls the run `stalled` after the same time
+        unless told another (`Thresholds.stall_seconds`).
 
     Nothing here can stop training: a failure to trace the collectors, to create or write the log
     dir (unwritable, removed while training, full disk) warns once (`RuntimeWarning`) and
@@ -226,6 +228,9 @@ class ReplicaCallback(*compat.callback_bases()):
         self._undo_hooks = []
         self._armed = False  # set_model ran: the next make_train_function is this fit's
         self._training = False
+        # set_model ran since the last on_train_begin: the callbacks of a new fit, evaluate or
+        # predict (fit's own validation reuses fit's callbacks: no set_model).
+        self._new_callbacks = False
         self._traced = None  # (what it depends on, the instrumented train function)
         self._outputs_capture = None
         self._batches = LossCapture()  # the step's named batch, for the culprit capture
@@ -247,6 +252,7 @@ class ReplicaCallback(*compat.callback_bases()):
         handed back to the next `fit` of the same model with this callback: no retrace.
         """
         super().set_model(model)
+        self._new_callbacks = True
         try:
             if compat.strategy_refusal(model.distribute_strategy):
                 return  # warned at on_train_begin, where fit is known to train
@@ -270,6 +276,7 @@ class ReplicaCallback(*compat.callback_bases()):
                 stacklevel=2,
             )
             return
+        self._new_callbacks = False
         if self._patched is None:
             return  # instrumenting failed (warned at set_model)
         self._training = True
@@ -306,6 +313,20 @@ class ReplicaCallback(*compat.callback_bases()):
             self._check_variables_whole(final=True)
         self._finish(self.model, returned=True)
 
+    def on_test_begin(self, logs=None):
+        self._end_unreturned_fit("evaluate")
+
+    def on_predict_begin(self, logs=None):
+        self._end_unreturned_fit("predict")
+
+    def _end_unreturned_fit(self, how):
+        """`evaluate`/`predict` with this callback after a `fit` that stopped without returning
+        (an exception left it between two steps and the script caught it): that fit's stretch
+        ends, recorded as such, and the model is restored. `fit`'s own validation (fit's
+        callbacks, no set_model since `on_train_begin`) leaves training alone."""
+        if self._training and self._new_callbacks:
+            self._finish(self.model, how=how)
+
     def on_test_end(self, logs=None):
         # `evaluate`/`predict` with this callback also call set_model; `fit`'s validation runs
         # inside training (keep the instrumentation then).
@@ -340,11 +361,11 @@ class ReplicaCallback(*compat.callback_bases()):
             for finding in found:
                 print(f"ReplicaCallback: stopping training: {halt.describe(finding)}")
 
-    def _finish(self, model, error=None, returned=False):
+    def _finish(self, model, error=None, returned=False, how="fit"):
         """Restores the model and writes what was recorded: at train end (`returned`), when a
         step raised `error` (recorded as how the fit ended, at the step it was raised at), or
-        when the next fit finds the hooks of a fit that neither returned nor saw an exception
-        in its step (recorded as such: `RunEnd.unreturned`).
+        when the next fit (or `evaluate`/`predict`: `how`) finds the hooks of a fit that neither
+        returned nor saw an exception in its step (recorded as such: `RunEnd.unreturned`).
 
         The next fit continues the steps from the probe's step axis (`STEP_AXIS_ATTR`).
         """
@@ -357,7 +378,7 @@ class ReplicaCallback(*compat.callback_bases()):
                 step = self._probe.host_steps[0] if error is not None or unreturned else None
                 context = traceback.extract_stack()[:-2] if error is not None else ()
                 self._probe.end_run(
-                    "fit", error, step, self.stopped_by, context, unreturned=unreturned
+                    how, error, step, self.stopped_by, context, unreturned=unreturned
                 )
 
     # ------------------------------------------------------------------ helpers

@@ -112,13 +112,14 @@ function eventsList(body, multiWorker) {
       multiWorker && e.worker ? h('span', { class: 'event-worker' }, e.worker) : null,
       e.summary,
       e.earlier_process ? h('span', { class: 'muted' }, ' (an earlier process)') : null,
+      e.earlier_stretch ? h('span', { class: 'muted' }, ' (an earlier stretch)') : null,
     ]),
   );
   return h('details', { class: 'status-events' }, [h('summary', {}, `Recent events (${body.events.length})`), h('ul', {}, items)]);
 }
 
 function draw(target, body, multiWorker) {
-  const crashes = body.earlier_crashes.map((c) => h('p', { class: 'note' }, `An earlier process of this run${c.worker ? ` (${c.worker})` : ''}: ${c.summary}`));
+  const crashes = body.earlier_crashes.map((c) => h('p', { class: 'note' }, `${c.same_process ? 'An earlier stretch of this process' : 'An earlier process of this run'}${c.worker ? ` (${c.worker})` : ''}: ${c.summary}`));
   const parts = [
     ...headline(body, multiWorker),
     h('div', { class: 'table-scroll' }, h('table', { class: 'status-workers' }, [h('thead', {}, h('tr', {}, COLUMNS.map((c) => h('th', {}, c)))), h('tbody', {}, body.workers.map(workerRow))])),

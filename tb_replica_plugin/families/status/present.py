@@ -93,7 +93,9 @@ def event_summary(event):
         exception = event.get("exception")
         if exception:
             first = attribution.first_line(exception.get("message") or "")
-            text += f": {states.exception_class(exception)}" + (f": {first}" if first else "")
+            named = exception.get("class")  # unknown for a `fit` that stopped without returning
+            what = f"{states.exception_class(exception)}: {first}" if named and first else first
+            text += f": {what or states.exception_class(exception)}"
         kinds = [f.get("kind") for f in event.get("findings") or [] if isinstance(f, dict)]
         return text + (f" by {', '.join(map(str, kinds))}" if kinds else "")
     if kind == schema.EVENT_EXCEPTION:
@@ -106,20 +108,36 @@ def event_summary(event):
     return f"stacks written ({event.get('reason')}{at_step}){where}"
 
 
+def _same_process(series, index):
+    """Whether event `index` of an earlier segment of `series` was written by the process of
+    its latest segment (an earlier stretch: an earlier `fit`, a loop run again): the pid and
+    host of the start events that begin the two segments are the same."""
+    starts = [e for e in series.events[: index + 1] if e["type"] == schema.EVENT_START]
+    latest = series.events[series.segment_index]
+    if not starts or latest["type"] != schema.EVENT_START or starts[-1] is latest:
+        return False
+    pid, host = starts[-1].get("pid"), starts[-1].get("host")
+    return pid is not None and (pid, host) == (latest.get("pid"), latest.get("host"))
+
+
 def recent_events(members):
-    """The last `EVENTS_SHOWN` events of every member, oldest first, summarised."""
+    """The last `EVENTS_SHOWN` events of every member, oldest first, summarised; an event of an
+    earlier segment is marked `earlier_process`, or `earlier_stretch` when the same process
+    wrote it (`_same_process`)."""
     rows = []
     for member in members:
         if member.series is None:
             continue
         earlier = member.series.segment_index
         for index, event in enumerate(member.series.events):
+            same = index < earlier and _same_process(member.series, index)
             rows.append(
                 {
                     "wall_time": _number(event["wall_time"]),
                     "worker": member.name,
                     "type": event["type"],
-                    "earlier_process": index < earlier,
+                    "earlier_process": index < earlier and not same,
+                    "earlier_stretch": same,
                     "summary": event_summary(event),
                 }
             )
@@ -128,13 +146,25 @@ def recent_events(members):
 
 
 def earlier_crashes(members):
-    """`[{"worker", "wall_time", "summary"}]`: crashes of earlier processes of the runs."""
-    return [
-        {"worker": m.name, "wall_time": _number(e["wall_time"]), "summary": event_summary(e)}
-        for m in members
-        if m.series is not None
-        for e in m.series.earlier_crashes
-    ]
+    """`[{"worker", "wall_time", "same_process", "summary"}]`: crashes of the earlier segments
+    of the runs (`same_process`: an earlier stretch of the latest segment's process)."""
+    rows = []
+    for member in members:
+        series = member.series
+        if series is None:
+            continue
+        for index, event in enumerate(series.events[: series.segment_index]):
+            if event["type"] != schema.EVENT_END or event.get("state") != schema.END_CRASHED:
+                continue
+            rows.append(
+                {
+                    "worker": member.name,
+                    "wall_time": _number(event["wall_time"]),
+                    "same_process": _same_process(series, index),
+                    "summary": event_summary(event),
+                }
+            )
+    return rows
 
 
 def status_body(run_data, now, thresholds=Thresholds()):
@@ -234,10 +264,13 @@ def report_json(run_data, thresholds=Thresholds(), now=None):
 
 
 def _crash_clause(member, everyone):
-    """ "InvalidArgumentError on replica 1 (at train.py:9 in call)"."""
+    """ "InvalidArgumentError on replica 1 (at train.py:9 in call)"; an exception of unknown
+    class (a `fit` that stopped without returning) says its message's first line instead."""
     exception = (member.series.end or {}).get("exception") or {}
     if not exception:
         return "no exception recorded"
+    first = attribution.first_line(exception.get("message") or "")
+    what = exception.get("class") or first or states.exception_class(exception)
     replicas = exception.get("replicas") or []
     workers = states.named_workers(exception.get("tasks"), everyone, exclude=member.name)
     on = ""
@@ -246,9 +279,7 @@ def _crash_clause(member, everyone):
     elif workers:
         on = f" naming {' and '.join(workers)}"
     frame = states.crash_frame(exception)
-    return f"{states.exception_class(exception)}{on}" + (
-        f" (at {states.frame_place(frame, short=True)})" if frame else ""
-    )
+    return f"{what}{on}" + (f" (at {states.frame_place(frame, short=True)})" if frame else "")
 
 
 def _stall_clause(everyone):
@@ -341,7 +372,8 @@ def report_text(run_data, thresholds=Thresholds(), now=None):
       e.g. `["  status: crashed at step 3 — InvalidArgumentError on replica 1 (at train.py:9
       in call)"]`, `["  status: finished"]`; a job whose root cause is another worker's failure
       than the headline's adds "; root cause: worker_1 stopped sending heartbeats ...", and each
-      earlier process of the run that crashed adds a line.
+      earlier segment of the run that crashed adds a line ("an earlier stretch of this process"
+      when the same process wrote it, e.g. an earlier `fit`, else "an earlier process").
 
     Example:
       >>> report_text(run_data, now=now)
@@ -371,5 +403,6 @@ def report_text(run_data, thresholds=Thresholds(), now=None):
     lines = [line]
     for crash in earlier_crashes(everyone):
         who = f"{crash['worker']}: " if crash["worker"] else ""
-        lines.append(f"    an earlier process of this run: {who}{crash['summary']}")
+        earlier = "stretch of this process" if crash["same_process"] else "process of this run"
+        lines.append(f"    an earlier {earlier}: {who}{crash['summary']}")
     return lines

@@ -45,7 +45,8 @@ from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.families.status import attribution, schema
 
 # Seconds without progress before the heartbeat thread writes every thread's stack (once per
-# stall); the read side's `Thresholds.stall_seconds` (default 300) decides what is a stall.
+# stall). Recorded in the start event: the reader judges the run by it (`Thresholds.stall_seconds`
+# None, the default), unless told another stall time.
 DEFAULT_STALL_SECS = 60.0
 # `RunEnd.how` of a stretch a notebook cell ended (`notebook.py`: IPython's `post_run_cell`).
 CELL = "cell"
@@ -457,6 +458,8 @@ _AFTERWARDS = {
     "close": "closed the probe",
     "context": "left the probe's `with` block",
     "fit": "began another fit",
+    "evaluate": "began evaluate with the callback",
+    "predict": "began predict with the callback",
     "cell": "the notebook cell ended",
 }
 _CAUGHT = {
@@ -465,6 +468,8 @@ _CAUGHT = {
     ),
     "close": "the script caught it, then closed the probe",
     "fit": "the script caught it, then began another fit",
+    "evaluate": "the script caught it, then began evaluate with the callback",
+    "predict": "the script caught it, then began predict with the callback",
     "cell": "the notebook cell caught it",
 }
 

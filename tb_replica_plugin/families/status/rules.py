@@ -163,18 +163,22 @@ def _crash_hint(exception, lost):
     """What to look at, from the exception's class and text (`lost`: the `Member`s it names as
     unhealthy)."""
     text = f"{exception_class(exception)} {exception.get('message') or ''}"
+    line = crash_frame(exception) is not None  # the message quotes a line of the user's code
     if lost or exception.get("unhealthy_tasks"):
         return _lost_hint(lost)
     if "not finite" in text or "CheckNumerics" in text or "NaN" in text:
+        at_line = " and at that line" if line else ""
         return (
             "A NaN or Inf reached a numeric check: look at what that replica was fed at that "
-            "step (the gradients view shows NaN/Inf per replica) and at that line."
+            f"step (the gradients view shows NaN/Inf per replica){at_line}."
         )
     if "ResourceExhausted" in text or "out of memory" in text.lower() or "OOM" in text:
         return "A device ran out of memory: lower the per-replica batch size or the model size."
     if "Collective ops is aborted" in text or "DeadlineExceeded" in text:
         return "A collective did not complete: look at the other workers' status and logs."
-    return "Look at that line, and at the full message and traceback in the status view."
+    if line:
+        return "Look at that line, and at the full message and traceback in the status view."
+    return "Look at the full message and traceback in the status view."
 
 
 def _names_text(exception, member, everyone):
