@@ -12,7 +12,16 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     packages=setuptools.find_packages(include=["tb_replica_plugin", "tb_replica_plugin.*"]),
     package_data={"tb_replica_plugin": ["static/*", "http_api.md"]},
+    # The Pythons checked (.ci/window.py; 3.13 needs TensorFlow 2.20 or newer, the first with its
+    # wheels). No upper bound: a newer Python is refused by TensorFlow's wheels, not here.
     python_requires=">=3.10",
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+    ],
     # No TensorFlow distribution: the user's (tensorflow, tensorflow-cpu, tensorflow[and-cuda],
     # tf-nightly, a vendor build) is used as it is, and the read side runs without one. The
     # write side checks its version at import (tb_replica_plugin/requirements.py). Lower bounds:

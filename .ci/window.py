@@ -53,8 +53,8 @@ class Entry:
       tf_keras: the tf-keras requirement (the same minor as TensorFlow).
       extra: the rest of the user's stack where TensorFlow does not bring it: TensorBoard from
         2.21 on (TensorFlow 2.21 no longer depends on it); `setuptools<82` for TensorBoard
-        2.16-2.18, which import `pkg_resources` (gone from setuptools 82; a Python 3.12 venv
-        has no setuptools, so TensorFlow's requirement installs the newest).
+        2.16-2.20, which import `pkg_resources` (gone from setuptools 82; a Python 3.12 or 3.13
+        venv has no setuptools, so TensorFlow's requirement installs the newest).
       ci: whether `.ci/run` runs it (the others run with `--all`).
       label: tells apart two entries of one Python and TensorFlow (it ends the venv's name).
     """
@@ -83,7 +83,10 @@ class Entry:
 ENTRIES = (
     Entry("3.10", "tensorflow-cpu==2.16.2", "tf-keras==2.16.0"),
     Entry("3.12", "tensorflow-cpu==2.18.1", "tf-keras==2.18.0", ("setuptools<82",)),
-    Entry("3.11", "tensorflow-cpu==2.21.0", "tf-keras==2.21.0", ("tensorboard==2.21.0",)),
+    # The newest Python of the window (TensorFlow has cp313 wheels from 2.20 on); the same
+    # stack on 3.11 is `--all`'s (the full suite already runs TensorFlow 2.21 on 3.11).
+    Entry("3.13", "tensorflow-cpu==2.21.0", "tf-keras==2.21.0", ("tensorboard==2.21.0",)),
+    Entry("3.11", "tensorflow-cpu==2.21.0", "tf-keras==2.21.0", ("tensorboard==2.21.0",), ci=False),
     Entry("3.11", "tensorflow-cpu==2.17.1", "tf-keras==2.17.0", ci=False),
     Entry("3.10", "tensorflow-cpu==2.19.1", "tf-keras==2.19.0", ci=False),
     Entry("3.12", "tensorflow-cpu==2.20.0", "tf-keras==2.20.1", ("setuptools<82",), ci=False),

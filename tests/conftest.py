@@ -252,11 +252,12 @@ class TensorBoardServer:
 
 @pytest.fixture(scope="module")
 def demo_server(demo_logs):
-    """TensorBoard serving the demo log dir (every sample kept), once it lists every run and
-    job (for the browser tests, `tests/browser_tab.py`)."""
+    """TensorBoard serving the demo log dir as `demo/run.sh` does (TensorBoard keeps its default
+    sample; the plugin reads the event files itself), once it lists every run and job (for the
+    browser tests, `tests/browser_tab.py`)."""
     from browser_tab import DEMO_JOBS
 
-    server = TensorBoardServer(demo_logs, extra=("--samples_per_plugin", "replicas=0"))
+    server = TensorBoardServer(demo_logs)
     try:
         server.wait_for(
             "/data/plugin/replicas/runs",

@@ -321,7 +321,9 @@ def test_no_history_in_the_docs(document):
 def test_relative_links_resolve(document):
     base = os.path.dirname(os.path.join(REPO, document))
     missing = []
-    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", _read(document)):
+    text = _read(document)
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text) + re.findall(r'src="([^"#]+)"', text)
+    for target in targets:
         if "://" in target or target.startswith("mailto:"):
             continue
         if not os.path.exists(os.path.join(base, target)):
@@ -360,3 +362,46 @@ def test_http_api_documents_every_route_and_argument():
         if f"{name}=" not in documented[family.route]
     ]
     assert not undocumented, f"arguments missing from http_api.md headings: {undocumented}"
+
+
+def _python_range(text, where):
+    """`(first, last)` minor versions of the one "Python 3.X–3.Y" in `text`."""
+    found = set(re.findall(r"Python\s+3\.(\d+)[–-]3\.(\d+)", text))
+    assert len(found) == 1, f"{where}: expected one 'Python 3.X–3.Y', found {sorted(found)}"
+    first, last = found.pop()
+    return int(first), int(last)
+
+
+def test_the_python_window_agrees():
+    """README, docs/compatibility.md, setup.py's classifiers, .ci/setup.sh's check and the Pythons
+    .ci/window.py tests on name the same Python window (its ends each tested in .ci/window.py)."""
+    import importlib.util
+
+    readme = _python_range(_read("README.md"), "README.md")
+    assert _python_range(_read("docs/compatibility.md"), "docs/compatibility.md") == readme
+    first, last = readme
+    minors = list(range(first, last + 1))
+    classifiers = re.findall(r'"Programming Language :: Python :: 3\.(\d+)"', _read("setup.py"))
+    assert [int(m) for m in classifiers] == minors, f"setup.py's classifiers: {classifiers}"
+    assert f'python_requires=">=3.{first}"' in _read("setup.py")
+    accepted = re.search(r"^  (3\.\d+(?: \| 3\.\d+)*)\) ;;$", _read(".ci/setup.sh"), re.M)
+    assert accepted, ".ci/setup.sh has no `case` of accepted Python versions"
+    assert accepted.group(1) == " | ".join(f"3.{m}" for m in minors), accepted.group(1)
+    spec = importlib.util.spec_from_file_location("window", os.path.join(REPO, ".ci", "window.py"))
+    window = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(window)
+    pythons = {int(e.python.split(".")[1]) for e in window.ENTRIES if e.ci}
+    assert min(pythons) == first and max(pythons) == last, (
+        f".ci/run tests Pythons 3.x for x in {pythons}"
+    )
+    assert {int(e.python.split(".")[1]) for e in window.ENTRIES} == set(minors)
+
+
+def test_the_numpy_floor_agrees():
+    """README and docs/compatibility.md name setup.py's numpy floor, which a .ci/window.py entry
+    installs."""
+    floor = re.search(r'"numpy>=([\d.]+)"', _read("setup.py")).group(1)
+    for document in ("README.md", "docs/compatibility.md"):
+        named = re.findall(r"numpy (\d[\d.]*)–", _read(document))
+        assert named == [floor], f"{document} names numpy {named}, setup.py's floor is {floor}"
+    assert f'"numpy=={floor}"' in _read(".ci/window.py")
