@@ -180,12 +180,12 @@ def targets(results):
          value(render["median_render_ms"], "ms", digits=0),
          high(render["median_render_ms"]) <= 300, "`benchmarks.frontend_render`"),
         ("device→host transfers added per replica per step (MLP, MobileNetV2)", "≤ 1",
-         str(transfers), transfers <= 1, "`benchmarks.step_counts`"),
+         number(transfers, 0), transfers <= 1, "`benchmarks.step_counts`"),
         ("kernels added per MLP step (the issue's executor events)", "≤ 40",
-         str(counts["mlp"]["ops_per_step"]), counts["mlp"]["ops_per_step"] <= 40,
+         number(counts["mlp"]["ops_per_step"], 0), counts["mlp"]["ops_per_step"] <= 40,
          "`benchmarks.step_counts`"),
         ("bytes per replica per logged step, custom loop", "≤ 256",
-         str(loop["event_bytes_per_logged_step_per_replica"]["probe_default"]),
+         number(loop["event_bytes_per_logged_step_per_replica"]["probe_default"], 0),
          loop["event_bytes_per_logged_step_per_replica"]["probe_default"] <= 256,
          "`benchmarks.loop_overhead`"),
         ("CPU per step with the status heartbeat, on / off", "within the noise",
@@ -259,7 +259,7 @@ def render_step_counts(results):
         added = figures["added"]
         nodes = "—" if added.get("nodes") is None else f"+{added['nodes']}"
         rows.append(
-            (label, figures["replicas"], added["transfers_per_replica"],
+            (label, figures["replicas"], number(added["transfers_per_replica"], 0),
              f"+{number(added['ops_per_step'], 0)}", nodes)
         )  # fmt: skip
     header = ("model", "replicas", "transfers added per sending replica", "kernels", "nodes")
@@ -283,12 +283,21 @@ def render_loop_overhead(results):
     figures = run_figures(results, "loop_overhead", "default")
     wall = figures["ratio_to_no_probe"]
     sizes = figures["event_bytes_per_logged_step_per_replica"]
+    cpu = figures.get("cpu_ratio_to_no_probe") or {}
     rows = [
-        ("step time, `ReplicaProbe` default `update_freq` (wall)", ratio(wall["probe_default"])),
-        ("step time, every step logged (wall)", ratio(wall["probe_every_step"])),
+        (f"{name}, {kind}", ratio(ratios[key]))
+        for kind, ratios in (("CPU", cpu), ("wall", wall))
+        for key, name in (
+            ("probe_default", "step time with `ReplicaProbe`, default `update_freq`"),
+            ("probe_every_step", "step time, every step logged"),
+        )
+        if key in ratios
+    ]
+    rows += [
         ("event bytes per replica per logged step, default", sizes["probe_default"]),
         ("the same, every step logged", sizes["probe_every_step"]),
     ]
+    rows = [(name, number(v, 0) if isinstance(v, float) else v) for name, v in rows]
     return block(results, "loop_overhead", ["default"], ("figure", "value"), rows)
 
 
@@ -352,13 +361,13 @@ def render_fingerprint_overhead(results):
 def render_multiworker_load(results):
     sizes = run_figures(results, "multiworker_load", "bytes")
     load = run_figures(results, "multiworker_load", "load")
-    job = f"{load['workers']} × {load['replicas_per_worker']} × {load['steps']}"
+    job = f"{load['workers']} × {load['replicas_per_worker']} × {number(load['steps'], 0)}"
     rows = [
         ("bytes per worker per logged step, 8 local replicas",
          number(sizes["bytes_per_worker_per_step"], 0)),
-        (f"`load` of a job of {job} logged steps", value(load["load_seconds"], "s", digits=1)),
+        (f"`load` of a job of {job} logged steps", value(load["load_seconds"], "s")),
         ("the same job read and analysed from TensorBoard's loaded data",
-         value(load["read_and_findings_seconds"], "s", digits=1)),
+         value(load["read_and_findings_seconds"], "s")),
     ]  # fmt: skip
     keys = ["bytes", "load"]
     return block(results, "multiworker_load", keys, ("figure", "value"), rows)
