@@ -146,6 +146,7 @@ def main(argv=None):
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=5)
+    common.add_record_argument(parser)
     args = parser.parse_args(argv)
 
     from tensorboard.plugins.scalar import scalars_plugin
@@ -196,6 +197,9 @@ def main(argv=None):
         "inputs_response_bytes": inputs_bytes,
     }
     print(json.dumps(result, indent=1))
+    if args.record:
+        keys = ("replicas", "steps", "median_seconds", "ratio_replicas_to_scalars")
+        common.record_results("backend", {"default": {k: result[k] for k in keys}}, argv)
     return result
 
 

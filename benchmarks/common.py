@@ -1,22 +1,128 @@
-"""What the benchmarks share: the machine line, ratio ranges, and for the `fit` benchmarks the MLP,
-its data, and variants timed in alternation.
+"""What the benchmarks share: the machine line, ratio ranges, the results files, and for the `fit`
+benchmarks the MLP, its data, and variants timed in alternation.
 
 The model is the performance issue's MLP (64 → 256 → 256 → 1, Adam, MSE) on a cached dataset
 of global batch 256; each round fits every variant once (A B C … A B C …) so drift of the
 machine hits them alike, and the first epoch of each fit (tracing) is not timed.
 """
 
+import datetime
+import importlib.metadata
+import json
 import os
 import platform
+import shlex
 import statistics
+import sys
 import time
 
 GLOBAL_BATCH = 256
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# The distributions whose versions a results file names (the first installed of each tuple).
+VERSIONED = {
+    "tensorflow": ("tensorflow", "tensorflow-cpu", "tf-nightly"),
+    "keras": ("keras",),
+    "tf_keras": ("tf-keras", "tf_keras"),
+    "tensorboard": ("tensorboard",),
+    "numpy": ("numpy",),
+}
 
 
 def machine():
     """The machine line every benchmark prints: architecture, cores, Python version."""
     return f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}"
+
+
+def machine_info():
+    """The machine a run measured on: `{"arch", "cores", "cpu_model", "gpu"}` (`gpu`: None, the
+    benchmarks run on logical CPU devices)."""
+    model = platform.processor() or None
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            names = [
+                line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")
+            ]
+        model = names[0] if names else model
+    except OSError:
+        pass
+    return {"arch": platform.machine(), "cores": os.cpu_count(), "cpu_model": model, "gpu": None}
+
+
+def versions():
+    """`{"python", "tensorflow", "keras", "tf_keras", "tensorboard", "numpy"}`: the installed
+    versions (None: not installed), read from the distributions' metadata without importing them."""
+    found = {"python": platform.python_version()}
+    for key, distributions in VERSIONED.items():
+        found[key] = None
+        for distribution in distributions:
+            try:
+                found[key] = importlib.metadata.version(distribution)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return found
+
+
+def add_record_argument(parser):
+    """Adds `--record` to a benchmark's command line (see `record_results`)."""
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write the figures to benchmarks/results/<name>.json (then run "
+        "`python -m benchmarks.tables` to update README and docs)",
+    )
+
+
+def check_record(parser, args):
+    """Refuses `--record` with `--quick` (reduced sizes say nothing of the speed), through
+    `parser.error` (exit status 2)."""
+    if getattr(args, "record", False) and getattr(args, "quick", False):
+        parser.error("--record: a --quick run's figures are not results; run at full size")
+
+
+def record_results(name, runs, argv=None, results_dir=None, module=None):
+    """Writes a run's figures into `results_dir/<name>.json`, the one source of every figure that
+    README and docs state (`python -m benchmarks.tables` renders them).
+
+    Each entry of the file's `runs` is one kind of run (e.g. a loader and mode): a recorded run
+    replaces the entries it names and keeps the others.
+
+    Args:
+      name: the benchmark's name (`fit_overhead`, ...).
+      runs: `{key: figures}`; `figures` is a JSON-able dict (numbers, or `{"median", "min",
+        "max"}` ranges).
+      argv: the command line's arguments (default `sys.argv[1:]`), recorded as the command.
+      results_dir: default `RESULTS_DIR`.
+      module: the module the command ran (default `benchmarks.<name>`).
+
+    Returns:
+      The path written.
+    """
+    results_dir = results_dir or RESULTS_DIR
+    path = os.path.join(results_dir, f"{name}.json")
+    document = {"benchmark": name, "runs": {}}
+    if os.path.exists(path):
+        with open(path) as handle:
+            document = json.load(handle)
+    args = sys.argv[1:] if argv is None else list(argv)
+    command = shlex.join(["python", "-m", module or f"benchmarks.{name}", *args])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    for key, figures in runs.items():
+        document["runs"][key] = {
+            "source": "measured",
+            "command": command,
+            "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": machine_info(),
+            "load_average": round(os.getloadavg()[0], 2),
+            "versions": versions(),
+            "figures": figures,
+        }
+    os.makedirs(results_dir, exist_ok=True)
+    with open(path, "w") as handle:
+        json.dump(document, handle, indent=1, ensure_ascii=False)
+        handle.write("\n")
+    print(f"figures written to {path}", file=sys.stderr)
+    return path
 
 
 def ratio_range(variant, baseline):

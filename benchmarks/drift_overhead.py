@@ -107,6 +107,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=12, help="timed checks per variant")
     parser.add_argument("--replicas", type=int, default=4)
+    common.add_record_argument(parser)
     args = parser.parse_args()
 
     import numpy as np
@@ -162,6 +163,10 @@ def main():
         "fit_ratio_best": best_ratios,
     }
     print(json.dumps(result, indent=1))
+    if args.record:
+        keys = ("mlp_variables", "mlp_elements", "bytes_off_device_per_copy", "check_ms")
+        figures = {k: result[k] for k in (*keys, "fit_ratio_median_cpu")}
+        common.record_results("drift_overhead", {"default": figures})
 
 
 if __name__ == "__main__":

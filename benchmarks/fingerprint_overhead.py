@@ -134,6 +134,7 @@ def main():
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=9, help="timed calls of the ops alone")
     parser.add_argument("--skip-fit", action="store_true", help="measure the ops alone only")
+    common.add_record_argument(parser)
     args = parser.parse_args()
 
     import tensorflow as tf
@@ -149,6 +150,9 @@ def main():
         "ops_alone_by_batch": ops_alone(args.repeats),
     }
     print(json.dumps(result, indent=1))
+    if args.record:
+        figures = {k: result[k] for k in ("fit", "ops_alone_by_batch")}
+        common.record_results("fingerprint_overhead", {"default": figures})
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ def _parser():
     parser.add_argument("--rounds", type=int, default=12, help="timed rounds after the warm-up")
     parser.add_argument("--steps-per-epoch", type=int, default=100)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 2-step epochs (CI)")
+    common.add_record_argument(parser)
     return parser
 
 
@@ -70,7 +71,9 @@ def _alternate(models, callbacks, dataset, args):
 
 
 def main(argv=None):
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    common.check_record(parser, args)
     if args.quick:
         args.rounds, args.steps_per_epoch = 2, 2
 
@@ -112,6 +115,10 @@ def main(argv=None):
         "ratio_per_fit": common.ratio_range(per_fit[args.variant], per_fit["no_callback"]),
     }
     print(json.dumps(result, indent=1))
+    if args.record:
+        keys = ("rounds", "median_cpu_per_step", "ratio_per_step", "ratio_per_fit")
+        figures = {k: result[k] for k in keys}
+        common.record_results("fit_alternated", {args.variant: figures}, argv)
 
 
 if __name__ == "__main__":

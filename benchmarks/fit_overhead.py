@@ -442,6 +442,7 @@ def _parser():
         "--no-counts", action="store_true", help="skip the step counts (benchmarks.step_counts)"
     )
     parser.add_argument("--child-timeout", type=float, default=1800)
+    common.add_record_argument(parser)
     # One child: not for direct use.
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
@@ -499,11 +500,48 @@ def _measure_model(model, variants, sizes, args, env, counted):
     return entry, versions
 
 
+# The figures a results file keeps (docs/benchmarks.md's table).
+RECORDED = ("first_batch_cpu_s", "steady_cpu_per_step", "second_fit_cpu_s", "process_cpu_s")
+
+
+def recorded_figures(entry, pairs):
+    """A model's figures as its results file keeps them: per variant and CPU figure, the median
+    over pairs and (but for `no_callback`) the median and range of the per-pair ratios."""
+    variants = {}
+    base = entry["variants"]["no_callback"]["raw"]
+    for variant, figures in entry["variants"].items():
+        variants[variant] = {}
+        for figure in RECORDED:
+            kept = {"median": figures["median"][figure]}
+            if variant != "no_callback":
+                kept["ratio"] = common.ratio_range(figures["raw"][figure], base[figure])
+            variants[variant][figure] = kept
+    return {"pairs": pairs, "variants": variants}
+
+
+def _record(models, args, argv):
+    """Writes each model's figures (and its step counts) into the results files."""
+    suffix = "" if args.keras == "keras3" else f"_{args.keras}"
+    runs = {model + suffix: recorded_figures(e, args.pairs) for model, e in models.items()}
+    common.record_results("fit_overhead", runs, argv)
+    counts = {
+        model + suffix: {
+            "replicas": e["step_counts"]["replicas"],
+            "added": e["step_counts"]["added"],
+        }
+        for model, e in models.items()
+        if e["step_counts"]
+    }
+    if counts:
+        common.record_results("step_counts", counts, argv, module="benchmarks.fit_overhead")
+
+
 def main(argv=None):
     parser = _parser()
     args = parser.parse_args(argv)
     if args.child:
         return _child(args)
+    common.check_record(parser, args)
     if args.quick:
         args.pairs, args.epochs, args.second_epochs = 1, 1, 1
     if args.pairs < 1 or args.epochs < 1 or args.second_epochs < 1:
@@ -542,6 +580,8 @@ def main(argv=None):
         "targets": TARGETS,
     }
     print(json.dumps(result, indent=1))
+    if args.record:
+        _record(models, args, argv)
     return result
 
 

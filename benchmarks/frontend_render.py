@@ -70,6 +70,7 @@ def main(argv=None):
     parser.add_argument("--replicas", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=5)
+    common.add_record_argument(parser)
     args = parser.parse_args(argv)
 
     from playwright.sync_api import sync_playwright
@@ -113,6 +114,10 @@ def main(argv=None):
         "median_total_ms": round(statistics.median(total_ms), 1),
     }
     print(json.dumps(result, indent=1))
+    if args.record:
+        keys = ("replicas", "steps", "median_render_ms", "median_total_ms")
+        figures = {"runs": 1, **{k: result[k] for k in keys}}
+        common.record_results("frontend_render", {"default": figures}, argv)
     return result
 
 

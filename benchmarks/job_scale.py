@@ -541,11 +541,74 @@ def _parser():
         "--logdir",
         help="keep the job here and reuse it when already written (default: a temporary dir)",
     )
+    common.add_record_argument(parser)
     return parser
 
 
+def loaders(text):
+    """The loaders `--loaders` names, in order: `"python,rust"`, `"both"` (the same), `"rust"`,
+    `""` (none: the report alone).
+
+    Raises:
+      ValueError: a name that is not a loader.
+    """
+    names = ["python", "rust"] if text.strip() == "both" else [n.strip() for n in text.split(",")]
+    names = [n for n in names if n]
+    unknown = sorted(set(names) - {"python", "rust"})
+    if unknown:
+        raise ValueError(f'--loaders: unknown {unknown}; use python, rust, both or ""')
+    return list(dict.fromkeys(names))
+
+
+def record_key(args, loader):
+    """The results file's entry of one loader's run: `default_rust`, `cold_rust`,
+    `cold_live_rust` (`--cold --live_steps`), `keep_all_python` (without `--sampled`)..."""
+    if not args.sampled:
+        return f"keep_all_{loader}"
+    if args.cold:
+        return f"cold_live_{loader}" if args.live_steps else f"cold_{loader}"
+    return f"default_{loader}"
+
+
+def recorded_figures(result, loader):
+    """One loader's figures as the results file keeps them (sizes in GB)."""
+    figures = result[loader]
+
+    def gb(mb):
+        return None if mb is None else round(mb / 1024, 2)
+
+    kept = {k: result[k] for k in ("workers", "replicas", "steps")}
+    kept["logdir_gb"] = round(result["logdir_mb"] / 1024, 1)
+    for key in ("first_load_s", "cached_load_s", "refresh_load_s", "refresh_load_cpu_s"):
+        kept[key] = figures.get(key)
+    kept["live_first_load_s"] = figures.get("live_first_load_s")
+    if figures.get("live_load_s"):
+        walls = figures["live_load_s"]
+        kept["live_load_s"] = {
+            "median": figures["live_load_median_s"],
+            "min": min(walls),
+            "max": max(walls),
+        }
+    kept["peak_rss_gb"] = gb(figures.get("peak_rss_mb"))
+    kept["report_s"] = result.get("report_s")
+    kept["report_peak_rss_gb"] = gb(result.get("report_peak_rss_mb"))
+    return kept
+
+
 def main(argv=None):
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        args.loaders = loaders(args.loaders)
+    except ValueError as error:
+        parser.error(str(error))
+    if (
+        args.record
+        and not args.cold
+        and args.sampled
+        and not (args.live_steps and args.live_period)
+    ):
+        parser.error("--record in the default mode needs --live_steps and --live_period")
 
     with tempfile.TemporaryDirectory() as scratch:
         logdir = args.logdir or scratch
@@ -567,12 +630,15 @@ def main(argv=None):
         with _appends_undone(job_dir):  # the job as written, for the next run's reuse
             _measure(args, logdir, known, result)
     print(json.dumps(result))
+    if args.record:
+        runs = {record_key(args, n): recorded_figures(result, n) for n in args.loaders}
+        common.record_results("job_scale", runs, argv)
     return result
 
 
 def _measure(args, logdir, known, result):
     """Each loader's TensorBoard figures, then the report's, into `result`."""
-    for loader in filter(None, args.loaders.split(",")):  # "": the report alone
+    for loader in args.loaders:  # none: the report alone
         figures = measure_tensorboard(
             logdir,
             args.workers,

@@ -96,6 +96,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replicas", type=int, default=4)
+    common.add_record_argument(parser)
     args = parser.parse_args(argv)
 
     import tensorflow as tf
@@ -139,6 +140,10 @@ def main(argv=None):
         "event_bytes_per_logged_step_per_replica": bytes_per,
     }
     print(json.dumps(result, indent=1))
+    if args.record:
+        keys = ("replicas", "ratio_to_no_probe", "cpu_ratio_to_no_probe")
+        figures = {k: result[k] for k in (*keys, "event_bytes_per_logged_step_per_replica")}
+        common.record_results("loop_overhead", {"default": figures}, argv)
     return result
 
 

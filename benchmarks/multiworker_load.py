@@ -15,6 +15,8 @@ import os
 import tempfile
 import time
 
+from benchmarks import common
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -81,6 +83,7 @@ def main():
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--steps", type=int, default=1000)
+    common.add_record_argument(parser)
     args = parser.parse_args()
 
     from tb_replica_plugin import analysis, reader, store
@@ -105,23 +108,26 @@ def main():
             analysis.find_run(runs_store.run_data(ctx, experiment_id, name)) for name in names
         ]
         read_s = time.perf_counter() - start
-    print(
-        json.dumps(
-            {
-                "benchmark": "multiworker_load",
-                "workers": args.workers,
-                "replicas_per_worker": args.replicas,
-                "steps": args.steps,
-                "bytes_per_worker_per_step": round((sizes[0] - base) / max(1, args.steps - 1), 1),
-                "bytes_per_worker": sizes[0],
-                "write_seconds": round(write_s, 2),
-                "load_seconds": round(load_s, 2),
-                "read_and_findings_seconds": round(read_s, 2),
-                "findings": sum(len(f) for f in findings),
-            },
-            indent=2,
-        )
-    )
+    result = {
+        "benchmark": "multiworker_load",
+        "workers": args.workers,
+        "replicas_per_worker": args.replicas,
+        "steps": args.steps,
+        "bytes_per_worker_per_step": round((sizes[0] - base) / max(1, args.steps - 1), 1),
+        "bytes_per_worker": sizes[0],
+        "write_seconds": round(write_s, 2),
+        "load_seconds": round(load_s, 2),
+        "read_and_findings_seconds": round(read_s, 2),
+        "findings": sum(len(f) for f in findings),
+    }
+    print(json.dumps(result, indent=2))
+    if args.record:
+        size = ("workers", "replicas_per_worker", "steps")
+        runs = {
+            "bytes": {k: result[k] for k in ("replicas_per_worker", "bytes_per_worker_per_step")},
+            "load": {k: result[k] for k in (*size, "load_seconds", "read_and_findings_seconds")},
+        }
+        common.record_results("multiworker_load", runs)
 
 
 if __name__ == "__main__":

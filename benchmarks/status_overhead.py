@@ -244,7 +244,9 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
+    common.add_record_argument(parser)
     args = parser.parse_args(argv)
+    common.check_record(parser, args)
     if args.quick:
         args.seconds, args.workers, args.steps, args.repeats = 0.5, 2, 10, 1
     result = {
@@ -254,6 +256,12 @@ def main(argv=None):
         "serve": measure_serving(args.workers, args.steps, args.repeats),
     }
     print(json.dumps(result, indent=1))
+    if args.record:
+        write = {k: result["write"][k] for k in ("bytes_per_heartbeat", "bytes_per_hour_default")}
+        serve = {k: result["serve"][k] for k in ("workers", "steps", "heartbeats_per_run")}
+        serve["median_seconds"] = result["serve"]["median_seconds"]
+        figures = {"write": write, "serve": serve}
+        common.record_results("status_overhead", {"default": figures}, argv)
     return result
 
 

@@ -33,6 +33,8 @@ import shutil
 import sys
 import tempfile
 
+from benchmarks import common
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # Steps of the profiled window: one sampling period of the examples family at its default.
@@ -231,10 +233,15 @@ def main(argv=None):
     parser.add_argument("--model", choices=sorted(fit_overhead.FULL_SIZES), default="mlp")
     parser.add_argument("--keras", choices=("keras3", "tf_keras"), default="keras3")
     parser.add_argument("--sizes", help="JSON sizes (default: fit_overhead's full sizes)")
+    common.add_record_argument(parser)
     args = parser.parse_args(argv)
     sizes = json.loads(args.sizes) if args.sizes else fit_overhead.FULL_SIZES[args.model]
     result = count_model(args.model, sizes, args.keras)
     print(json.dumps(result, indent=1))
+    if args.record:
+        key = args.model if args.keras == "keras3" else f"{args.model}_{args.keras}"
+        figures = {"replicas": result["replicas"], "added": result["added"]}
+        common.record_results("step_counts", {key: figures}, argv)
     return result
 
 

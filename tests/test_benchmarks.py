@@ -1,9 +1,13 @@
-"""The benchmarks run (reduced size) and print their figures; their speed is not asserted here."""
+"""The benchmarks run (reduced size) and print their figures, their speed not asserted; and the
+figures README and docs state are the results files' (`benchmarks.tables`)."""
 
 import json
+import os
 import subprocess
 import sys
 
+import numpy as np
+import pytest
 from conftest import REPO
 
 
@@ -212,3 +216,155 @@ def test_the_train_function_is_found_when_its_partitions_are_recorded_apart():
     function(3, 3)
     counts = step_counts.graph_counts(step_counts.train_function_graph(metadata))
     assert (counts["nodes"], counts["transfers"]) == (728, 18)
+
+
+# --- the figures of README and docs/*.md (fast: JSON files, no TensorFlow) -----------------
+
+
+def _results_copy():
+    from benchmarks import tables
+
+    return json.loads(json.dumps(tables.load_results()))
+
+
+def test_every_figure_of_readme_and_docs_is_the_results_files_figure():
+    """`python -m benchmarks.tables --check`: every marked block of README.md and docs/*.md is
+    what the results files render; the blocks that carry figures are where they belong."""
+    from benchmarks import tables
+
+    assert tables.stale() == []
+    found = {}
+    for path in tables.pages():
+        with open(path) as handle:
+            names = [name for name, _ in tables.MARKER.findall(handle.read())]
+        found[os.path.relpath(path, REPO)] = names
+    assert found["README.md"] == ["heartbeat_bytes", "targets"]
+    assert found["docs/data-format.md"] == ["memory"]
+    assert set(found["docs/benchmarks.md"]) == set(tables.RENDERERS) - {
+        "targets",
+        "memory",
+        "heartbeat_bytes",
+    }
+
+
+def test_a_changed_result_makes_the_pages_that_state_it_stale():
+    from benchmarks import tables
+
+    results = _results_copy()
+    results["job_scale"]["runs"]["default_python"]["figures"]["peak_rss_gb"] = 3.21
+    assert tables.stale(results=results) == [
+        ("README.md", "targets"),
+        ("docs/benchmarks.md", "job_scale"),
+        ("docs/data-format.md", "memory"),
+    ]
+    text = tables.rendered("x <!-- figures:memory -->old<!-- /figures:memory --> y", results)
+    assert (
+        text
+        == "x <!-- figures:memory -->1.9–3.2 GB instead of 4.5–7.4 GB<!-- /figures:memory --> y"
+    )
+    with pytest.raises(ValueError, match="unknown figures block 'nope'"):
+        tables.rendered("<!-- figures:nope --><!-- /figures:nope -->", results)
+
+
+def test_a_target_is_met_or_a_known_gap_as_its_figure_says():
+    from benchmarks import tables
+
+    results = _results_copy()
+    cold = results["job_scale"]["runs"]["cold_rust"]["figures"]
+    readme, more = tables.targets(results)
+    rows = {what: met for what, _, _, met, _ in readme + more}
+    assert rows["refresh after 10 new steps per worker"] is True
+    assert rows["the same, opened before the plugin's first read (`--cold`)"] is False
+    first = "first load of a 256 × 8 × 1,000 job (1.6 GB)"
+    assert rows[first] is True
+    cold["first_load_s"] = {"median": 2.9, "min": 2.7, "max": 3.2}  # one run above 3 s
+    assert {w: m for w, _, _, m, _ in tables.targets(results)[0]}[first] is False
+    assert "**known gap**" in tables.render_targets(results)
+
+
+def test_every_results_file_names_its_runs_command_date_machine_and_versions():
+    from benchmarks import common, tables
+
+    results = tables.load_results()
+    assert set(results) == {
+        "fit_overhead", "step_counts", "fit_alternated", "loop_overhead", "backend",
+        "frontend_render", "drift_overhead", "fingerprint_overhead", "multiworker_load",
+        "status_overhead", "job_scale",
+    }  # fmt: skip
+    for name, document in results.items():
+        assert document["runs"], name
+        for key, run in document["runs"].items():
+            assert run["source"] == "measured" or run["source"].startswith(
+                "transcribed from the run of "
+            )
+            assert run["date"][:4] == "2026" and run["figures"], (name, key)
+            assert run["command"] is None or run["command"].startswith("python -m benchmarks")
+            assert run["command"] is not None or run["note"], (name, key)
+            assert {"arch", "cores", "cpu_model", "gpu"} <= set(run["machine"])
+            assert set(run["versions"]) == {"python", *common.VERSIONED}
+
+
+def test_a_recorded_run_replaces_its_entry_and_keeps_the_others(tmp_path):
+    from benchmarks import common
+
+    path = common.record_results(
+        "backend", {"a": {"x": 1}, "b": {"x": 2}}, ["--steps", "9"], tmp_path
+    )
+    common.record_results("backend", {"b": {"x": 3}}, [], tmp_path)
+    with open(path) as handle:
+        document = json.load(handle)
+    assert document["benchmark"] == "backend"
+    assert {k: r["figures"] for k, r in document["runs"].items()} == {"a": {"x": 1}, "b": {"x": 3}}
+    first = document["runs"]["a"]
+    assert first["source"] == "measured"
+    assert first["command"] == "python -m benchmarks.backend --steps 9"
+    assert first["machine"]["cores"] == os.cpu_count() and first["machine"]["gpu"] is None
+    assert first["versions"]["numpy"] == np.__version__
+    assert first["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+
+
+def test_a_quick_run_is_not_recorded():
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--record"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--quick run's figures are not results" in done.stderr
+
+
+def test_job_scale_loaders_both_is_python_and_rust():
+    from benchmarks import job_scale
+
+    assert job_scale.loaders("both") == ["python", "rust"]
+    assert job_scale.loaders("python,rust") == ["python", "rust"]
+    assert job_scale.loaders("rust") == ["rust"] and job_scale.loaders("") == []
+    with pytest.raises(ValueError, match=r"unknown \['go'\]"):
+        job_scale.loaders("rust,go")
+    args = job_scale._parser().parse_args(["--sampled", "--cold", "--live_steps", "10"])
+    assert job_scale.record_key(args, "rust") == "cold_live_rust"
+    args = job_scale._parser().parse_args([])
+    assert job_scale.record_key(args, "python") == "keep_all_python"
+
+
+def test_the_pages_state_no_measured_figure_outside_the_marked_blocks():
+    """docs/benchmarks.md and README's performance section: a measured figure (ms, µs, GB, MB,
+    a ratio) appears only inside a block rendered from the results files."""
+    import re
+
+    from benchmarks import tables
+
+    def prose(text):
+        text = tables.MARKER.sub("", text)
+        text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+        return re.sub(r"`[^`]*`", "", text)
+
+    with open(os.path.join(REPO, "docs", "benchmarks.md")) as handle:
+        pages = [prose(handle.read())]
+    with open(os.path.join(REPO, "README.md")) as handle:
+        readme = handle.read()
+    pages.append(prose(readme[readme.index("## Performance") : readme.index("## Documentation")]))
+    figure = re.compile(r"\d(?:[.,]\d+)?\s?(?:ms|µs|GB|MB|KB)\b|\d\.\d+×")
+    for text in pages:
+        assert figure.findall(text) == []
