@@ -205,6 +205,8 @@ def _unmasked_raw(masked, lengths):
     `lengths` bytes (the CRC-32C of the data is its raw CRC xor that of as many zeros)."""
     rotated = masked - np.uint32(_MASK_DELTA)
     crc = (rotated << np.uint32(15)) | (rotated >> np.uint32(17))
+    if np.isscalar(lengths):
+        return crc ^ np.uint32(_zeros_crcs(np.array([lengths]))[0])
     return crc ^ _zeros_crcs(lengths)
 
 
@@ -249,16 +251,20 @@ def _all_intact(buffer, starts, lengths):
     first = int(starts[0]) - HEADER
     span = buffer[first : int(starts[-1] + lengths[-1]) + FOOTER]
     at = np.concatenate([starts - (first + 4), starts + lengths - first])  # each CRC's offset
-    sizes = np.concatenate([np.full(len(starts), 8, np.int64), lengths])
     # The span as 4-byte words from each of its first 4 offsets: a CRC at offset k is word
     # k // 4 of the view from k % 4 (unaligned views, indexed by whole words).
     views = [span[r : r + (len(span) - r) // 4 * 4].view("<u4") for r in range(4)]
-    parts = [np.flatnonzero((at & 3) == r) for r in range(4)]
-    words = [at[part] >> 2 for part in parts]
+    residue = at & 3
+    words = [at[residue == r] >> 2 for r in range(4)]
     stored = [view[word] for view, word in zip(views, words, strict=True)]
+    raw = np.empty(len(at), np.uint32)
+    for r, value in enumerate(stored):
+        raw[residue == r] = value
+    raw[: len(starts)] = _unmasked_raw(raw[: len(starts)], 8)
+    raw[len(starts) :] = _unmasked_raw(raw[len(starts) :], lengths)
     try:
-        for view, part, word, value in zip(views, parts, words, stored, strict=True):
-            view[word] = _unmasked_raw(value, sizes[part])
+        for r, (view, word) in enumerate(zip(views, words, strict=True)):
+            view[word] = raw[residue == r]
         return _raw_crc(_read_only(span)) == 0
     finally:
         for view, word, value in zip(views, words, stored, strict=True):

@@ -15,7 +15,10 @@ keeps the last sample and a seeded random choice of the others (TensorBoard's ow
 A local file's new records are framed from their lengths and decoded in bulk where a writer's
 records are alike (`bulk_records`: 2.3 µs per value against 5.3 one by one); other paths
 (`gs://`, `ram://`) are read by TensorBoard's event file reader (TensorFlow's once it is
-imported). A truncated last record is left for later, as TensorBoard does. No TensorFlow import.
+imported). A truncated last record is left for later, as TensorBoard does. A local record whose
+CRC fails (`bulk_records.checked`) is skipped with one warning per file and the rest of the file
+read, where TensorBoard's loader stops reading the file (and the other paths stop, as it does).
+No TensorFlow import.
 """
 
 import contextlib
