@@ -163,13 +163,25 @@ def test_the_check_is_one_pass_that_finds_each_corrupt_record(clean):
     before = bytes(data)
     for record in (5, len(starts) // 2, len(starts) - 1):
         for offset in (
-            int(starts[record]) - 12,
-            int(starts[record]) + 3,
+            int(starts[record]) - 12,  # the length
+            int(starts[record]) - 2,  # the length's CRC
+            int(starts[record]) + 3,  # the data
             int(starts[record] + lengths[record]),
         ):
             data[offset] ^= 0x40
-            buffer = np.frombuffer(data, np.uint8)
-            assert not bulk_records._all_intact(buffer, starts, lengths)
-            assert bytes(data) != before and bytes(buffer) == bytes(data)  # put back as it was
+            flipped = bytes(data)
+            assert not bulk_records._all_intact(np.frombuffer(data, np.uint8), starts, lengths)
+            assert bytes(data) == flipped  # the stored CRCs put back
+            header = int(starts[record]) - 12
+            framed = bulk_records.frame(memoryview(data))
+            kept, _, after, skipped = bulk_records.checked(memoryview(data), *framed)
+            assert skipped[0] == header
+            if offset >= header + 12:  # the header holds: that record alone is skipped
+                assert skipped == [header] and len(kept) == len(starts) - 1
+                assert after == len(data)
+            else:  # the records before it; the next read starts at the next header
+                assert kept.tolist() == starts[:record].tolist()
+                # (past the last record: its last 11 bytes, where a header could still begin)
+                assert after == min(int(starts[record] + lengths[record]) + 4, len(data) - 11)
             data[offset] ^= 0x40
     assert bytes(data) == before
