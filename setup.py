@@ -28,7 +28,14 @@ setuptools.setup(
     # the oldest TensorBoard checked (2.16, both loaders), numpy as TensorFlow 2.16 requires it,
     # werkzeug as TensorBoard does; no upper bounds, so pip never replaces what the user's
     # TensorFlow brought (docs/compatibility.md).
-    install_requires=["tensorboard>=2.16", "numpy>=1.23.5", "werkzeug>=1.0.1"],
+    install_requires=[
+        "tensorboard>=2.16",
+        "numpy>=1.23.5",
+        "werkzeug>=1.0.1",
+        # CRC-32C in C: the bulk reader verifies every record's checksums as TensorFlow's reader
+        # does, without TensorFlow; TensorBoard's pure-Python CRC would take minutes per GB.
+        "google-crc32c>=1.5",
+    ],
     extras_require={
         # A fresh environment: the newest TensorFlow of the supported window.
         "tf": ["tensorflow>=2.16,<2.22"],

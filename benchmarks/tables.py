@@ -470,6 +470,18 @@ def render_memory(results):
     )
 
 
+def render_record_crc(results):
+    crc = run_figures(results, "job_scale", "record_crc")
+    rows = [
+        ("the job's first read in one process, CPU, check off",
+         value(crc["first_read_cpu_s_off"], "s")),
+        ("the same, check on", value(crc["first_read_cpu_s_on"], "s")),
+        ("the check's own CPU in that read", value(crc["check_cpu_s"], "s")),
+        ("its share of the read", value(crc["check_share_percent"], "%", digits=1)),
+    ]  # fmt: skip
+    return block(results, "job_scale", ["record_crc"], ("figure", "value"), rows)
+
+
 def render_heartbeat_bytes(results):
     """Inline: bytes per heartbeat."""
     write = run_figures(results, "status_overhead", "default")["write"]
@@ -492,6 +504,7 @@ RENDERERS = {
     "job_scale": render_job_scale,
     "memory": render_memory,
     "heartbeat_bytes": render_heartbeat_bytes,
+    "record_crc": render_record_crc,
 }
 
 

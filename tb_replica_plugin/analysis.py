@@ -265,7 +265,8 @@ def find_run(run_data, thresholds=Thresholds(), live=None, now=None):
     Every registered family's `rules.find` runs in registry order; a family whose rules have a
     `group_message(kind, cause, items)` has its findings of one kind and cause grouped into one
     (`group_findings`); then the rules of families that have an `annotate` hook amend the
-    findings of the others (inputs names the worker of each finding of a multi-worker job).
+    findings of the others, in reverse registry order (gradients adds an empty shard's NaN loss
+    to `empty_shard`, then inputs names the worker of each finding of a multi-worker job).
 
     Args:
       run_data: a `reader.RunData`.
@@ -290,7 +291,9 @@ def find_run(run_data, thresholds=Thresholds(), live=None, now=None):
             found = family.rules.find(run_data, thresholds)
         describe = family.rules.group_message
         findings.extend(group_findings(found, describe) if describe else found)
-    for family in registry.families():
+    # Last family first: a family's words on another's finding (gradients on an empty shard's
+    # NaN loss) come before those of the families it depends on (inputs names the worker).
+    for family in reversed(registry.families()):
         if family.rules.annotate is not None:
             family.rules.annotate(findings, run_data)
     return sort_findings(findings)

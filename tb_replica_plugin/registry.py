@@ -55,7 +55,9 @@ class Rules:
       group_message: `group_message(kind, cause, items)` -> the message of a group of findings
         of one kind and cause (`analysis.group_findings`), or None when they are never grouped.
       annotate: `annotate(findings, run_data)`, which amends the findings of every family of the
-        run after all have been found (inputs names the worker of each finding of a job), or None.
+        run after all have been found, or None; run in reverse registry order (gradients adds an
+        empty shard's NaN loss to `empty_shard`, then inputs names the worker of each finding of
+        a job).
     """
 
     find: Callable
@@ -132,8 +134,10 @@ class Family:
         version 1 (its `schema.VERSIONS`); readers read every older version too.
       needs: names of the families whose series it reads (they come before it in the registry;
         a route of this family reads their tags too).
-      uses: names of the families whose code it imports (they come before it too), e.g. watch
-        describes its leaves with the inputs family's shape statistics.
+      uses: names of the families whose code it imports or whose series its rules read from
+        the `RunData` (they come before it too), e.g. watch describes its leaves with the inputs
+        family's shape statistics, and gradients' rules leave an empty batch's NaN loss to the
+        inputs family's `empty_shard`.
       merge_tags: tags whose raw samples its `merge` reads from the workers' `RunData` (a job
         keeps each worker's samples of these and of the family's tags; those of the families
         with a `merger` are dropped as soon as each worker is merged).

@@ -31,19 +31,31 @@ def both(provider, method, **kwargs):
     )
 
 
-def assert_same_answers(logdir, downsample=reader.ALL_SAMPLES):
+def assert_same_answers(logdir, downsample=reader.ALL_SAMPLES, reads_on=()):
+    """Our provider's answers are TensorBoard's multiplexer's; in the runs `reads_on`, whose
+    file has a corrupt record, TensorBoard's loader stops there while ours skips it and reads
+    on: its samples of each tag start with TensorBoard's."""
     ours, theirs = EventFilesProvider(logdir), multiplexer_provider(logdir)
-    listed = both(ours, "list_tensors")
-    assert listed == both(theirs, "list_tensors") and listed
+    listed, listed_theirs = both(ours, "list_tensors"), both(theirs, "list_tensors")
+    assert listed and {r: sorted(t) for r, t in listed.items()} == {
+        r: sorted(t) for r, t in listed_theirs.items()
+    }
+    for run in listed_theirs:
+        if run not in reads_on:  # there our last steps are later than TensorBoard's
+            assert listed[run] == listed_theirs[run], run
     read, expected = (both(p, "read_tensors", downsample=downsample) for p in (ours, theirs))
     assert {r: sorted(t) for r, t in read.items()} == {r: sorted(t) for r, t in expected.items()}
     count = 0
     for run, tags in expected.items():
         for tag, data in tags.items():
-            assert [(d.step, d.wall_time) for d in read[run][tag]] == [
+            mine_all = read[run][tag]
+            if run in reads_on:
+                assert len(mine_all) >= len(data), (run, tag)
+                read[run][tag] = mine_all = mine_all[: len(data)]
+            assert [(d.step, d.wall_time) for d in mine_all] == [
                 (d.step, d.wall_time) for d in data
             ], (run, tag)
-            for mine, want in zip(read[run][tag], data, strict=True):
+            for mine, want in zip(mine_all, data, strict=True):
                 assert mine.numpy.dtype == want.numpy.dtype
                 np.testing.assert_array_equal(mine.numpy, want.numpy)
                 count += 1
@@ -54,7 +66,7 @@ def test_every_run_tag_and_sample_as_tensorboard_reads_them(unit_logs, bad_logs)
     listed, count = assert_same_answers(unit_logs)
     assert "fit_17_8/replicas" in listed and count >= 20
     # Hostile names, a corrupt and a truncated file, another schema version, bad payloads.
-    listed, _ = assert_same_answers(bad_logs)
+    listed, _ = assert_same_answers(bad_logs, reads_on={"corrupt/replicas"})
     assert {"corrupt/replicas", "truncated/replicas", "newer_schema/replicas"} <= set(listed)
 
 

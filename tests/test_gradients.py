@@ -467,3 +467,88 @@ def test_gradients_false_records_no_gradients_and_leaves_the_optimizer_alone(tmp
     assert run.gradients is None
     assert run.inputs.batch_size.tolist() == [[4, 4], [4, 4]]
     assert "apply_gradients" not in optimizer.__dict__ and "apply" not in optimizer.__dict__
+
+
+def test_nan_loss_of_an_empty_batch_is_one_empty_shard_finding(tmp_path):
+    """17 examples in global batches of 8 on 2 replicas: the last batch splits [1, 0]. A plain
+    mean loss is NaN on the empty replica (0/0) while its gradients are finite (zero): the one
+    finding is `empty_shard`, which names the NaN loss; no `nonfinite_gradients`."""
+    strategy = mirrored(2)
+    x, y = data(3, seed=3)
+    x, y = x[:17], y[:17]
+    with strategy.scope():
+        model = make_model()
+        optimizer = keras.optimizers.SGD(LR)
+        optimizer.build(model.trainable_variables)
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    )
+    probe = ReplicaProbe(str(tmp_path / "loop"), strategy, update_freq=1)
+
+    @tf.function
+    def train_step(batch):
+        def step_fn(features, labels):
+            probe.observe_inputs({"x": features, "y": labels})
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(features) - labels))
+            grads = tape.gradient(loss, model.trainable_variables)
+            probe.observe_gradients(grads, model.trainable_variables, loss=loss)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        return strategy.run(step_fn, args=batch)
+
+    losses = [strategy.experimental_local_results(train_step(batch)) for batch in dataset]
+    probe.close()
+    assert np.isnan(float(losses[2][1])) and np.isfinite(float(losses[2][0]))
+    assert all(np.all(np.isfinite(w.numpy())) for w in model.weights)
+    report = tb_replica_plugin.load(str(tmp_path))
+    series = report.runs["loop"].gradients
+    # The probe saw the NaN loss (and finite gradients) on replica 1 at step 2.
+    assert series.nonfinite_steps.tolist() == [2]
+    assert series.nonfinite[0][:, 1].tolist() == [0, 0, 1, 0]
+    assert series.nonfinite[0][:, 0].tolist() == [0, 0, 0, 0]
+    findings = report.findings["loop"]
+    assert [(f.kind, f.replicas, f.first_step) for f in findings] == [("empty_shard", [1], 2)]
+    (finding,) = findings
+    assert "The loss of replica 1 is NaN/Inf at step 2" in finding.message
+    assert "all-reduce writes" not in finding.message
+
+
+def test_nan_loss_with_finite_gradients_on_a_full_batch_is_still_found():
+    """A NaN loss with finite gradients on a replica whose batch was not empty stays a
+    `nonfinite_gradients` finding, without the sentence on the all-reduce writing NaN into the
+    weights; an empty batch's NaN loss at the same step is left to `empty_shard`."""
+    counts = np.zeros((2, 4, 3), np.int64)
+    counts[0, 2, 1] = 1  # step 4: replica 1's loss is NaN, its gradients finite (full batch)
+    counts[1, 2, 2] = 1  # step 6: replica 2's loss is NaN, its batch empty
+    series = gradients_read.GradientsSeries(
+        run="r",
+        replicas=[0, 1, 2],
+        variables=["a"],
+        shapes=[[1]],
+        has_loss=True,
+        scaling="as_given",
+        steps=np.array([0]),
+        global_norm=np.ones((1, 3)),
+        loss=np.ones((1, 3)),
+        variable_norms=np.ones((1, 1, 3)),
+        nonfinite_steps=np.array([4, 6]),
+        nonfinite=counts,
+    )
+    inputs = types.SimpleNamespace(
+        steps=np.arange(8), replicas=[0, 1, 2], batch_size=np.full((8, 3), 4)
+    )
+    inputs.batch_size[6] = [3, 1, 0]
+    (finding,) = gradients_rules.find_gradients(series, inputs=inputs)
+    assert (finding.kind, finding.replicas, finding.first_step, finding.count) == (
+        "nonfinite_gradients",
+        [1],
+        4,
+        1,
+    )
+    assert "gradients stayed finite" in finding.message
+    assert "all-reduce" not in finding.message
+    # Without batch sizes nothing is known to be empty: both replicas are found.
+    found = gradients_rules.find_gradients(series)
+    assert [(f.replicas, f.first_step) for f in found] == [([1], 4), ([2], 6)]

@@ -9,9 +9,13 @@ a first value whose metadata the next ones lack, the file's version record) are 
 one. A template is used only once a copy with other step and tensor bytes, parsed by protobuf,
 reads back as that step and those bytes with the same tag and metadata.
 
-Records are framed from their length (a record not whole yet is left for the next read); their
-checksums are not verified (a corrupt length or event ends the read there, as TensorBoard's
-reader does on a checksum error: read again at the next look).
+Records are framed from their length (a record not whole yet is left for the next read), then
+their checksums are verified as TensorFlow's record reader does (`checked`): the masked CRC-32C
+of each length and of each record's data, all at once by one CRC pass over the read (linearity
+of the CRC), one record at a time only where that pass fails. A record whose data fails is
+skipped; a length that fails makes the records framed from it unknowable, so the read goes on
+from the next header whose CRC holds. Without google-crc32c's C implementation nothing is
+verified.
 """
 
 import dataclasses
@@ -19,6 +23,11 @@ import functools
 import struct
 
 import numpy as np
+
+try:
+    import google_crc32c
+except ImportError:  # declared in setup.py; a broken install reads unverified, as before
+    google_crc32c = None
 
 # A record: uint64 length, uint32 masked CRC of the length, the data, uint32 masked CRC of it.
 HEADER = 12
@@ -157,6 +166,169 @@ def _predicted(buffer, position, pattern, most):
     kept = int(wrong[0])
     rotated = np.roll(pattern, -(kept % len(pattern)))
     return offsets[:kept] + HEADER, expected[:kept], int(offsets[kept]), rotated
+
+
+# The CRC-32C, continued from a finished CRC (`extend(crc, data)`), when its C implementation
+# is there (the pure-Python one would take minutes over a job's files), else None.
+_EXTEND = (
+    google_crc32c.extend
+    if google_crc32c is not None and google_crc32c.implementation == "c"
+    else None
+)
+_ALL_ONES = 0xFFFFFFFF
+_MASK_DELTA = 0xA282EAD8
+# `_footer_terms`' table: the term of length n at n, where `_terms_known[n]`; lengths of
+# `_MAX_TABLE` or more are not kept.
+_MAX_TABLE = 1 << 20
+_terms_table = np.zeros(0, "u4")
+_terms_known = np.zeros(0, bool)
+
+
+def masked_crc(data):
+    """TensorFlow's masked CRC-32C of `data` (bytes, or a read-only uint8 array).
+
+    Returns:
+      The CRC-32C rotated right by 15 bits plus 0xa282ead8, mod 2**32 (an int).
+    """
+    crc = _EXTEND(0, data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _ALL_ONES
+
+
+def _raw_crc(data):
+    """The CRC-32C of `data` without its initial and final inversion: linear in the bytes, 0
+    for zeros, and 0 for a message followed by its own (little-endian) raw CRC."""
+    return _EXTEND(_ALL_ONES, data) ^ _ALL_ONES
+
+
+def _footer_terms(lengths):
+    """uint32 [n]: for a record of each of `lengths` (int64 [n]) with the right header, what
+    its data's unmasked CRC is xored with to give the raw CRC (`_raw_crc`) of its header and
+    data: the CRC-32C of as many zeros (the data's raw CRC) xor the raw CRC of the header then
+    as many zeros (linearity). From a table of the lengths met so far (a writer's records have
+    few; the longest, rare, are not kept)."""
+    global _terms_table, _terms_known
+    if lengths.size and int(lengths.max()) >= len(_terms_table):
+        size = int(lengths.max()) + 1
+        if size > _MAX_TABLE:
+            return np.array([_footer_term(n) for n in lengths.tolist()], np.uint32)
+        _terms_table = np.concatenate([_terms_table, np.zeros(size - len(_terms_table), "u4")])
+        _terms_known = np.concatenate([_terms_known, np.zeros(size - len(_terms_known), bool)])
+    missing = ~_terms_known[lengths]
+    if missing.any():
+        for length in np.unique(lengths[missing]).tolist():
+            _terms_table[length] = _footer_term(length)
+            _terms_known[length] = True
+    return _terms_table[lengths]
+
+
+def _footer_term(length):
+    """`_footer_terms` of one length."""
+    size = _LENGTH.pack(length)
+    header = size + struct.pack("<I", masked_crc(size))
+    return _EXTEND(0, bytes(length)) ^ _raw_crc(header + bytes(length))
+
+
+def _read_only(array):
+    """A read-only view of a uint8 array (google-crc32c takes those without a copy)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def _all_intact(buffer, starts, lengths):
+    """Whether every record's length CRC and data CRC hold, by one CRC pass.
+
+    A record's header is determined by its length (framed from it): when its length CRC holds,
+    the raw CRC (`_raw_crc`) of its header and data is the raw CRC its data's stored CRC stands
+    for xor a term of its length (`_footer_terms`). Each data CRC is replaced in place by that
+    raw CRC: a record then has a raw CRC of 0 exactly when both its CRCs hold (a message
+    followed by its own raw CRC has a raw CRC of 0), and the raw CRC of back-to-back records is
+    the xor of each one's shifted by the bytes after it (a bijection): 0 when every record
+    holds, not 0 when one does not (several failing records cancel with probability 2**-32).
+    The stored bytes are put back after.
+
+    Args:
+      buffer: writable uint8 array of the read; starts, lengths: `frame`'s (at least one).
+    """
+    first = int(starts[0]) - HEADER
+    span = buffer[first : int(starts[-1] + lengths[-1]) + FOOTER]
+    at = starts + lengths - first  # each data CRC's offset in the span
+    # The span as 4-byte words from each of its first 4 offsets: a CRC at offset k is word
+    # k // 4 of the view from k % 4 (unaligned views, indexed by whole words).
+    views = [span[r : r + (len(span) - r) // 4 * 4].view("<u4") for r in range(4)]
+    residue = at & 3
+    parts = [np.flatnonzero(residue == r) for r in range(4)]
+    words = [at[part] >> 2 for part in parts]
+    stored = [view[word] for view, word in zip(views, words, strict=True)]
+    try:
+        for view, part, word, masked in zip(views, parts, words, stored, strict=True):
+            rotated = masked - np.uint32(_MASK_DELTA)
+            unmasked = (rotated << np.uint32(15)) | (rotated >> np.uint32(17))
+            view[word] = unmasked ^ _footer_terms(lengths[part])
+        return _raw_crc(_read_only(span)) == 0
+    finally:
+        for view, word, masked in zip(views, words, stored, strict=True):
+            view[word] = masked
+
+
+def _header_holds(buffer, position):
+    """Whether the record header at `position` of `buffer` (12 bytes there) has its length's
+    masked CRC."""
+    stored = int(buffer[position + 8 : position + HEADER].view("<u4")[0])
+    return masked_crc(_read_only(buffer[position : position + 8])) == stored
+
+
+def _data_holds(buffer, start, length):
+    """Whether the data at `start` (`length` bytes, its CRC after them) has its masked CRC."""
+    stored = int(buffer[start + length : start + length + FOOTER].view("<u4")[0])
+    return masked_crc(_read_only(buffer[start : start + length])) == stored
+
+
+def _next_header(buffer, position):
+    """The first offset from `position` on where a header whose length CRC holds starts, else
+    where a header could still begin (11 bytes before the end): a corrupt length's records are
+    skipped to there. Offsets whose length is 2**32 or more (4 zero high bytes) are not tried."""
+    words = np.lib.stride_tricks.sliding_window_view(buffer[position:], HEADER)
+    candidates = np.flatnonzero((words[:, 4:8] == 0).all(axis=1))
+    for offset in candidates.tolist():
+        if _header_holds(buffer, position + offset):
+            return position + offset
+    return max(position, len(buffer) - HEADER + 1)
+
+
+def checked(data, starts, lengths, end):
+    """The framed records whose CRCs hold, as TensorFlow's reader checks them.
+
+    Args:
+      data: the read's bytes; starts, lengths, end: `frame`'s.
+
+    Returns:
+      `(starts, lengths, end, skipped)`: the records whose length and data CRCs hold, the
+      offset the next read starts at, and the offsets of the records skipped: those whose data
+      CRC fails, and a record whose length CRC fails (the records framed from that length are
+      dropped and `end` is the next header whose CRC holds). Unchanged (none skipped) without
+      google-crc32c's C implementation.
+    """
+    if _EXTEND is None:
+        return starts, lengths, end, []
+    buffer = np.frombuffer(data, np.uint8)
+    if not buffer.flags.writeable:
+        buffer = buffer.copy()
+    skipped = []
+    if starts.size and not _all_intact(buffer, starts, lengths):
+        heads = [_header_holds(buffer, s - HEADER) for s in starts.tolist()]
+        if False in heads:  # a corrupt length: what was framed from it on is not records
+            cut = heads.index(False)
+            end = int(starts[cut]) - HEADER
+            starts, lengths = starts[:cut], lengths[:cut]
+        pairs = zip(starts.tolist(), lengths.tolist(), strict=True)
+        keep = np.array([_data_holds(buffer, s, n) for s, n in pairs], bool)
+        skipped = (starts[~keep] - HEADER).tolist()
+        starts, lengths = starts[keep], lengths[keep]
+    if end + HEADER <= len(buffer) and not _header_holds(buffer, end):
+        skipped.append(end)
+        end = _next_header(buffer, end + 1)
+    return starts, lengths, end, skipped
 
 
 def record_size(data):

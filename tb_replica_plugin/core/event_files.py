@@ -15,12 +15,16 @@ keeps the last sample and a seeded random choice of the others (TensorBoard's ow
 A local file's new records are framed from their lengths and decoded in bulk where a writer's
 records are alike (`bulk_records`: 2.3 µs per value against 5.3 one by one); other paths
 (`gs://`, `ram://`) are read by TensorBoard's event file reader (TensorFlow's once it is
-imported). A truncated last record is left for later, as TensorBoard does. No TensorFlow import.
+imported). A truncated last record is left for later, as TensorBoard does. A local record whose
+CRC fails (`bulk_records.checked`) is skipped with one warning per file and the rest of the file
+read, where TensorBoard's loader stops reading the file (and the other paths stop, as it does).
+No TensorFlow import.
 """
 
 import contextlib
 import dataclasses
 import gc
+import logging
 import os
 import threading
 
@@ -93,12 +97,11 @@ class EventFilesProvider:
 
         Python's cyclic garbage collector is paused meanwhile (`reading_in_bulk`).
         """
-        from tensorboard.backend.event_processing import event_file_loader
         from tensorboard.compat.proto import event_pb2
 
         with reading_in_bulk():
             for path in paths:
-                for record in event_file_loader.RawEventFileLoader(path).Load():
+                for record in _Records(path).each():
                     event = event_pb2.Event.FromString(record)
                     for value in event.summary.value:
                         yield event, value
@@ -304,6 +307,9 @@ def _shape(tensor_shape):
 
 # Bytes of a local event file read at once (`_Records.new_bytes`).
 CHUNK_BYTES = 64 << 20
+# The event files whose corrupt records were logged (`_Records.new_bytes`): once per file and
+# process, whichever reader met them.
+_CORRUPT_FILES = set()
 # Each thread's buffer of `new_bytes` (`_read_at`), as large as its largest read.
 _READ_BUFFER = threading.local()
 # Fewer new records than this (a tail of a few steps) are parsed one by one: decoding in bulk
@@ -436,18 +442,46 @@ class _Records:
         self._random = None if self.local else _random_reader()
 
     def new_bytes(self):
-        """A local file's whole records from the offset on: `(data, starts, lengths)`
-        (`bulk_records.frame`), about `CHUNK_BYTES` at most, one record at least; the caller
-        moves `offset` past what it read. `data` is a view of this thread's read buffer, good
-        until its next `new_bytes` (what is kept of it is copied: bulk rows, parsed events)."""
+        """A local file's whole records from the offset on whose CRCs hold: `(data, starts,
+        lengths, end)` (`bulk_records.frame`, then `bulk_records.checked`), about `CHUNK_BYTES`
+        at most; `end` is the offset in `data` after them and after any corrupt record skipped
+        (0: nothing whole yet). The caller moves `offset` past what it read. `data` is a view of
+        this thread's read buffer, good until its next `new_bytes` (what is kept of it is
+        copied: bulk rows, parsed events). The first corrupt record of the file is logged."""
         with open(self.path, "rb") as handle:
             available = os.fstat(handle.fileno()).st_size - self.offset
             data = _read_at(handle, self.offset, min(max(available, 0), CHUNK_BYTES))
             size = bulk_records.record_size(data)
             if size is not None and len(data) < size <= available:
                 data = _read_at(handle, self.offset, size)  # one record larger than the chunk
-        starts, lengths, _ = bulk_records.frame(data)
-        return data, starts, lengths
+        starts, lengths, end = bulk_records.frame(data)
+        starts, lengths, end, skipped = bulk_records.checked(data, starts, lengths, end)
+        if skipped and self.path not in _CORRUPT_FILES:
+            _CORRUPT_FILES.add(self.path)
+            logging.getLogger(__name__).warning(
+                "tb_replica_plugin: %s has a corrupt record at byte %d (its CRC does not "
+                "match): skipped, and the records after it read (TensorBoard's own loader stops "
+                "reading the file there). Other corrupt records of this file are skipped "
+                "without a word.",
+                self.path,
+                self.offset + skipped[0],
+            )
+        return data, starts, lengths, end
+
+    def each(self):
+        """Yields the serialized records appended since the last call, of a local file too
+        (framed and checked by `new_bytes`, each copied out)."""
+        if not self.local:
+            yield from self.new()
+            return
+        while True:
+            data, starts, lengths, end = self.new_bytes()
+            if not end:
+                return
+            pairs = zip(starts.tolist(), lengths.tolist(), strict=True)
+            records = [bytes(data[start : start + n]) for start, n in pairs]
+            self.offset += end
+            yield from records
 
     def new(self):
         """Yields the serialized records appended since the last call."""
@@ -609,18 +643,17 @@ class RunTail:
         parse ends the read there (read again at the next one)."""
         values = 0
         while True:
-            data, starts, lengths = records.new_bytes()
-            if not starts.size:
+            data, starts, lengths, end = records.new_bytes()
+            if not end:
                 return values
-            parsed, count = self._decode(data, starts, lengths, found, records.templates)
+            parsed, count = 0, 0
+            if starts.size:
+                parsed, count = self._decode(data, starts, lengths, found, records.templates)
             values += count
-            records.offset += (
-                int(starts[parsed] - bulk_records.HEADER)
-                if parsed < len(starts)
-                else int(starts[-1] + lengths[-1] + bulk_records.FOOTER)
-            )
             if parsed < len(starts):
+                records.offset += int(starts[parsed] - bulk_records.HEADER)
                 return values
+            records.offset += end
 
     def _decode(self, data, starts, lengths, found, templates):
         """Adds the plugin's values of framed records to `found` (as `_read_records`); returns

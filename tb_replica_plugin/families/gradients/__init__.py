@@ -21,7 +21,7 @@ FAMILY = Family(
     tags=schema.TAGS,
     read=read.from_samples,
     merger=read.GradientsMerger,
-    rules=Rules(find=rules.find, kinds=rules.FINDING_KINDS),
+    rules=Rules(find=rules.find, kinds=rules.FINDING_KINDS, annotate=rules.annotate),
     present=Presenter(
         body=present.body,
         args=present.ARGS,
@@ -30,6 +30,8 @@ FAMILY = Family(
         recorded_steps=present.recorded_steps,
     ),
     write_side=write_side,
+    # Its rules read the inputs family's batch sizes (a NaN loss of an empty batch).
+    uses=("inputs",),
     route="/gradients",
     text_order=40,
     json_order=40,

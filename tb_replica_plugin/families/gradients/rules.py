@@ -10,7 +10,10 @@
   or Inf at some step
   (logged or not: these come from the sparse every-step events). Replicas whose first NaN/Inf is
   at the same step are one finding; the message says whether it started on one replica (a bad
-  shard) or on all (the model diverged), and whether it spread afterwards.
+  shard) or on all (the model diverged), and whether it spread afterwards. A NaN/Inf loss with
+  finite gradients on a replica that got 0 examples at that step (the inputs family's batch
+  sizes) is no such finding: the inputs family's `empty_shard` is its cause, and `annotate`
+  adds the NaN loss to that finding's message.
 
 Pure Python and numpy.
 """
@@ -26,6 +29,7 @@ from tb_replica_plugin.analysis import (
     sort_findings,
 )
 from tb_replica_plugin.core.medians import median_of_others
+from tb_replica_plugin.families.gradients import schema
 
 FINDING_KINDS = {
     "gradient_norm_outlier": {
@@ -141,19 +145,56 @@ def _outlier_findings(series, thresholds):
     return findings
 
 
-def _nonfinite_findings(series):
-    """The `nonfinite_gradients` findings of a run: one per set of replicas whose first NaN/Inf
-    is at the same step.
+def empty_batch_losses(series, inputs):
+    """Where a replica's only non-finite value was its loss at a step where it got 0 examples
+    (the mean of an empty batch is 0/0): its gradients were finite, the weights unharmed.
 
     Args:
       series: a `read.GradientsSeries`.
+      inputs: the run's `inputs.read.InputsSeries` (batch sizes at every step), or None.
+
+    Returns:
+      bool `[E, R]` over `series.nonfinite_steps` and `series.replicas`: True where the replica's
+      gradients held no NaN/Inf, its loss did, and the inputs family saw it get 0 examples at
+      that step. All False without inputs or where the batch size at that step is unknown.
+    """
+    counts = series.nonfinite
+    shape = (series.nonfinite_steps.size, series.num_replicas)
+    if inputs is None or not shape[0] or not inputs.steps.size or not inputs.batch_size.size:
+        return np.zeros(shape, bool)
+    loss_only = (counts[:, schema.GRAD_NAN] + counts[:, schema.GRAD_INF] == 0) & (
+        counts[:, schema.LOSS_NAN] + counts[:, schema.LOSS_INF] > 0
+    )
+    rows = np.searchsorted(inputs.steps, series.nonfinite_steps)
+    known = rows < inputs.steps.size
+    known[known] &= inputs.steps[rows[known]] == series.nonfinite_steps[known]
+    column = {int(r): c for c, r in enumerate(inputs.replicas)}
+    empty = np.zeros(shape, bool)
+    for index, replica in enumerate(series.replicas):
+        if int(replica) in column:
+            sizes = inputs.batch_size[rows[known], column[int(replica)]]
+            empty[known, index] = sizes == 0
+    return loss_only & empty
+
+
+def _nonfinite_findings(series, inputs=None):
+    """The `nonfinite_gradients` findings of a run: one per set of replicas whose first NaN/Inf
+    is at the same step. A replica's NaN/Inf loss at a step where it got 0 examples and its
+    gradients stayed finite is left out (`empty_batch_losses`: the inputs family's
+    `empty_shard` finding is its cause, and says so).
+
+    Args:
+      series: a `read.GradientsSeries`.
+      inputs: the run's `InputsSeries` (its batch sizes), or None.
 
     Returns:
       A list of `Finding`, by first step.
     """
     if series.nonfinite_steps.size == 0:
         return []
-    bad, first_of = _first_nonfinite_steps(series)
+    counts = series.nonfinite.copy()
+    counts[np.broadcast_to(empty_batch_losses(series, inputs)[:, None, :], counts.shape)] = 0
+    bad, first_of = _first_nonfinite_steps(series, counts)
     if not first_of:
         return []
     groups = collections.defaultdict(list)
@@ -165,7 +206,7 @@ def _nonfinite_findings(series):
         replicas = [series.replicas[i] for i in sorted(indices)]
         rows = np.flatnonzero(bad[:, indices].any(axis=1))
         group_steps = series.nonfinite_steps[rows].tolist()
-        grad_nan, grad_inf, loss_nan, loss_inf = _nonfinite_counts(series.nonfinite, rows, indices)
+        grad_nan, grad_inf, loss_nan, loss_inf = _nonfinite_counts(counts, rows, indices)
         head = _nonfinite_head(replicas, group_steps, grad_nan, grad_inf, loss_nan, loss_inf)
         if series.loss_scaled and not (loss_nan or loss_inf):
             message = f"{head}{LOSS_SCALE_OVERFLOW}"
@@ -173,7 +214,10 @@ def _nonfinite_findings(series):
                 series, "info", first, group_steps, replicas, grad_nan + grad_inf, message
             )
         else:
-            message = _nonfinite_message(series, head, first, indices, groups, all_replicas)
+            if grad_nan or grad_inf:
+                message = _nonfinite_message(series, head, first, indices, groups, all_replicas)
+            else:
+                message = _loss_only_message(head, first, all_replicas)
             value = grad_nan + grad_inf + loss_nan + loss_inf
             finding = _nonfinite_finding(
                 series, "error", first, group_steps, replicas, value, message
@@ -193,18 +237,19 @@ LOSS_SCALE_OVERFLOW = (
 )
 
 
-def _first_nonfinite_steps(series):
+def _first_nonfinite_steps(series, counts):
     """Where a run's replicas held NaN or Inf (in gradients or loss), and the first step of each.
 
     Args:
       series: a `read.GradientsSeries` with event steps (`nonfinite_steps`).
+      counts: its NaN/Inf counts `[E, 4, R]` (`series.nonfinite`, less those left out).
 
     Returns:
       `(bad, first_of)`: `bad[e, r]` is True when replica position r held a non-finite value
       at the e-th event step; `first_of` maps each such replica position to its first such step.
     """
     steps = series.nonfinite_steps
-    bad = series.nonfinite.sum(axis=1) > 0  # [E, R]
+    bad = counts.sum(axis=1) > 0  # [E, R]
     first_of = {}
     for index in np.flatnonzero(bad.any(axis=0)):
         first_of[index] = int(steps[np.argmax(bad[:, index])])
@@ -282,6 +327,26 @@ def _nonfinite_message(series, head, first, indices, groups, all_replicas):
     )
 
 
+def _loss_only_message(head, first, all_replicas):
+    """The message of an error `nonfinite_gradients` finding whose replicas' gradients stayed
+    finite: only their loss was NaN/Inf, which no all-reduce carries into the weights.
+
+    Args:
+      head: `_nonfinite_head`'s sentence; first: the replicas' first non-finite step.
+      all_replicas: whether every replica of the run held NaN/Inf.
+
+    Returns:
+      The message.
+    """
+    others = "" if all_replicas else " while the other replicas stayed finite"
+    return (
+        f"{head}{others}: the gradients stayed finite, so the weights were not harmed, but the "
+        f"reported loss is not a number from step {first}; look at how the loss is computed "
+        "on that batch (a mean over 0 examples, log(0) or a division by 0 in a term that "
+        "does not reach the weights)."
+    )
+
+
 def _nonfinite_finding(series, severity, first, group_steps, replicas, value, message):
     """A `nonfinite_gradients` `Finding` of `replicas` from step `first` (event steps
     `group_steps`), of `severity` ("error", or "info" for an expected overflow)."""
@@ -301,12 +366,14 @@ def _nonfinite_finding(series, severity, first, group_steps, replicas, value, me
     )
 
 
-def find_gradients(series, thresholds=Thresholds()):
+def find_gradients(series, thresholds=Thresholds(), inputs=None):
     """Findings of the gradients family for one run.
 
     Args:
       series: a `read.GradientsSeries`.
       thresholds: the `Thresholds` to apply (`max_grad_norm_ratio`).
+      inputs: the run's `inputs.read.InputsSeries` (its batch sizes tell an empty batch's NaN
+        loss, left to `empty_shard`), or None.
 
     Returns:
       A list of `Finding` (`nonfinite_gradients`, `gradient_norm_outlier`), most severe first.
@@ -315,11 +382,54 @@ def find_gradients(series, thresholds=Thresholds()):
       >>> [(f.kind, f.replicas, f.first_step) for f in find_gradients(series)]
       [('nonfinite_gradients', [1], 5)]
     """
-    return sort_findings(_nonfinite_findings(series) + _outlier_findings(series, thresholds))
+    return sort_findings(
+        _nonfinite_findings(series, inputs) + _outlier_findings(series, thresholds)
+    )
 
 
 def find(run_data, thresholds=Thresholds()):
     """Findings of the gradients family of a `reader.RunData` (none without gradients)."""
     if getattr(run_data, "gradients", None) is None:
         return []
-    return find_gradients(run_data.gradients, thresholds)
+    return find_gradients(run_data.gradients, thresholds, getattr(run_data, "inputs", None))
+
+
+def annotate(findings, run_data):
+    """Says, in each `empty_shard` finding of the run (inputs family), at which of its steps
+    the empty replicas' loss was NaN/Inf while their gradients stayed finite: the mean of an
+    empty batch, which `_nonfinite_findings` leaves to that finding.
+
+    Args:
+      findings: every family's findings of the run (messages are amended in place).
+      run_data: the run's `reader.RunData`.
+
+    Returns:
+      `findings`.
+    """
+    series = getattr(run_data, "gradients", None)
+    inputs = getattr(run_data, "inputs", None)
+    if series is None or series.nonfinite_steps.size == 0:
+        return findings
+    mask = empty_batch_losses(series, inputs)
+    if not mask.any():
+        return findings
+    position = {int(r): i for i, r in enumerate(series.replicas)}
+    steps = series.nonfinite_steps
+    for finding in findings:
+        if finding.kind != "empty_shard" or finding.run != series.run:
+            continue
+        indices = [position[int(r)] for r in finding.replicas if int(r) in position]
+        within = (steps >= finding.first_step) & (steps <= finding.last_step)
+        hit = within & mask[:, indices].any(axis=1)
+        if not hit.any():
+            continue
+        bad = sorted({series.replicas[i] for i in indices if mask[hit, i].any()})
+        plural = "s" if len(bad) > 1 else ""
+        finding.message += (
+            f" The loss of replica{plural} {', '.join(str(r) for r in bad)} is NaN/Inf at "
+            f"{fmt_steps(steps[hit].tolist())}: a mean over 0 examples is 0/0. The gradients "
+            "there stayed finite, so the weights are unharmed (no nonfinite_gradients finding), "
+            "but a loss logged or averaged over replicas shows NaN; divide by max(count, 1) "
+            "or skip empty batches."
+        )
+    return findings
