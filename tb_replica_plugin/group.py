@@ -2,7 +2,7 @@
 
 The one read path of the plugin's routes, of `tb-replica report` and of `load`: a state per
 *group* (a run, or the runs `<job>/worker_<i>` of one job, `reader.groups`) reads each of its runs
-through a tail of a source (`core.sources`) and keeps what its series need:
+through a tail of a source (`read.sources`) and keeps what its series need:
 
 - a run: its samples, from which `build_run` makes its series at each new data version;
 - a job: its families merged over workers in the job's arrays (each family's `Family.merger`,
@@ -28,8 +28,9 @@ import threading
 import numpy as np
 
 from tb_replica_plugin import reader, registry
-from tb_replica_plugin.core import columns, event_files
+from tb_replica_plugin.core import columns
 from tb_replica_plugin.core.jobs import Irregular, worker_name
+from tb_replica_plugin.read import event_files
 
 _UIDS = itertools.count(1)  # one per GroupState: its versions are unique across states
 
@@ -195,7 +196,7 @@ class GroupState:
         """Args:
         name: the group name.
         runs: its runs.
-        source: a `core.sources` source (its `tail(experiment_id, run)`).
+        source: a `read.sources` source (its `tail(experiment_id, run)`).
         experiment_id: the experiment id.
         job: whether it is a candidate job (default: `name` is not among `runs`).
         shared: a large job's first read is shared with a helper process (`shared_read`;
@@ -584,10 +585,10 @@ def first_reads(logdir, runs, processes):
     Yields:
       None with `processes` <= 1 (each state reads its runs itself), else an iterator of
       their `MemberRead`s, read and parsed by a pool of new processes
-      (`core.processes.reading_pool`), each keeping of its samples only the context and the
+      (`read.processes.reading_pool`), each keeping of its samples only the context and the
       whole-job families' (`trimmed`).
     """
-    from tb_replica_plugin.core import processes as processes_lib
+    from tb_replica_plugin.read import processes as processes_lib
 
     if processes <= 1 or len(runs) <= 1:
         processes_lib.use_deferred_event_reader()
@@ -600,7 +601,7 @@ def first_reads(logdir, runs, processes):
 def read_run_files(logdir, run):
     """`MemberRead` of a run's event files, read whole (a pool process's work), trimmed."""
     from tb_replica_plugin import metadata
-    from tb_replica_plugin.core.event_files import RunTail
+    from tb_replica_plugin.read.event_files import RunTail
 
     directory = logdir if run == "." else os.path.join(logdir, run)
     with event_files.reading_in_bulk():

@@ -28,9 +28,9 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from tb_replica_plugin import analysis, metadata, reader, registry, store
-from tb_replica_plugin.core import overview
 from tb_replica_plugin.core.args import Download, parse_max_points, parse_step
 from tb_replica_plugin.core.downsample import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE
+from tb_replica_plugin.read import overview
 
 __all__ = [
     "DEFAULT_MAX_POINTS",

@@ -2,7 +2,7 @@
 
 Used by the plugin routes (through `store.RunStore`), by `tb-replica report` and by
 `tb_replica_plugin.load` (`read_log_dir`). The read path: a source gives each run's new samples
-(`core.sources`: the run's event files read on, or TensorBoard's data provider), a
+(`read.sources`: the run's event files read on, or TensorBoard's data provider), a
 `group.GroupState` keeps each run or job (a job's families merged one worker at a time,
 `Family.merger`), and every registered family's `Family.read` turns samples into its series
 (`build_run`, in registry order). The series dataclasses and their parsing and merging live in
@@ -329,12 +329,12 @@ def local_provider(logdir):
 
     Returns:
       `(provider, ctx, experiment_id)` ready for `list_runs`: a
-      `core.event_files.EventFilesProvider`, which reads each run's files when it is read
+      `read.event_files.EventFilesProvider`, which reads each run's files when it is read
       instead of holding the whole log dir as TensorBoard's multiplexer does.
     """
     from tensorboard import context
 
-    from tb_replica_plugin.core.event_files import EventFilesProvider
+    from tb_replica_plugin.read.event_files import EventFilesProvider
 
     return EventFilesProvider(logdir), context.RequestContext(), ""
 
@@ -352,7 +352,7 @@ def read_log_dir(logdir, run_pattern=None, processes=1):
         job is read when its name or one of its runs matches, a worker's own run (not merged)
         when the pattern names it and not its job.
       processes: how many processes read the event files: with more than 1, a pool of new
-        processes (`core.processes.reading_pool`) reads and parses the runs in parallel and this
+        processes (`read.processes.reading_pool`) reads and parses the runs in parallel and this
         process merges the jobs. From a script, call it under `if __name__ == "__main__":` then
         (the new processes import the main module).
 
@@ -366,8 +366,8 @@ def read_log_dir(logdir, run_pattern=None, processes=1):
       (1000, 2048)
     """
     from tb_replica_plugin import group
-    from tb_replica_plugin.core.event_files import EventFilesProvider
-    from tb_replica_plugin.core.sources import FileSource
+    from tb_replica_plugin.read.event_files import EventFilesProvider
+    from tb_replica_plugin.read.sources import FileSource
 
     names = EventFilesProvider(logdir).run_names()
     chosen = {

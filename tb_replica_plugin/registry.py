@@ -79,7 +79,7 @@ class Presenter:
       listed: `listed(run_data)` -> whether `/runs` names the family (None: its series is not
         None).
       identity: `identity(run_data)` -> `{"replicas", "devices", "source", "steps"}` or None:
-        what the family knows of the run's replicas (`core.overview`), or None.
+        what the family knows of the run's replicas (`read.overview`), or None.
       recorded_steps: `recorded_steps(run_data)` -> arrays of the steps it recorded (the run's
         first and last step), or None.
       runs_fields: `runs_fields(run_data)` -> `{key: value}` added to the run's `/runs` entry, or

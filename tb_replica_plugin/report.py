@@ -11,9 +11,10 @@ import os
 import time
 
 from tb_replica_plugin import analysis, reader, registry
-from tb_replica_plugin.core import json_stream, overview
+from tb_replica_plugin.core import json_stream
 from tb_replica_plugin.core.downsample import json_floats
 from tb_replica_plugin.families.variables.present import REPORT_TOP
+from tb_replica_plugin.read import overview
 
 __all__ = ["REPORT_SCHEMA_VERSION", "REPORT_TOP", "LogDirError", "Report", "json_floats", "load"]
 

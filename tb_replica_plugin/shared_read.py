@@ -9,7 +9,7 @@ beside this process, which merges every worker in worker order:
 
 - the helper reads the workers in order, skipping those this process claimed, and announces
   each before it reads it; it sends each read as a file (a pickle of the worker's
-  `group.MemberRead`, `group.trimmed`, and its `core.event_files.RunTail`, so that later
+  `group.MemberRead`, `group.trimmed`, and its `read.event_files.RunTail`, so that later
   refreshes read on from where the helper stopped) in a temporary directory, and a line on
   its pipe saying it is there;
 - this process takes each worker in order: the helper's read when the helper announced it,
@@ -64,7 +64,7 @@ def first_reads(members):
     """The first reads of a job's members (`group.Member`, in order), shared with a helper.
 
     Args:
-      members: the job's members; their tails (`core.sources` file tails) have read nothing.
+      members: the job's members; their tails (`read.sources` file tails) have read nothing.
 
     Yields:
       None when the job is not worth a helper (`worth_sharing`), else an iterator of each
@@ -91,7 +91,7 @@ def worth_sharing(members):
     directories = [getattr(m.tail, "directory", None) for m in members]
     if any(d is None or "://" in d for d in directories):
         return False
-    from tb_replica_plugin.core.event_files import event_bytes
+    from tb_replica_plugin.read.event_files import event_bytes
 
     return event_bytes(directories, MIN_BYTES) >= MIN_BYTES
 
@@ -342,12 +342,12 @@ def _read_exactly(fd, size):
 def _read_worker(run, directory, handle):
     """Reads a worker and pickles its `MemberRead` (`group.trimmed`) and `RunTail` into the
     file `handle` (broadcast views and arrays of one value compact:
-    `core.processes.reduce_array`). Straight into the file: through a buffer first, pickling
+    `read.processes.reduce_array`). Straight into the file: through a buffer first, pickling
     and writing a worker of the 256-worker benchmark took twice as long."""
     import numpy as np
 
     from tb_replica_plugin import group, metadata
-    from tb_replica_plugin.core import event_files, processes
+    from tb_replica_plugin.read import event_files, processes
 
     tail = event_files.RunTail(directory, metadata.PLUGIN_NAME)
     with event_files.reading_in_bulk():

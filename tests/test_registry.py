@@ -45,7 +45,7 @@ def test_modules_and_the_probe_core_stay_small():
                 if count > 800:
                     long[os.path.relpath(path, package)] = count
     assert not long, f"modules over 800 lines: {long}"
-    with open(os.path.join(package, "core", "probe.py"), encoding="utf-8") as source:
+    with open(os.path.join(package, "write", "probe.py"), encoding="utf-8") as source:
         tree = ast.parse(source.read())
     (core,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ProbeCore"]
     assert core.end_lineno - core.lineno + 1 <= 500
@@ -166,10 +166,10 @@ def test_toy_series_is_skipped_when_not_registered(tmp_path):
 def test_the_core_imports_no_family():
     """No module of `core/` imports a family's module: the core reaches the families through the
     registry's descriptors and the recorders' public hooks (`core.recorder.Recorder`), as
-    core/probe.py's docstring says."""
+    write/probe.py's docstring says."""
     import ast
 
-    from tb_replica_plugin.core import probe
+    from tb_replica_plugin.write import probe
 
     core = os.path.join(os.path.dirname(registry.__file__), "core")
     imported = set()

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, mirrored, write_loop_15_7
 
 from tb_replica_plugin import analysis, metadata, reader, registry
-from tb_replica_plugin.core import cache as cache_lib
+from tb_replica_plugin.read import cache as cache_lib
 from tb_replica_plugin.store import LISTING_REUSE_SECONDS
 
 PLUGIN = "/data/plugin/replicas"
@@ -542,7 +542,7 @@ def test_refreshes_asked_during_one_share_the_next_which_reads_what_came_before_
     from benchmarks import live_job
     from benchmarks.multiworker_load import write_job
     from tb_replica_plugin import group
-    from tb_replica_plugin.core.sources import FileSource
+    from tb_replica_plugin.read.sources import FileSource
 
     logdir = str(tmp_path)
     write_job(logdir, workers=3, replicas=2, steps=5)

@@ -16,7 +16,7 @@ and, for the public API, a `Recording` mixin whose `observe_*` methods become me
 
 Everything a recorder does in-graph goes through its probe: it puts its per-replica values in the
 step's transfer (`probe.transfer()`, `core.transfer`) with a host handler, which records at
-`probe.step_of(...)` (the one step axis, `core.steps`); `probe.write(...)` queues a summary;
+`probe.step_of(...)` (the one step axis, `write.steps`); `probe.write(...)` queues a summary;
 `probe.logged(step)` / `probe.sampled(step)` are the one step-level decision every family shares;
 `run_if(condition, body)` runs work only where such a decision holds.
 """
@@ -146,7 +146,7 @@ class Recorder:
         """Writes what the in-graph steps kept but did not write (host side). Default: nothing."""
 
     def fault_state(self):
-        """Host side: the every-step fault state (`core.halt.FaultState`) of a family that
+        """Host side: the every-step fault state (`write.halt.FaultState`) of a family that
         checks every step for faults (gradients: NaN/Inf), else None (the default)."""
         return None
 
@@ -160,7 +160,7 @@ class Recorder:
 
     def ended(self, ending):
         """Host side: a stretch of training ended (`ProbeCore.end_run`; `ending`: a
-        `core.lifecycle.RunEnd`), before the probe flushes. Default: nothing."""
+        `write.lifecycle.RunEnd`), before the probe flushes. Default: nothing."""
 
     def close(self):
         """Drops the state (the probe records nothing after closing)."""

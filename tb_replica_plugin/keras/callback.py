@@ -28,7 +28,6 @@ import warnings
 
 import tensorflow as tf
 
-from tb_replica_plugin.core import halt
 from tb_replica_plugin.families.gradients.capture import (
     DEFAULT_CAPTURE_BYTES,
     DEFAULT_CAPTURE_LIMIT,
@@ -59,8 +58,9 @@ from tb_replica_plugin.probe import (
     check_flush_secs,
     check_update_freq,
 )
+from tb_replica_plugin.write import halt
 
-# Set on the model by an instrumented fit: its probe's step axis (`core.steps`), where the next
+# Set on the model by an instrumented fit: its probe's step axis (`write.steps`), where the next
 # fit of the model, with this callback or another, continues the steps.
 STEP_AXIS_ATTR = "_tb_replica_step_axis"
 # Set on the model while a ReplicaCallback's hooks are installed: that callback.

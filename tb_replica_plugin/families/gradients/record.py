@@ -22,7 +22,6 @@ import tensorflow as tf
 
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core import transfer as transfer_lib
-from tb_replica_plugin.core.halt import FaultState
 from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.core.recorder import cond_value, run_if
@@ -31,6 +30,7 @@ from tb_replica_plugin.families.gradients.replica import (  # noqa: F401 - the f
     nonfinite_counts,
     replica_values,
 )
+from tb_replica_plugin.write.halt import FaultState
 
 # What the recorded gradient norms are the norms of (stored in the `gradients/variables` event).
 SCALING_REPLICA_LOSS = "replica_loss"  # the gradient of the replica's own loss (fit, Keras losses)
@@ -194,7 +194,7 @@ class Recorder(RecorderBase):
     sync_faults = False
 
     def fault_state(self):
-        """Host side: its fault slots (`FAULT_*`) as a `core.halt.FaultState`, or None before
+        """Host side: its fault slots (`FAULT_*`) as a `write.halt.FaultState`, or None before
         build."""
         fault = self.state.get("fault")
         if fault is None:

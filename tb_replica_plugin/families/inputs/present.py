@@ -6,9 +6,10 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 
 import numpy as np
 
-from tb_replica_plugin.core import args, overview
+from tb_replica_plugin.core import args
 from tb_replica_plugin.core.downsample import pool_replicas
 from tb_replica_plugin.families.inputs import read
+from tb_replica_plugin.read import overview
 
 ARGS = {"max_points": args.parse_max_points, "replica_blocks": args.parse_replica_blocks}
 

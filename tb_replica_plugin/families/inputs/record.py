@@ -187,7 +187,7 @@ class Recording:
           step: the step to record at (int or int tensor). When omitted, the step of the step
             axis: inside `probe.step()`, its step; outside, the first call records step 0 (or
             what `set_step` set), and the next step begins with the next call of a family that
-            already recorded at this one (`core.steps`).
+            already recorded at this one (`write.steps`).
 
         Example:
           ```python

@@ -156,7 +156,7 @@ class Lifecycle:
         return (current if self._host_in_call else completed, completed)
 
     def recorded_step(self):
-        """The step training is at: the later of the step axis's current step (`core.steps`:
+        """The step training is at: the later of the step axis's current step (`write.steps`:
         the latest record's; the start - 1 before any) and the step the host entered
         (`host_steps`: a step whose call has not returned, so none of its records may have
         arrived: a crash or a hang in it is at that step). None before the probe is built.
