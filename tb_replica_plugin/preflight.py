@@ -11,9 +11,10 @@ import os
 
 import tensorflow as tf
 
-from tb_replica_plugin import analysis, reader
+from tb_replica_plugin import reader
 from tb_replica_plugin.families.inputs import record as inputs_record
 from tb_replica_plugin.probe import ReplicaProbe
+from tb_replica_plugin.read import judge
 
 
 @dataclasses.dataclass
@@ -80,5 +81,5 @@ def inspect_dataset(strategy, dataset, log_dir, steps=10, run_name="inspect_data
     return Inspection(
         run_dir=run_dir,
         batch_sizes=run_data.inputs.batch_size.tolist(),
-        findings=analysis.find_run(run_data),
+        findings=judge.find_run(run_data),
     )

@@ -7,7 +7,6 @@ directly.
 """
 
 from tb_replica_plugin.core.distribute import worker_info  # noqa: F401 - public helper
-from tb_replica_plugin.core.recorder import recording_mixins
 from tb_replica_plugin.families.gradients.capture import (
     DEFAULT_CAPTURE_BYTES,
     DEFAULT_CAPTURE_LIMIT,
@@ -24,6 +23,7 @@ from tb_replica_plugin.write.probe import (  # noqa: F401 - public constants
     check_examples_every,
     check_flush_secs,
     check_update_freq,
+    recording_mixins,
 )
 
 

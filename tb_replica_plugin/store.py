@@ -24,6 +24,7 @@ import threading
 import time
 
 from tb_replica_plugin import analysis, group, reader, registry
+from tb_replica_plugin.read import judge
 from tb_replica_plugin.read.cache import ByteLRU, SingleFlight
 from tb_replica_plugin.read.sources import FileSource, ProviderSource
 
@@ -281,7 +282,7 @@ class RunStore:
             self._count("summary")
             result = {}
             for name, run_data in state.data().items():
-                findings = analysis.find_run(run_data, live=False)
+                findings = judge.find_run(run_data, live=False)
                 result[name] = {"entry": make_entry(run_data, findings), "findings": findings}
             return result
 

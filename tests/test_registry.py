@@ -15,6 +15,7 @@ from werkzeug import wrappers
 
 from tb_replica_plugin import analysis, reader, registry
 from tb_replica_plugin import report as report_lib
+from tb_replica_plugin.read import judge
 
 PLUGIN = "/data/plugin/replicas"
 COUNTS = {0: [3, 1], 1: [2, 0], 2: [5, 4]}
@@ -61,7 +62,7 @@ def test_out_of_order_needs_are_refused():
 def test_tags_kinds_and_finding_kinds_are_unique_across_families():
     tags = [tag for family in registry.families() for tag in family.tags]
     assert len(tags) == len(set(tags)) == len(registry.tag_kinds())
-    kinds = analysis.finding_kinds()
+    kinds = judge.finding_kinds()
     fields = set(analysis.Thresholds.__dataclass_fields__)
     for kind, meta in kinds.items():
         assert meta["severity"] in analysis.SEVERITIES, kind
@@ -144,7 +145,7 @@ def test_toy_family_read_routed_listed_found_and_reported(toy_registered, tmp_pa
     status, body = get_json(app, "/findings?run=toy_run")
     (finding,) = body["findings"]
     assert (finding["kind"], finding["replicas"], finding["first_step"]) == ("toy_zero", [1], 1)
-    assert analysis.finding_kinds()["toy_zero"]["family"] == "toy"
+    assert judge.finding_kinds()["toy_zero"]["family"] == "toy"
 
     report = report_lib.load(logdir)
     assert report.to_json()["runs"][0]["toy"] == [[3, 1], [2, 0], [5, 4]]

@@ -21,9 +21,26 @@ step's transfer (`probe.transfer()`, `core.transfer`) with a host handler, which
 `run_if(condition, body)` runs work only where such a decision holds.
 """
 
+from typing import NamedTuple
+
 import tensorflow as tf
 
-from tb_replica_plugin import registry
+
+class FaultState(NamedTuple):
+    """The every-step fault state a family keeps on the host (`Recorder.fault_state`).
+
+    Attributes:
+      steps: how many steps had a fault so far (the host notices a new one by its growth).
+      last: the step of the latest fault.
+      job: whether the latest fault is one every worker stops at (the all-reduced flag; False at
+        an expected loss-scale overflow).
+      synced: whether `job` is all-reduced across the workers at every step (`sync_faults`).
+    """
+
+    steps: int
+    last: int
+    job: bool
+    synced: bool
 
 
 def run_if(condition, body, as_function=False):
@@ -146,7 +163,7 @@ class Recorder:
         """Writes what the in-graph steps kept but did not write (host side). Default: nothing."""
 
     def fault_state(self):
-        """Host side: the every-step fault state (`write.halt.FaultState`) of a family that
+        """Host side: the every-step fault state (`FaultState`) of a family that
         checks every step for faults (gradients: NaN/Inf), else None (the default)."""
         return None
 
@@ -165,24 +182,3 @@ class Recorder:
     def close(self):
         """Drops the state (the probe records nothing after closing)."""
         self.state = {}
-
-
-def write_sides():
-    """`[(family name, Recorder class, Recording mixin or None)]` of every registered family with
-    a write side (`Family.write_side`), in registry order."""
-    sides = []
-    for family in registry.families():
-        if family.write_side is not None:
-            recorder, recording = family.write_side()
-            sides.append((family.name, recorder, recording))
-    return sides
-
-
-def recorder_classes():
-    """`[(family name, Recorder class)]` of every registered family with a write side."""
-    return [(name, recorder) for name, recorder, _ in write_sides()]
-
-
-def recording_mixins():
-    """The `Recording` mixins (public `observe_*` methods) of every registered family."""
-    return tuple(recording for _, _, recording in write_sides() if recording is not None)

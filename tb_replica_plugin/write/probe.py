@@ -27,8 +27,9 @@ import warnings
 
 import tensorflow as tf
 
+from tb_replica_plugin import registry
 from tb_replica_plugin.core import distribute
-from tb_replica_plugin.core.recorder import host_variable, recorder_classes
+from tb_replica_plugin.core.recorder import host_variable
 from tb_replica_plugin.write.flusher import FLUSHER
 from tb_replica_plugin.write.lifecycle import Lifecycle
 from tb_replica_plugin.write.shipping import Shipping
@@ -382,8 +383,8 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle):
         return values
 
     def fault_state(self):
-        """The every-step fault state of the first family that keeps one (`write.halt.FaultState`,
-        host side), or None."""
+        """The every-step fault state of the first family that keeps one (a
+        `core.recorder.FaultState`, host side), or None."""
         for recorder in self._recorders.values():
             state = recorder.fault_state()
             if state is not None:
@@ -565,3 +566,24 @@ def _first_line(error):
     lines = str(error).strip().splitlines()
     text = re.sub(r"^\{\{[^}]*\}\}\s*", "", lines[0]) if lines else ""
     return text or type(error).__name__
+
+
+def write_sides():
+    """`[(family name, Recorder class, Recording mixin or None)]` of every registered family with
+    a write side (`Family.write_side`), in registry order."""
+    sides = []
+    for family in registry.families():
+        if family.write_side is not None:
+            recorder, recording = family.write_side()
+            sides.append((family.name, recorder, recording))
+    return sides
+
+
+def recorder_classes():
+    """`[(family name, Recorder class)]` of every registered family with a write side."""
+    return [(name, recorder) for name, recorder, _ in write_sides()]
+
+
+def recording_mixins():
+    """The `Recording` mixins (public `observe_*` methods) of every registered family."""
+    return tuple(recording for _, _, recording in write_sides() if recording is not None)

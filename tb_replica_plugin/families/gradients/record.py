@@ -23,14 +23,13 @@ import tensorflow as tf
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core import transfer as transfer_lib
 from tb_replica_plugin.core.nest import flatten_with_names
+from tb_replica_plugin.core.recorder import FaultState, cond_value, run_if
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.core.recorder import cond_value, run_if
 from tb_replica_plugin.families.gradients import capture, replica, schema
 from tb_replica_plugin.families.gradients.replica import (  # noqa: F401 - the family's helpers
     nonfinite_counts,
     replica_values,
 )
-from tb_replica_plugin.write.halt import FaultState
 
 # What the recorded gradient norms are the norms of (stored in the `gradients/variables` event).
 SCALING_REPLICA_LOSS = "replica_loss"  # the gradient of the replica's own loss (fit, Keras losses)
@@ -194,7 +193,7 @@ class Recorder(RecorderBase):
     sync_faults = False
 
     def fault_state(self):
-        """Host side: its fault slots (`FAULT_*`) as a `write.halt.FaultState`, or None before
+        """Host side: its fault slots (`FAULT_*`) as a `core.recorder.FaultState`, or None before
         build."""
         fault = self.state.get("fault")
         if fault is None:
