@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tb_replica_plugin import metadata, reader
+from tb_replica_plugin import group, metadata, reader
 from tb_replica_plugin.read.event_files import EventFilesProvider
 
 
@@ -163,7 +163,7 @@ def test_a_run_pattern_reads_only_the_runs_it_matches(unit_logs, monkeypatch):
         return read(self)
 
     monkeypatch.setattr(RunTail, "read", recording)
-    runs = reader.read_log_dir(unit_logs, "fit_17_*")
+    runs = group.read_log_dir(unit_logs, "fit_17_*")
     assert list(runs) == asked == ["fit_17_8/replicas"]
     assert runs["fit_17_8/replicas"].inputs.batch_size.shape[1] == 2
 

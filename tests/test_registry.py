@@ -13,7 +13,7 @@ import pytest
 from werkzeug import test as werkzeug_test
 from werkzeug import wrappers
 
-from tb_replica_plugin import analysis, reader, registry
+from tb_replica_plugin import analysis, group, reader, registry
 from tb_replica_plugin import report as report_lib
 from tb_replica_plugin.read import judge
 
@@ -116,7 +116,7 @@ def test_toy_family_read_routed_listed_found_and_reported(toy_registered, tmp_pa
     logdir = str(tmp_path)
     write_toy_run(logdir)
 
-    run_data = reader.read_log_dir(logdir)["toy_run"]
+    run_data = group.read_log_dir(logdir)["toy_run"]
     assert run_data.toy.steps.tolist() == [0, 1, 2]
     assert run_data.toy.counts.tolist() == [[3, 1], [2, 0], [5, 4]]
     assert run_data.toy.replicas == [0, 1]  # the inputs family (a need) has no replicas here
@@ -158,7 +158,7 @@ def test_toy_series_is_skipped_when_not_registered(tmp_path):
     logdir = str(tmp_path)
     with registry.registered(toy_family.FAMILY):
         write_toy_run(logdir)  # writing needs the kind registered
-    run_data = reader.read_log_dir(logdir)["toy_run"]
+    run_data = group.read_log_dir(logdir)["toy_run"]
     assert not hasattr(run_data, "toy")
     assert run_data.inputs.steps.size == 0
     assert np.array_equal(run_data.inputs.batch_size, np.zeros((0, 0)))

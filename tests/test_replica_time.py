@@ -20,7 +20,7 @@ from replica_time_logs import (
     write_run,
 )
 
-from tb_replica_plugin import analysis, reader
+from tb_replica_plugin import analysis, group, reader
 from tb_replica_plugin.families.inputs import schema as inputs_schema
 from tb_replica_plugin.families.step_time import present, rules
 from tb_replica_plugin.families.step_time import schema as step_time_schema
@@ -225,7 +225,7 @@ def test_a_job_merges_ready_times_on_global_replicas():
         worker_run(1, [2, 3], SLOW, STEPS),
         worker_run(0, [0, 1], [0.020, 0.021], STEPS + (40,)),  # a step worker_1 lacks
     ]
-    job = reader.merge_job("job", members)
+    job = group.merge_job("job", members)
     ready = job.step_time.ready
     assert (ready.replicas, ready.workers) == ([0, 1, 2, 3], ["worker_0"] * 2 + ["worker_1"] * 2)
     assert ready.devices[2] == "/job:worker/replica:0/task:1/device:GPU:0"
@@ -253,18 +253,18 @@ def test_a_job_merges_ready_times_on_global_replicas():
 
 def test_replicas_of_different_workers_are_not_compared():
     # Every replica of worker_1 is 10 ms slower than worker_0's: the straggler rule's business.
-    job = reader.merge_job(
+    job = group.merge_job(
         "job", [worker_run(0, [0, 1], [0.02, 0.02]), worker_run(1, [2, 3], [0.03, 0.03])]
     )
     assert kinds(judge.find_run(job)) == []
     # A worker of one replica has nobody to be compared with.
-    job = reader.merge_job("job", [worker_run(0, [0], [0.02]), worker_run(1, [1], [0.03])])
+    job = group.merge_job("job", [worker_run(0, [0], [0.02]), worker_run(1, [1], [0.03])])
     assert kinds(judge.find_run(job)) == []
 
 
 def test_a_job_some_of_whose_workers_recorded_none_has_none():
     without = build([2, 3], None, worker=1, num_workers=2, run="job/worker_1")
-    job = reader.merge_job("job", [worker_run(0, [0, 1], SLOW), without])
+    job = group.merge_job("job", [worker_run(0, [0, 1], SLOW), without])
     assert job.step_time is None
     assert (
         "Replica ready times are left out of the job: worker_1 recorded none (the other "
@@ -279,7 +279,7 @@ def test_a_job_keeps_its_per_worker_timing_beside_the_ready_times():
         member.samples[step_time_schema.TAG_STEP_TIME] = [
             (step, np.array([now, 1.0, 1.0])) for step, now in zip(STEPS, arrivals, strict=True)
         ]
-    job = reader.merge_job("job", members)
+    job = group.merge_job("job", members)
     assert job.step_time.workers == ["worker_0", "worker_1"]
     assert np.allclose(job.step_time.lateness[:, 1], 0.1)
     assert job.step_time.ready.replicas == [0, 1, 2, 3]

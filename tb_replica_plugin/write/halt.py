@@ -129,7 +129,7 @@ class Watch:
 
     def run_findings(self):
         """Flushes the probe and runs every rule on its run (this worker's run in a job)."""
-        from tb_replica_plugin import reader
+        from tb_replica_plugin import group
         from tb_replica_plugin.read import judge
 
         self.probe.flush()
@@ -138,7 +138,7 @@ class Watch:
             return []
         findings = []
         name = os.path.basename(os.path.normpath(run_dir))
-        for run_data in reader.read_log_dir(run_dir).values():
+        for run_data in group.read_log_dir(run_dir).values():
             for finding in judge.find_run(run_data):
                 finding.run = name
                 findings.append(finding)
