@@ -13,6 +13,10 @@ from tb_replica_plugin.families.gradients.capture import (
     check_capture,
 )
 from tb_replica_plugin.families.status.record import DEFAULT_STALL_SECS, check_stall_secs
+from tb_replica_plugin.families.variables.rotation import (  # noqa: F401 - ReplicaCallback's
+    DEFAULT_BUDGET,
+    check_budget,
+)
 from tb_replica_plugin.write import halt
 from tb_replica_plugin.write.halt import ReplicaFaultError  # noqa: F401 - public exception
 from tb_replica_plugin.write.probe import (  # noqa: F401 - public constants

@@ -167,7 +167,6 @@ def test_every_module_has_a_floor_and_imports_only_below_or_beside_it():
     assert upward == []
 
 
-@pytest.mark.xfail(strict=True, reason="keras/ still imports families' fit code (moves next)")
 def test_keras_imports_no_family():
     graph = import_graph()
     keras = {m: t for m, t in graph.items() if m == "keras" or m.startswith("keras.")}

@@ -26,6 +26,7 @@ from conftest import REPO, mirrored, small_model
 
 import tb_replica_plugin
 from tb_replica_plugin import ReplicaCallback, ReplicaProbe, group
+from tb_replica_plugin.core import nest
 from tb_replica_plugin.families.inputs import record as inputs_collector
 
 CHILD = os.path.join(REPO, "tests", "reliability_child.py")
@@ -86,7 +87,7 @@ def test_batch_naming_raising_in_the_wrapped_step_warns_once(tmp_path, monkeypat
     def broken(data):
         raise TypeError("cannot name this batch")
 
-    monkeypatch.setattr(inputs_collector, "name_fit_batch", broken)
+    monkeypatch.setattr(nest, "name_fit_batch", broken)
     model = small_model(mirrored(2), 3)
     _, caught = fit(model, str(tmp_path), examples=32)
     assert int(model.optimizer.iterations.numpy()) == 4

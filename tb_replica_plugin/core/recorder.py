@@ -12,6 +12,9 @@ and, for the public API, a `Recording` mixin whose `observe_*` methods become me
 - `begun(how)`, `before_flush(now)` and `ended(ending)` around a stretch of training: when it
   begins, before each background flush, when it ends (the status family's heartbeat and end
   record; the others do nothing);
+- under Keras `fit`, `fit_step(fit)` when `ReplicaCallback` instruments the model (the family's
+  part of the train step and the hooks it installs), and `fit_begin`, `fit_epoch_begin`,
+  `fit_epoch_end` at the callback's own hooks: a family's fit-time code is its own;
 - `close()` when the probe closes.
 
 Everything a recorder does in-graph goes through its probe: it puts its per-replica values in the
@@ -178,6 +181,34 @@ class Recorder:
     def ended(self, ending):
         """Host side: a stretch of training ended (`ProbeCore.end_run`; `ending`: a
         `write.lifecycle.RunEnd`), before the probe flushes. Default: nothing."""
+
+    def fit_step(self, fit):
+        """Keras `fit`: this family's part of the train step `ReplicaCallback` instruments.
+
+        Called when the callback instruments the model, before Keras traces the step. Hooks the
+        family installs go through `fit` (`keras.hooks.Fit`: the model, the callback's options,
+        the compute-loss and optimizer hooks), which undoes them when training ends.
+
+        Args:
+          fit: the callback's `keras.hooks.Fit`.
+
+        Returns:
+          `(before, after)`: `before(batch)` is called in replica context before the model's own
+          step with the step's named batch (`core.nest.name_fit_batch`), `after()` after it;
+          either None. Default: `(None, None)`.
+        """
+        return None, None
+
+    def fit_begin(self, fit):
+        """Keras `fit`, host side: training begins (the probe's step axis is at the step before
+        the first). Default: nothing."""
+
+    def fit_epoch_begin(self, fit):
+        """Keras `fit`, host side: an epoch begins. Default: nothing."""
+
+    def fit_epoch_end(self, fit, final=False):
+        """Keras `fit`, host side: an epoch ended, before the probe flushes (`final`: training
+        ended, after the last epoch). Default: nothing."""
 
     def close(self):
         """Drops the state (the probe records nothing after closing)."""

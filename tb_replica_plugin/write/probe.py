@@ -205,6 +205,10 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle):
         """
         return self._recorders[name]
 
+    def recorders(self):
+        """Every family's recorder, in registry order."""
+        return list(self._recorders.values())
+
     def build(self):
         """Creates the writer and every family's state once, outside any graph.
 
