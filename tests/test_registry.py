@@ -152,6 +152,53 @@ def test_toy_family_read_routed_listed_found_and_reported(toy_registered, tmp_pa
     assert "  toy counts: [[3, 1], [2, 0], [5, 4]]" in report.to_text().splitlines()
 
 
+def test_toy_family_records_under_fit_through_its_own_fit_hook(toy_registered, tmp_path):
+    """`ReplicaCallback` calls the toy recorder's `fit_step` like any family's: 16 examples in
+    batches of 8 on 2 replicas count 4 per replica at each of the 2 steps; read and served."""
+    from bad_logs import wsgi_app
+    from conftest import mirrored, small_model
+
+    from tb_replica_plugin import ReplicaCallback
+
+    model = small_model(mirrored(2), 3)
+    x = np.arange(48, dtype=np.float32).reshape(16, 3)
+    callback = ReplicaCallback(str(tmp_path), run_name="fit", update_freq="batch")
+    model.fit(x, np.zeros((16, 1), np.float32), batch_size=8, epochs=1, verbose=0,
+              callbacks=[callback])  # fmt: skip
+    run_data = group.read_log_dir(str(tmp_path))["fit"]
+    assert run_data.toy.steps.tolist() == [0, 1]
+    assert run_data.toy.counts.tolist() == [[4, 4], [4, 4]]
+    assert run_data.toy.replicas == run_data.inputs.replicas == [0, 1]
+    status, body = get_json(wsgi_app(str(tmp_path))[0], "/toy?run=fit")
+    assert (status, body["counts"]) == (200, [[4, 4], [4, 4]])
+
+
+def test_toy_family_merged_over_a_job_judged_and_presented(toy_registered):
+    """A job of workers 0 and 2 (of 3): the toy's whole-job `merge` puts their counts on the
+    global replica axis at the steps both logged; its rule names the global replica."""
+    from test_job_merge import _member
+    from toy_family import present as toy_present
+    from toy_family import schema as toy_schema
+
+    members = [
+        _member("j/worker_2", 2, [4, 5], [4, 4], [0, 1, 2]),
+        _member("j/worker_0", 0, [0, 1], [4, 4], [0, 1]),
+    ]
+    counts = {"j/worker_0": {0: [3, 1], 1: [2, 2]}, "j/worker_2": {0: [5, 0], 1: [1, 1], 2: [7, 7]}}
+    for member in members:
+        member.samples[toy_schema.TAG_TOY_COUNTS] = [
+            (step, np.array(value, np.int32)) for step, value in counts[member.run].items()
+        ]
+    job = group.merge_job("j", members)
+    assert job.toy.steps.tolist() == [0, 1]
+    assert job.toy.counts.tolist() == [[3, 1, 5, 0], [2, 2, 1, 1]]
+    assert job.toy.replicas == [0, 1, 4, 5]
+    (found,) = [f for f in judge.find_run(job) if f.kind == "toy_zero"]
+    assert (found.replicas, found.first_step, found.count) == ([5], 0, 1)
+    body = toy_present.body("j", job, {})
+    assert body["replicas"] == [0, 1, 4, 5] and body["counts"][1] == [2, 2, 1, 1]
+
+
 def test_toy_series_is_skipped_when_not_registered(tmp_path):
     import toy_family
 
