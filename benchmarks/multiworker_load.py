@@ -86,7 +86,8 @@ def main():
     common.add_record_argument(parser)
     args = parser.parse_args()
 
-    from tb_replica_plugin import analysis, reader, store
+    from tb_replica_plugin import reader, store
+    from tb_replica_plugin.read import judge
     from tb_replica_plugin.report import load
 
     with tempfile.TemporaryDirectory() as logdir:
@@ -104,9 +105,7 @@ def main():
         start = time.perf_counter()
         runs_store = store.RunStore(provider)  # through the provider, as with --logdir_spec
         names = reader.groups(runs_store.list_runs(ctx, experiment_id))
-        findings = [
-            analysis.find_run(runs_store.run_data(ctx, experiment_id, name)) for name in names
-        ]
+        findings = [judge.find_run(runs_store.run_data(ctx, experiment_id, name)) for name in names]
         read_s = time.perf_counter() - start
     result = {
         "benchmark": "multiworker_load",

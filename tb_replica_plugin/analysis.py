@@ -1,10 +1,10 @@
 """Findings: the recorded series turned into plain-language problems, with cause and fix.
 
-Pure Python and numpy (no TensorFlow): the same findings feed the tab, `tb-replica report` and
-`tb_replica_plugin.inspect_dataset`. This is the core: `Thresholds`, `Finding`, sorting and
-counting, and `find_run`, which runs every registered family's rules
-(`tb_replica_plugin/families/<name>/rules.py`, each declaring its kinds in `Family.rules.kinds`;
-`finding_kinds()` gathers them) and then groups findings of one cause (`group_findings`).
+Pure Python (no TensorFlow), on the ground floor (docs/architecture.md, "Layers"): the types every
+family's rules build on (`Thresholds`, `Finding`), grouping (`group_findings`), sorting, counting
+and the text helpers of their messages. It imports nothing of the package: running every
+registered family's rules on a run (`read.judge.find_run`) and gathering their kinds
+(`read.judge.finding_kinds`) is the read side's.
 
 Severity means one thing in every family: `error` = training is producing a wrong model (or
 failing) now; `warning` = likely unintended, check it; `info` = expected behaviour worth knowing.
@@ -13,8 +13,6 @@ failing) now; `warning` = likely unintended, check it; `info` = expected behavio
 import dataclasses
 import math
 import numbers
-
-from tb_replica_plugin import registry
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -257,65 +255,6 @@ def group_findings(findings, describe):
 def sort_findings(findings):
     """Most severe first, then by run and first step."""
     return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], f.run, f.first_step, f.kind))
-
-
-def find_run(run_data, thresholds=Thresholds(), live=None, now=None):
-    """Findings of every family of one run.
-
-    Every registered family's `rules.find` runs in registry order; a family whose rules have a
-    `group_message(kind, cause, items)` has its findings of one kind and cause grouped into one
-    (`group_findings`); then the rules of families that have an `annotate` hook amend the
-    findings of the others, in reverse registry order (gradients adds an empty shard's NaN loss
-    to `empty_shard`, then inputs names the worker of each finding of a multi-worker job).
-
-    Args:
-      run_data: a `reader.RunData`.
-      thresholds: the `Thresholds` to apply.
-      live: None for every family; False for the families that are not live (`Family.live`),
-        True for the live ones only (the tab computes those apart, at each request).
-      now: the time (`time.time()`) the live families' rules judge the run at (None: now).
-
-    Returns:
-      A list of `Finding`, most severe first.
-
-    Example:
-      >>> [f.kind for f in find_run(run_data)]   # 17 examples, batch 8, 2 replicas
-      ['empty_shard']
-    """
-    findings = []
-    chosen = [f for f in registry.families() if live is None or f.live == live]
-    for family in chosen:
-        if family.live:
-            found = family.rules.find(run_data, thresholds, now=now)
-        else:
-            found = family.rules.find(run_data, thresholds)
-        describe = family.rules.group_message
-        findings.extend(group_findings(found, describe) if describe else found)
-    # Last family first: a family's words on another's finding (gradients on an empty shard's
-    # NaN loss) come before those of the families it depends on (inputs names the worker).
-    for family in reversed(registry.families()):
-        if family.rules.annotate is not None:
-            family.rules.annotate(findings, run_data)
-    return sort_findings(findings)
-
-
-def finding_kinds():
-    """Every finding kind of every registered family, with its rule's metadata.
-
-    Returns:
-      `{kind: {"severity": default severity, "thresholds": (names of `Thresholds` fields it
-      uses,), "summary": one sentence, "family": family name}}`, in registry order.
-
-    Raises:
-      ValueError: if two families declare the same kind.
-    """
-    kinds = {}
-    for family in registry.families():
-        for kind, meta in family.rules.kinds.items():
-            if kind in kinds:
-                raise ValueError(f"finding kind {kind!r} declared by two families")
-            kinds[kind] = {**meta, "family": family.name}
-    return kinds
 
 
 def replica_list_text(replicas):

@@ -18,7 +18,7 @@ import sys
 from concurrent.futures.process import BrokenProcessPool
 
 from tb_replica_plugin import analysis
-from tb_replica_plugin.core import processes
+from tb_replica_plugin.read import processes
 
 
 class _Parser(argparse.ArgumentParser):
@@ -236,7 +236,7 @@ MAX_AUTO_PROCESSES = 8
 
 def _event_bytes(logdir, limit):
     """Bytes of the event files under `logdir`, counted until they exceed `limit`."""
-    from tb_replica_plugin.core.event_files import event_bytes
+    from tb_replica_plugin.read.event_files import event_bytes
 
     return event_bytes((directory for directory, _, _ in os.walk(logdir)), limit)
 
@@ -253,7 +253,7 @@ def _choose_event_reader(logdir, counted, defer=False):
       logdir: the log dir.
       counted: its event bytes (`_event_bytes`).
       defer: TensorFlow is imported only if this process reads events itself (a report read by
-        a pool of processes is merged here: `core.processes.use_event_reader`).
+        a pool of processes is merged here: `read.processes.use_event_reader`).
     """
     if "://" not in logdir:
         choice = "tensorflow" if counted > STUB_MAX_EVENT_BYTES else "stub"

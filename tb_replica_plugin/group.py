@@ -2,7 +2,7 @@
 
 The one read path of the plugin's routes, of `tb-replica report` and of `load`: a state per
 *group* (a run, or the runs `<job>/worker_<i>` of one job, `reader.groups`) reads each of its runs
-through a tail of a source (`core.sources`) and keeps what its series need:
+through a tail of a source (`read.sources`) and keeps what its series need:
 
 - a run: its samples, from which `build_run` makes its series at each new data version;
 - a job: its families merged over workers in the job's arrays (each family's `Family.merger`,
@@ -21,15 +21,25 @@ No TensorFlow.
 """
 
 import contextlib
+import fnmatch
 import itertools
-import os
 import threading
 
-import numpy as np
-
 from tb_replica_plugin import reader, registry
-from tb_replica_plugin.core import columns, event_files
+from tb_replica_plugin.core import columns
 from tb_replica_plugin.core.jobs import Irregular, worker_name
+from tb_replica_plugin.member_read import (  # noqa: F401 - named here too
+    CONTEXT_STEPS,
+    MemberRead,
+    classic_tags,
+    context_start,
+    kept_context,
+    read_member,
+    read_run_files,
+    registry_names,
+    trimmed,
+)
+from tb_replica_plugin.read import event_files
 
 _UIDS = itertools.count(1)  # one per GroupState: its versions are unique across states
 
@@ -38,99 +48,13 @@ __all__ = [
     "Member",
     "MemberRead",
     "first_reads",
+    "merge_job",
     "merge_members",
+    "read_log_dir",
     "read_member",
     "read_run_files",
     "worker_order",
 ]
-
-# Distinct steps of each tag kept to parse a worker's new data with (`Member.context`): the last
-# step may be written again, and the examples' window of a step starts after the step before.
-CONTEXT_STEPS = 2
-
-
-class MemberRead:
-    """What reading one run of a group gave (`read_member`).
-
-    Attributes:
-      run: the run.
-      data: `RunData` of its families that are not live, from its context and new samples
-        (None when there is neither).
-      live: `{tag: [(step, value)]}` of the live families' new samples.
-      samples: `{tag: [(step, value)]}` of the other families: the context and the new
-        samples, sorted by step.
-      notes: notes of its families' readers on that parse.
-      schema_notes: notes of its tags that this version cannot read (`reader.readable_tags`).
-      unreadable: those tags.
-      identity: `reader.worker_identity` of the run (None: not a worker of a job).
-      new: new samples of the families that are not live; first_new: their first step.
-    """
-
-    def __init__(self, run, data, live, samples, notes, identity, **fields):
-        self.run = run
-        self.data = data
-        self.live = live
-        self.samples = samples
-        self.notes = notes
-        self.identity = identity
-        self.schema_notes = fields.get("schema_notes", [])
-        self.unreadable = fields.get("unreadable", frozenset())
-        self.new = fields.get("new", 0)
-        self.first_new = fields.get("first_new")
-        self.complete = True  # `samples` are all the run's (not `trimmed`)
-
-
-def read_member(run, tail_read, context=None, identity_from_live=True):
-    """Reads one run's new values (`TailRead`): split by family kind, parsed with `context`.
-
-    Args:
-      run: the run name.
-      tail_read: the tail's `TailRead`.
-      context: `{tag: [(step, value)]}` kept from earlier reads (`Member.context`), parsed
-        before the new samples; None for a first read.
-      identity_from_live: also build the live families to tell the run's worker identity.
-
-    Returns:
-      A `MemberRead`.
-    """
-    schema_notes = []
-    readable = reader.readable_tags(tail_read.contents, schema_notes)
-    live, samples = {}, {tag: list(points) for tag, points in (context or {}).items()}
-    new = []  # each tag's new steps
-    for tag, points in tail_read.samples.items():  # [(step, numpy value)] or a `Column`
-        if tag not in readable:
-            continue
-        if reader.is_live_tag(tag):
-            live.setdefault(tag, []).extend(points)
-        else:
-            samples[tag] = columns.joined(samples[tag], points) if tag in samples else points
-            new.append(columns.steps_of(points))
-    samples = {tag: columns.by_step(points) for tag, points in samples.items()}
-    notes = []
-    data = reader.build_run(run, samples, notes, registry_names(live=False)) if samples else None
-    identity = reader.worker_identity(data) if data is not None else None
-    if identity is None and identity_from_live and live:
-        ordered = {tag: sorted(p, key=lambda x: x[0]) for tag, p in live.items()}
-        identity = reader.worker_identity(
-            reader.build_run(run, ordered, [], registry_names(live=True))
-        )
-    return MemberRead(
-        run,
-        data,
-        live,
-        samples,
-        notes,
-        identity,
-        schema_notes=schema_notes,
-        unreadable=frozenset(tail_read.contents) - readable,
-        new=sum(len(steps) for steps in new),
-        first_new=min(int(steps.min()) for steps in new) if new else None,
-    )
-
-
-def registry_names(live):
-    """The names of the registered families that are (or are not) live."""
-    return [f.name for f in registry.families() if f.live == live]
 
 
 class Member:
@@ -195,7 +119,7 @@ class GroupState:
         """Args:
         name: the group name.
         runs: its runs.
-        source: a `core.sources` source (its `tail(experiment_id, run)`).
+        source: a `read.sources` source (its `tail(experiment_id, run)`).
         experiment_id: the experiment id.
         job: whether it is a candidate job (default: `name` is not among `runs`).
         shared: a large job's first read is shared with a helper process (`shared_read`;
@@ -239,7 +163,7 @@ class GroupState:
           listing: `{run: {tag: TensorTimeSeries}}` (`reader.list_runs`), for a provider's
             tails (None: they list).
           first_reads: for the first refresh, an iterable of each run's `MemberRead` in the
-            order of `runs` (read elsewhere: `reader.read_log_dir`'s processes); None: read here.
+            order of `runs` (read elsewhere: `group.read_log_dir`'s processes); None: read here.
 
         A refresh that started after this call and has finished read whatever was appended
         before it: the call returns without looking again (the tab's requests of one view come
@@ -357,7 +281,7 @@ class GroupState:
                 _keep_classic(member, family, got, since)
         steps = [columns.steps_of(points) for points in got.samples.values() if len(points)]
         member.last_step = max(int(s.max()) for s in steps) if steps else member.last_step
-        member.context = _context(got.samples)
+        member.context = kept_context(got.samples)
 
     def _expected_workers(self):
         infos = [m.identity["worker"] for m in self.members if m.identity]
@@ -513,42 +437,9 @@ def worker_order(runs):
     return sorted(runs, key=key)
 
 
-def _context(samples):
-    """`{tag: [(step, value)]}`: each tag's samples at its last `CONTEXT_STEPS` distinct steps,
-    copied (a value read in bulk is a row of its tag's whole read: kept, the row would keep it)."""
-    context = {}
-    for tag, points in samples.items():
-        steps = columns.steps_of(points)
-        if steps.size:
-            first = context_start(steps)
-            kept = np.flatnonzero(steps >= first).tolist()
-            context[tag] = [(int(steps[i]), np.array(points[i][1])) for i in kept]
-    return context
-
-
-def context_start(steps):
-    """The first of the last `CONTEXT_STEPS` distinct values of `steps` (int [n], n >= 1).
-
-    Steps in order (as a tag's samples are, but for a step written again) are read from their
-    end, not sorted whole: 4,000 tags of a 256-worker job took 0.1 s with `np.unique`.
-
-    Example:
-      >>> int(context_start(np.array([1, 2, 2, 3]))), int(context_start(np.array([3, 1, 2])))
-      (2, 2)
-    """
-    if steps.size > 1 and bool(np.all(steps[1:] >= steps[:-1])):
-        runs = np.flatnonzero(steps[1:] != steps[:-1]) + 1  # where each later value starts
-        return steps[runs[-CONTEXT_STEPS]] if runs.size >= CONTEXT_STEPS else steps[0]
-    return np.unique(steps)[-CONTEXT_STEPS:][0]
-
-
-def _classic_tags(family):
-    return set(family.tags) | set(family.merge_tags)
-
-
 def _keep_classic(member, family, got, since):
     """Keeps a worker's samples of a family merged by a whole-job `Family.merge` function."""
-    tags = _classic_tags(family)
+    tags = classic_tags(family)
     for tag in list(member.classic):
         if tag in tags and since is not None:
             member.classic[tag] = [p for p in member.classic[tag] if p[0] < since]
@@ -584,10 +475,10 @@ def first_reads(logdir, runs, processes):
     Yields:
       None with `processes` <= 1 (each state reads its runs itself), else an iterator of
       their `MemberRead`s, read and parsed by a pool of new processes
-      (`core.processes.reading_pool`), each keeping of its samples only the context and the
+      (`read.processes.reading_pool`), each keeping of its samples only the context and the
       whole-job families' (`trimmed`).
     """
-    from tb_replica_plugin.core import processes as processes_lib
+    from tb_replica_plugin.read import processes as processes_lib
 
     if processes <= 1 or len(runs) <= 1:
         processes_lib.use_deferred_event_reader()
@@ -597,37 +488,9 @@ def first_reads(logdir, runs, processes):
         yield pool.map(read_run_files, [logdir] * len(runs), runs)
 
 
-def read_run_files(logdir, run):
-    """`MemberRead` of a run's event files, read whole (a pool process's work), trimmed."""
-    from tb_replica_plugin import metadata
-    from tb_replica_plugin.core.event_files import RunTail
-
-    directory = logdir if run == "." else os.path.join(logdir, run)
-    with event_files.reading_in_bulk():
-        got = read_member(run, RunTail(directory, metadata.PLUGIN_NAME).read())
-        return trimmed(got)
-
-
-def trimmed(got):
-    """`got` keeping of its samples only what a state takes from a first read besides its
-    series: each tag's context and the whole-job families' samples (for the report, which
-    reads once)."""
-    classic = set()
-    for family in registry.families():
-        if family.merger is None and family.merge is not None and not family.live:
-            classic |= _classic_tags(family)
-    kept = _context(got.samples)
-    for tag, points in got.samples.items():
-        if tag in classic or any(reader.tag_matches(tag, [c]) for c in classic):
-            kept[tag] = points
-    got.samples = kept
-    got.complete = False
-    return got
-
-
 def merge_members(job, member_runs):
     """The job's `RunData` from its workers' `RunData` (whole, any order): each added to the
-    families' merges in worker order (`reader.merge_job`).
+    families' merges in worker order (`group.merge_job`).
 
     Raises:
       ValueError: if a run is not a worker of a job (`reader.worker_identity` is None).
@@ -652,3 +515,87 @@ class _NoSource:
 
     def tail(self, experiment_id, run):
         return None
+
+
+def merge_job(job, member_runs):
+    """One `RunData` for the runs of the workers of one job, merged one worker at a time.
+
+    Args:
+      job: the job name.
+      member_runs: the `RunData` of its workers' runs (any order), each a worker
+        (`worker_identity`).
+
+    Returns:
+      The job's `RunData`, replica axis in global replica order: each family merged by its
+      `Family.merger` (or its whole-job `Family.merge`), in registry order.
+
+    Example:
+      >>> [w["name"] for w in merge_job("j", [worker_2, worker_0]).workers]
+      ['worker_0', 'worker_2']
+    """
+    return merge_members(job, member_runs)
+
+
+def read_log_dir(logdir, run_pattern=None, processes=1):
+    """Reads every run of this plugin under a log dir, keeping every sample.
+
+    Each run's event files are read once; the workers of each multi-worker job are merged one
+    at a time as they are read (`GroupState`), so a job is held merged, not worker by
+    worker. A worker's own run is read on its own when `run_pattern` names it.
+
+    Args:
+      logdir: the log directory.
+      run_pattern: optional shell-style pattern (`fnmatch`) of the runs and jobs to read: a
+        job is read when its name or one of its runs matches, a worker's own run (not merged)
+        when the pattern names it and not its job.
+      processes: how many processes read the event files: with more than 1, a pool of new
+        processes (`read.processes.reading_pool`) reads and parses the runs in parallel and this
+        process merges the jobs. From a script, call it under `if __name__ == "__main__":` then
+        (the new processes import the main module).
+
+    Returns:
+      A dict `{run: RunData}` sorted by run name, with the live families (status) too; the
+      workers of a multi-worker job are one entry named after the job.
+
+    Example:
+      >>> runs = read_log_dir("logs", processes=2)
+      >>> runs["job"].inputs.batch_size.shape  # [steps, replicas of every worker]
+      (1000, 2048)
+    """
+    from tb_replica_plugin.read.event_files import EventFilesProvider
+    from tb_replica_plugin.read.sources import FileSource
+
+    names = EventFilesProvider(logdir).run_names()
+    chosen = {name: worker_order(runs) for name, runs in _chosen_groups(names, run_pattern).items()}
+    source = FileSource(logdir)
+    found = {}
+    every_run = [run for runs in chosen.values() for run in runs]
+    with first_reads(logdir, every_run, processes) as reads:
+        for name, runs in chosen.items():
+            state = GroupState(name, runs, source, "", job=name not in runs)
+            state.refresh(first_reads=None if reads is None else itertools.islice(reads, len(runs)))
+            found.update(state.data(include_live=True))
+    return {
+        name: found[name]
+        for name in sorted(found)
+        if run_pattern is None or fnmatch.fnmatchcase(name, run_pattern)
+    }
+
+
+def _chosen_groups(names, run_pattern):
+    """`{group: runs}` to read, in order: every run outside a job and every candidate job, or
+    those `run_pattern` names (a worker's run on its own when the pattern names it, not its
+    job)."""
+    jobs = {job: runs for job, runs in reader.candidate_jobs(names).items() if job not in names}
+    in_jobs = {run for runs in jobs.values() for run in runs}
+
+    def named(name):
+        return run_pattern is None or fnmatch.fnmatchcase(name, run_pattern)
+
+    chosen = {name: [name] for name in sorted(names) if name not in in_jobs and named(name)}
+    for job, runs in jobs.items():
+        if named(job):
+            chosen[job] = runs
+        else:
+            chosen.update({run: [run] for run in runs if named(run)})
+    return chosen

@@ -28,9 +28,9 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from tb_replica_plugin import analysis, metadata, reader, registry, store
-from tb_replica_plugin.core import overview
 from tb_replica_plugin.core.args import Download, parse_max_points, parse_step
 from tb_replica_plugin.core.downsample import DEFAULT_MAX_POINTS, MAX_POINTS_RANGE
+from tb_replica_plugin.read import judge, overview
 
 __all__ = [
     "DEFAULT_MAX_POINTS",
@@ -353,7 +353,7 @@ def live_entry(run_data, now=None):
     for family in registry.families():
         if family.live and family.present.live_fields is not None:
             fields.update(family.present.live_fields(run_data, now))
-    return fields, analysis.find_run(run_data, live=True, now=now)
+    return fields, judge.find_run(run_data, live=True, now=now)
 
 
 def runs_entry(run_data, findings=None):
@@ -361,7 +361,7 @@ def runs_entry(run_data, findings=None):
 
     Args:
       run_data: a `reader.RunData`.
-      findings: its findings (`analysis.find_run(run_data)`) if already computed.
+      findings: its findings (`judge.find_run(run_data)`) if already computed.
 
     Returns:
       The JSON-ready dict: run, replicas, devices, source, first/last step, the fields families
@@ -381,7 +381,7 @@ def runs_entry(run_data, findings=None):
         if family.present.runs_fields is not None:
             entry.update(family.present.runs_fields(run_data))
     if findings is None:
-        findings = analysis.find_run(run_data)
+        findings = judge.find_run(run_data)
     entry["findings"] = analysis.severity_counts(findings)
     entry["families"] = [family.attribute for family in families if _listed(family, run_data)]
     entry["notes"] = run_data.notes

@@ -11,9 +11,10 @@ import os
 
 import tensorflow as tf
 
-from tb_replica_plugin import analysis, reader
+from tb_replica_plugin import group
 from tb_replica_plugin.families.inputs import record as inputs_record
 from tb_replica_plugin.probe import ReplicaProbe
+from tb_replica_plugin.read import judge
 
 
 @dataclasses.dataclass
@@ -74,11 +75,11 @@ def inspect_dataset(strategy, dataset, log_dir, steps=10, run_name="inspect_data
                 break
             probe.observe_inputs(inputs_record.name_fit_batch(batch), step=step)
     probe.close()
-    run_data = next(iter(reader.read_log_dir(run_dir).values()), None)
+    run_data = next(iter(group.read_log_dir(run_dir).values()), None)
     if run_data is None:
         return Inspection(run_dir=run_dir, batch_sizes=[], findings=[])
     return Inspection(
         run_dir=run_dir,
         batch_sizes=run_data.inputs.batch_size.tolist(),
-        findings=analysis.find_run(run_data),
+        findings=judge.find_run(run_data),
     )

@@ -1,15 +1,25 @@
 """ReplicaProbe: per-replica collection for `strategy.run` loops, written as TensorBoard summaries.
 
-`ReplicaProbe` is the probe's core (`core.probe.ProbeCore`: writer, recording gate, step decision,
+`ReplicaProbe` is the probe's core (`write.probe.ProbeCore`: writer, recording gate, step decision,
 warn-once, dispatch) plus the `observe_*` methods of every family in the registry (each family's
 `record.Recording` mixin). `ReplicaCallback` uses a probe for Keras `fit`; custom loops use it
 directly.
 """
 
-from tb_replica_plugin.core import halt
 from tb_replica_plugin.core.distribute import worker_info  # noqa: F401 - public helper
-from tb_replica_plugin.core.halt import ReplicaFaultError  # noqa: F401 - public exception
-from tb_replica_plugin.core.probe import (  # noqa: F401 - public constants
+from tb_replica_plugin.families.gradients.capture import (
+    DEFAULT_CAPTURE_BYTES,
+    DEFAULT_CAPTURE_LIMIT,
+    check_capture,
+)
+from tb_replica_plugin.families.status.record import DEFAULT_STALL_SECS, check_stall_secs
+from tb_replica_plugin.families.variables.rotation import (  # noqa: F401 - ReplicaCallback's
+    DEFAULT_BUDGET,
+    check_budget,
+)
+from tb_replica_plugin.write import halt
+from tb_replica_plugin.write.halt import ReplicaFaultError  # noqa: F401 - public exception
+from tb_replica_plugin.write.probe import (  # noqa: F401 - public constants
     DEFAULT_EXAMPLES_EVERY,
     DEFAULT_FLUSH_SECS,
     SOURCES,
@@ -17,14 +27,8 @@ from tb_replica_plugin.core.probe import (  # noqa: F401 - public constants
     check_examples_every,
     check_flush_secs,
     check_update_freq,
+    recording_mixins,
 )
-from tb_replica_plugin.core.recorder import recording_mixins
-from tb_replica_plugin.families.gradients.capture import (
-    DEFAULT_CAPTURE_BYTES,
-    DEFAULT_CAPTURE_LIMIT,
-    check_capture,
-)
-from tb_replica_plugin.families.status.record import DEFAULT_STALL_SECS, check_stall_secs
 
 
 class ReplicaProbe(*recording_mixins(), ProbeCore):

@@ -2,7 +2,7 @@
 
 Used by the plugin routes (through `store.RunStore`), by `tb-replica report` and by
 `tb_replica_plugin.load` (`read_log_dir`). The read path: a source gives each run's new samples
-(`core.sources`: the run's event files read on, or TensorBoard's data provider), a
+(`read.sources`: the run's event files read on, or TensorBoard's data provider), a
 `group.GroupState` keeps each run or job (a job's families merged one worker at a time,
 `Family.merger`), and every registered family's `Family.read` turns samples into its series
 (`build_run`, in registry order). The series dataclasses and their parsing and merging live in
@@ -10,7 +10,6 @@ the families (`tb_replica_plugin/families/<name>/read.py`). Imports no TensorFlo
 """
 
 import fnmatch
-import itertools
 
 from tb_replica_plugin import metadata, registry
 from tb_replica_plugin.core.jobs import (
@@ -34,8 +33,6 @@ __all__ = [
     "job_of_run",
     "list_runs",
     "local_provider",
-    "merge_job",
-    "read_log_dir",
     "readable_tags",
     "run_not_found",
     "tag_matches",
@@ -65,9 +62,9 @@ class RunData:
     A plain object: `series` holds each registered family's series by its `Family.attribute`
     (`inputs`, `step_time`, `gradients`, `rng`, `data` for examples, `variables`, ...), None
     when the run has none of its tags (`inputs` is always an `InputsSeries`, with empty arrays
-    when the run has no inputs tags). Each attribute is also a property of the class, generated
-    from the registry (`run_data.inputs` is `run_data.series["inputs"]`), so no family is named
-    here.
+    when the run has no inputs tags). A family's series is also read as an attribute
+    (`run_data.inputs` is `run_data.series["inputs"]`, `__getattr__`), so no family is named
+    here; an attribute no registered family had when the run was read raises AttributeError.
 
     A multi-worker job (the runs `<job>/worker_<i>` written by the workers of one
     `MultiWorkerMirroredStrategy` job) is one `RunData` named `<job>`: its families are merged
@@ -92,6 +89,13 @@ class RunData:
       (True, None)
     """
 
+    run: str
+    series: dict
+    samples: dict
+    notes: list
+    workers: list
+    worker_runs: dict
+
     def __init__(self, run, samples=None, notes=None, workers=None, worker_runs=None, **series):
         """Args:
           run, samples, notes, workers, worker_runs: see the class attributes.
@@ -100,8 +104,12 @@ class RunData:
 
         Raises:
           TypeError: if a keyword is not the attribute of a registered family.
+          ValueError: if a registered family's attribute is one of RunData's own names.
         """
-        attributes = _series_properties()
+        attributes = [f.attribute for f in registry.families()]
+        own = sorted(set(attributes) & _OWN)
+        if own:
+            raise ValueError(f"family attributes {own} are RunData names")
         unknown = sorted(set(series) - set(attributes))
         if unknown:
             raise TypeError(f"RunData got unknown families {unknown}; registered: {attributes}")
@@ -112,11 +120,16 @@ class RunData:
         self.workers = [] if workers is None else workers
         self.worker_runs = {} if worker_runs is None else worker_runs
 
-    def __setstate__(self, state):
-        """Unpickled (a reading pool's process sent it): the properties are installed first,
-        as `__init__` does, since this process may have made no `RunData` yet."""
-        _series_properties()
-        self.__dict__.update(state)
+    def __getattr__(self, name):
+        """A family's series by its attribute (only names that are not RunData's own come here).
+
+        Raises:
+          AttributeError: if no family with that attribute was registered when it was read.
+        """
+        series = self.__dict__.get("series")
+        if series is None or name.startswith("__") or name not in series:
+            raise AttributeError(f"RunData has no family {name!r}")
+        return series[name]
 
     def __repr__(self):
         present = [a for a, s in self.series.items() if s is not None]
@@ -139,35 +152,6 @@ class RunData:
 
 # RunData's own attributes: a family attribute must not take one of these names.
 _OWN = frozenset({"run", "series", "samples", "notes", "workers", "worker_runs", "is_job"})
-_installed = set()  # family attributes with a property on RunData
-
-
-def _series_property(attribute):
-    def get(run_data):
-        if attribute not in run_data.series:  # a family no longer registered
-            raise AttributeError(f"RunData has no family {attribute!r}")
-        return run_data.series[attribute]
-
-    def put(run_data, value):
-        run_data.series[attribute] = value
-
-    return property(get, put, doc=f"`series[{attribute!r}]`: that family's series, or None.")
-
-
-def _series_properties():
-    """The registered families' attributes, each given its property on `RunData` (once).
-
-    Raises:
-      ValueError: if a family's attribute is one of RunData's own names.
-    """
-    attributes = [f.attribute for f in registry.families()]
-    for attribute in attributes:
-        if attribute not in _installed:
-            if attribute in _OWN:
-                raise ValueError(f"family attribute {attribute!r} is a RunData name")
-            setattr(RunData, attribute, _series_property(attribute))
-            _installed.add(attribute)
-    return attributes
 
 
 def list_runs(provider, ctx, experiment_id):
@@ -281,27 +265,6 @@ def worker_identity(member):
     return None
 
 
-def merge_job(job, member_runs):
-    """One `RunData` for the runs of the workers of one job, merged one worker at a time.
-
-    Args:
-      job: the job name.
-      member_runs: the `RunData` of its workers' runs (any order), each a worker
-        (`worker_identity`).
-
-    Returns:
-      The job's `RunData`, replica axis in global replica order: each family merged by its
-      `Family.merger` (or its whole-job `Family.merge`), in registry order.
-
-    Example:
-      >>> [w["name"] for w in merge_job("j", [worker_2, worker_0]).workers]
-      ['worker_0', 'worker_2']
-    """
-    from tb_replica_plugin import group
-
-    return group.merge_members(job, member_runs)
-
-
 def job_groups(runs):
     """`{job: [worker runs]}` of the runs that may be the workers of a job (`candidate_jobs`)."""
     return {job: members for job, members in candidate_jobs(runs).items() if job not in runs}
@@ -329,79 +292,11 @@ def local_provider(logdir):
 
     Returns:
       `(provider, ctx, experiment_id)` ready for `list_runs`: a
-      `core.event_files.EventFilesProvider`, which reads each run's files when it is read
+      `read.event_files.EventFilesProvider`, which reads each run's files when it is read
       instead of holding the whole log dir as TensorBoard's multiplexer does.
     """
     from tensorboard import context
 
-    from tb_replica_plugin.core.event_files import EventFilesProvider
+    from tb_replica_plugin.read.event_files import EventFilesProvider
 
     return EventFilesProvider(logdir), context.RequestContext(), ""
-
-
-def read_log_dir(logdir, run_pattern=None, processes=1):
-    """Reads every run of this plugin under a log dir, keeping every sample.
-
-    Each run's event files are read once; the workers of each multi-worker job are merged one
-    at a time as they are read (`group.GroupState`), so a job is held merged, not worker by
-    worker. A worker's own run is read on its own when `run_pattern` names it.
-
-    Args:
-      logdir: the log directory.
-      run_pattern: optional shell-style pattern (`fnmatch`) of the runs and jobs to read: a
-        job is read when its name or one of its runs matches, a worker's own run (not merged)
-        when the pattern names it and not its job.
-      processes: how many processes read the event files: with more than 1, a pool of new
-        processes (`core.processes.reading_pool`) reads and parses the runs in parallel and this
-        process merges the jobs. From a script, call it under `if __name__ == "__main__":` then
-        (the new processes import the main module).
-
-    Returns:
-      A dict `{run: RunData}` sorted by run name, with the live families (status) too; the
-      workers of a multi-worker job are one entry named after the job.
-
-    Example:
-      >>> runs = read_log_dir("logs", processes=2)
-      >>> runs["job"].inputs.batch_size.shape  # [steps, replicas of every worker]
-      (1000, 2048)
-    """
-    from tb_replica_plugin import group
-    from tb_replica_plugin.core.event_files import EventFilesProvider
-    from tb_replica_plugin.core.sources import FileSource
-
-    names = EventFilesProvider(logdir).run_names()
-    chosen = {
-        name: group.worker_order(runs) for name, runs in _chosen_groups(names, run_pattern).items()
-    }
-    source = FileSource(logdir)
-    found = {}
-    every_run = [run for runs in chosen.values() for run in runs]
-    with group.first_reads(logdir, every_run, processes) as reads:
-        for name, runs in chosen.items():
-            state = group.GroupState(name, runs, source, "", job=name not in runs)
-            state.refresh(first_reads=None if reads is None else itertools.islice(reads, len(runs)))
-            found.update(state.data(include_live=True))
-    return {
-        name: found[name]
-        for name in sorted(found)
-        if run_pattern is None or fnmatch.fnmatchcase(name, run_pattern)
-    }
-
-
-def _chosen_groups(names, run_pattern):
-    """`{group: runs}` to read, in order: every run outside a job and every candidate job, or
-    those `run_pattern` names (a worker's run on its own when the pattern names it, not its
-    job)."""
-    jobs = {job: runs for job, runs in candidate_jobs(names).items() if job not in names}
-    in_jobs = {run for runs in jobs.values() for run in runs}
-
-    def named(name):
-        return run_pattern is None or fnmatch.fnmatchcase(name, run_pattern)
-
-    chosen = {name: [name] for name in sorted(names) if name not in in_jobs and named(name)}
-    for job, runs in jobs.items():
-        if named(job):
-            chosen[job] = runs
-        else:
-            chosen.update({run: [run] for run in runs if named(run)})
-    return chosen

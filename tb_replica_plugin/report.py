@@ -10,10 +10,11 @@ import dataclasses
 import os
 import time
 
-from tb_replica_plugin import analysis, reader, registry
-from tb_replica_plugin.core import json_stream, overview
+from tb_replica_plugin import analysis, group, registry
+from tb_replica_plugin.core import json_stream
 from tb_replica_plugin.core.downsample import json_floats
 from tb_replica_plugin.families.variables.present import REPORT_TOP
+from tb_replica_plugin.read import judge, overview
 
 __all__ = ["REPORT_SCHEMA_VERSION", "REPORT_TOP", "LogDirError", "Report", "json_floats", "load"]
 
@@ -89,13 +90,15 @@ class Report:
         yield f'], "summary": {encode(analysis.severity_counts(self.all_findings()))}}}'
 
     def _run_items(self, name, run_data):
-        """One run's entry of `to_json`, as `(key, value)` pairs: `run`, then the family blocks
-        (each computed when reached) and the run's own keys."""
+        """One run's entry of `to_json`, as `(key, value)` pairs: `run` and its `source` (from
+        every family, `read.overview`), then the family blocks (each computed when reached) and
+        the run's own keys."""
         blocks = [
             (family.json_order, index, family) for index, family in enumerate(registry.families())
         ]
         blocks.append((_CORE_JSON_ORDER, -1, None))
         yield "run", name
+        yield "source", overview.overview(run_data)["source"]
         for _, _, family in sorted(blocks, key=lambda b: (b[0], b[1])):
             if family is None:
                 yield "findings", [f.to_json() for f in self.findings[name]]
@@ -166,7 +169,7 @@ def load(logdir, run=None, thresholds=None, processes=1, now=None):
       logdir: the log directory (as given to `tensorboard --logdir`).
       run: optional shell-style pattern of run names to keep, e.g. `"*/replicas"`.
       thresholds: `analysis.Thresholds` for the findings (default: `analysis.Thresholds()`).
-      processes: processes reading the event files (`reader.read_log_dir`): more than 1 reads
+      processes: processes reading the event files (`group.read_log_dir`): more than 1 reads
         the runs and the workers of each multi-worker job in parallel (each new process takes a
         second or more to start, so it pays off from about 1 GB of events). From a script,
         call `load` under `if __name__ == "__main__":` then (the new processes import the main
@@ -194,8 +197,8 @@ def load(logdir, run=None, thresholds=None, processes=1, now=None):
             raise LogDirError(f"log dir {logdir!r} does not exist or is not a directory")
         if not os.access(logdir, os.R_OK | os.X_OK):
             raise LogDirError(f"log dir {logdir!r} is not readable")
-    runs = reader.read_log_dir(logdir, run, processes=processes)
+    runs = group.read_log_dir(logdir, run, processes=processes)
     thresholds = thresholds or analysis.Thresholds()
     now = time.time() if now is None else float(now)
-    findings = {name: analysis.find_run(data, thresholds, now=now) for name, data in runs.items()}
+    findings = {name: judge.find_run(data, thresholds, now=now) for name, data in runs.items()}
     return Report(logdir=logdir, runs=runs, findings=findings, thresholds=thresholds, now=now)

@@ -9,7 +9,7 @@ beside this process, which merges every worker in worker order:
 
 - the helper reads the workers in order, skipping those this process claimed, and announces
   each before it reads it; it sends each read as a file (a pickle of the worker's
-  `group.MemberRead`, `group.trimmed`, and its `core.event_files.RunTail`, so that later
+  `member_read.MemberRead`, `member_read.trimmed`, and its `read.event_files.RunTail`, so that later
   refreshes read on from where the helper stopped) in a temporary directory, and a line on
   its pipe saying it is there;
 - this process takes each worker in order: the helper's read when the helper announced it,
@@ -64,11 +64,11 @@ def first_reads(members):
     """The first reads of a job's members (`group.Member`, in order), shared with a helper.
 
     Args:
-      members: the job's members; their tails (`core.sources` file tails) have read nothing.
+      members: the job's members; their tails (`read.sources` file tails) have read nothing.
 
     Yields:
       None when the job is not worth a helper (`worth_sharing`), else an iterator of each
-      member's `group.MemberRead` in order, for `GroupState.refresh`'s first read. A member
+      member's `member_read.MemberRead` in order, for `GroupState.refresh`'s first read. A member
       read by the helper reads on from the helper's tail.
     """
     if not worth_sharing(members):
@@ -91,7 +91,7 @@ def worth_sharing(members):
     directories = [getattr(m.tail, "directory", None) for m in members]
     if any(d is None or "://" in d for d in directories):
         return False
-    from tb_replica_plugin.core.event_files import event_bytes
+    from tb_replica_plugin.read.event_files import event_bytes
 
     return event_bytes(directories, MIN_BYTES) >= MIN_BYTES
 
@@ -128,10 +128,10 @@ def _next_ahead(members, index, helper, held):
 
 
 def _read_here(member, index, helper):
-    from tb_replica_plugin import group
+    from tb_replica_plugin import member_read
 
     helper.claim(index)
-    return group.read_member(member.run, member.tail.read(), None, True)
+    return member_read.read_member(member.run, member.tail.read(), None, True)
 
 
 class _Frames:
@@ -340,18 +340,18 @@ def _read_exactly(fd, size):
 
 
 def _read_worker(run, directory, handle):
-    """Reads a worker and pickles its `MemberRead` (`group.trimmed`) and `RunTail` into the
+    """Reads a worker and pickles its `MemberRead` (`member_read.trimmed`) and `RunTail` into the
     file `handle` (broadcast views and arrays of one value compact:
-    `core.processes.reduce_array`). Straight into the file: through a buffer first, pickling
+    `read.processes.reduce_array`). Straight into the file: through a buffer first, pickling
     and writing a worker of the 256-worker benchmark took twice as long."""
     import numpy as np
 
-    from tb_replica_plugin import group, metadata
-    from tb_replica_plugin.core import event_files, processes
+    from tb_replica_plugin import member_read, metadata
+    from tb_replica_plugin.read import event_files, processes
 
     tail = event_files.RunTail(directory, metadata.PLUGIN_NAME)
     with event_files.reading_in_bulk():
-        got = group.trimmed(group.read_member(run, tail.read(), None, True))
+        got = member_read.trimmed(member_read.read_member(run, tail.read(), None, True))
     if got.data is not None:
         got.data.samples = _merged_samples(got.data.samples)
     pickler = pickle.Pickler(handle, protocol=pickle.HIGHEST_PROTOCOL)

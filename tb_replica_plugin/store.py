@@ -2,10 +2,10 @@
 
 One way down: a route asks `RunStore` (this module) for what it shows; the store keeps one
 `group.GroupState` per run or job (`reader.groups`), which reads what the group's runs appended
-since its last look (`core.sources`: the run's event files when TensorBoard serves a log dir the
+since its last look (`read.sources`: the run's event files when TensorBoard serves a log dir the
 plugin can read, else TensorBoard's data provider) and merges a job's workers in its families'
 mergers; the store then computes the route's answer from the state's series and keeps it in one
-`core.cache.ByteLRU` keyed by the state's data version: findings and `/runs` entries
+`read.cache.ByteLRU` keyed by the state's data version: findings and `/runs` entries
 (`summaries`), family route bodies (`body`). A group is read from its start once (or again when
 its data cannot be taken in place, `core.jobs.Irregular`); after that, new steps cost what they
 add.
@@ -24,8 +24,9 @@ import threading
 import time
 
 from tb_replica_plugin import analysis, group, reader, registry
-from tb_replica_plugin.core.cache import ByteLRU, SingleFlight
-from tb_replica_plugin.core.sources import FileSource, ProviderSource
+from tb_replica_plugin.read import judge
+from tb_replica_plugin.read.cache import ByteLRU, SingleFlight
+from tb_replica_plugin.read.sources import FileSource, ProviderSource
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -51,7 +52,7 @@ WARM_BACKOFF = 10
 # 0.1 s of CPU each time), and TensorBoard reloads its data every few seconds anyway.
 LISTING_REUSE_SECONDS = 1.0
 # Set to "provider" to read through TensorBoard's data provider even when the log dir is
-# readable (each read then answers every sample again: per-step filtering, see core.sources).
+# readable (each read then answers every sample again: per-step filtering, see read.sources).
 READ_ENV = "TB_REPLICA_READ"
 
 
@@ -81,9 +82,9 @@ def source_for(provider, logdir=None, downsample=reader.ALL_SAMPLES, flags=None)
       flags: TensorBoard's flags: with `--grpc_data_provider` the data is not under `logdir`.
 
     Returns:
-      A `core.sources.FileSource` (falling back to the provider for a run it cannot find)
+      A `read.sources.FileSource` (falling back to the provider for a run it cannot find)
       when `logdir` is given, TensorBoard reads no remote data server, and `TB_REPLICA_READ`
-      is not "provider"; else a `core.sources.ProviderSource`.
+      is not "provider"; else a `read.sources.ProviderSource`.
     """
     through = ProviderSource(provider, downsample)
     remote = bool(getattr(flags, "grpc_data_provider", ""))
@@ -281,7 +282,7 @@ class RunStore:
             self._count("summary")
             result = {}
             for name, run_data in state.data().items():
-                findings = analysis.find_run(run_data, live=False)
+                findings = judge.find_run(run_data, live=False)
                 result[name] = {"entry": make_entry(run_data, findings), "findings": findings}
             return result
 

@@ -13,15 +13,16 @@ from conftest import TensorBoardServer
 def test_overview_lists_every_demo_run_and_job_with_its_severity_counts(demo_server, demo_logs):
     from conftest import http_get
 
-    from tb_replica_plugin import analysis, reader
+    from tb_replica_plugin import analysis, group
+    from tb_replica_plugin.read import judge
 
     status, body, _ = http_get(demo_server.url + "/data/plugin/replicas/overview")
     assert status == 200
     rows = json.loads(body)["runs"]
     # The same counts as the report's own read of the log dir (every run, jobs merged).
     expected = {
-        name: analysis.severity_counts(analysis.find_run(run_data))
-        for name, run_data in reader.read_log_dir(demo_logs).items()
+        name: analysis.severity_counts(judge.find_run(run_data))
+        for name, run_data in group.read_log_dir(demo_logs).items()
     }
     assert {row["run"]: row["findings"] for row in rows} == expected
     assert len(rows) >= 22

@@ -1,4 +1,4 @@
-"""Local event files read in bulk (`core/bulk_records.py` through `RunTail`) against a reference
+"""Local event files read in bulk (`read/bulk_records.py` through `RunTail`) against a reference
 that parses every record with protobuf and decodes every tensor with TensorBoard's
 `tensor_util.make_ndarray`: random files of the plugin's and others' tags, scalars, vectors,
 strings, several values per event, a tag whose first value has no metadata, steps of every
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tb_replica_plugin import metadata
-from tb_replica_plugin.core import bulk_records, event_files
-from tb_replica_plugin.core.event_files import RunTail
+from tb_replica_plugin.read import bulk_records, event_files
+from tb_replica_plugin.read.event_files import RunTail
 
 # tag -> (numpy dtype, shape) or "string"; "other/c" is another plugin's.
 LAYOUTS = {
@@ -260,7 +260,7 @@ def test_a_record_whose_step_bytes_are_not_one_varint_is_not_the_template_s():
     shifted into them) are parsed one by one."""
     from tensorboard.compat.proto import event_pb2
 
-    from tb_replica_plugin.core.event_files import _layout
+    from tb_replica_plugin.read.event_files import _layout
 
     data = _file_bytes([(["ours/a"], 200, 1.5, 1), (["ours/a"], 300, 1.5, 2)])
     starts, lengths, _ = _frame_each(data)

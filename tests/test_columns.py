@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tb_replica_plugin import group, metadata
-from tb_replica_plugin.core import columns, event_files
+from tb_replica_plugin.core import columns
+from tb_replica_plugin.read import event_files
 
 SHAPES = [(2,), (3,), (2, 2), ()]
 SAMPLES = st.lists(

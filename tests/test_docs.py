@@ -9,7 +9,7 @@
   directory, after the python blocks of its document that come before it, with the venv's
   `bin/` first on PATH.
 - The findings tables of docs/findings.md and README.md list exactly the kinds of
-  `analysis.finding_kinds()` with their severity and thresholds, and docs/findings.md lists
+  `read.judge.finding_kinds()` with their severity and thresholds, and docs/findings.md lists
   every field of `analysis.Thresholds` with its default.
 """
 
@@ -237,10 +237,10 @@ def _code_names(cell):
 
 
 def _expected_findings_table():
-    from tb_replica_plugin import analysis
+    from tb_replica_plugin.read import judge
 
     lines = ["| kind | severity | what it means | thresholds |", "|---|---|---|---|"]
-    for kind, meta in analysis.finding_kinds().items():
+    for kind, meta in judge.finding_kinds().items():
         names = ", ".join(f"`{name}`" for name in meta["thresholds"]) or "—"
         lines.append(f"| `{kind}` | {meta['severity']} | {meta['summary']} | {names} |")
     return "\n".join(lines)
@@ -248,11 +248,11 @@ def _expected_findings_table():
 
 @pytest.mark.parametrize("document", ["docs/findings.md", "README.md"])
 def test_findings_table_matches_the_rules(document):
-    from tb_replica_plugin import analysis
+    from tb_replica_plugin.read import judge
 
-    kinds = analysis.finding_kinds()
+    kinds = judge.finding_kinds()
     rows = _table_rows(_read(document), "kind")
-    hint = f"\nthe table from analysis.finding_kinds():\n{_expected_findings_table()}"
+    hint = f"\nthe table from judge.finding_kinds():\n{_expected_findings_table()}"
     assert rows, f"{document} has no table whose first column is 'kind'" + hint
     documented = {}
     for row in rows:
@@ -272,6 +272,7 @@ def test_findings_table_matches_the_rules(document):
 
 def test_every_threshold_is_documented_with_its_default():
     from tb_replica_plugin import analysis
+    from tb_replica_plugin.read import judge
 
     rows = _table_rows(_read("docs/findings.md"), "threshold")
     documented = {}
@@ -284,7 +285,7 @@ def test_every_threshold_is_documented_with_its_default():
         f"thresholds only in code {sorted(set(fields) - set(documented))}, "
         f"only in docs/findings.md {sorted(set(documented) - set(fields))}"
     )
-    used = {name for meta in analysis.finding_kinds().values() for name in meta["thresholds"]}
+    used = {name for meta in judge.finding_kinds().values() for name in meta["thresholds"]}
     assert used <= set(fields), f"finding_kinds() names unknown thresholds {used - set(fields)}"
     for name, default in fields.items():
         cell = documented[name][1].strip("` ")
@@ -293,7 +294,7 @@ def test_every_threshold_is_documented_with_its_default():
         else:
             assert float(cell) == float(default), f"default of {name}: doc {cell}, code {default}"
         kinds = {k for k in _code_names(documented[name][2])}
-        expected = {k for k, meta in analysis.finding_kinds().items() if name in meta["thresholds"]}
+        expected = {k for k, meta in judge.finding_kinds().items() if name in meta["thresholds"]}
         assert kinds == expected, f"kinds of threshold {name}: doc {kinds}, code {expected}"
 
 

@@ -1,4 +1,4 @@
-"""`core.event_files`: `EventFilesProvider` answers as TensorBoard's multiplexer provider does;
+"""`read.event_files`: `EventFilesProvider` answers as TensorBoard's multiplexer provider does;
 `RunTail` reads on; a log dir on a TensorFlow file system (`ram://`) reads as a local one."""
 
 import os
@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tb_replica_plugin import metadata, reader
-from tb_replica_plugin.core.event_files import EventFilesProvider
+from tb_replica_plugin import group, metadata, reader
+from tb_replica_plugin.read.event_files import EventFilesProvider
 
 
 def multiplexer_provider(logdir):
@@ -120,7 +120,7 @@ def write_values(path, steps, tag="inputs/batch_size", kind="batch_size", first=
 
 
 def test_a_tail_reads_only_what_was_appended_since(tmp_path):
-    from tb_replica_plugin.core.event_files import RunTail
+    from tb_replica_plugin.read.event_files import RunTail
 
     run = tmp_path / "run"
     run.mkdir()
@@ -165,7 +165,7 @@ def test_a_tail_reads_only_what_was_appended_since(tmp_path):
 
 
 def test_a_run_pattern_reads_only_the_runs_it_matches(unit_logs, monkeypatch):
-    from tb_replica_plugin.core.event_files import RunTail
+    from tb_replica_plugin.read.event_files import RunTail
 
     asked = []
     read = RunTail.read
@@ -175,7 +175,7 @@ def test_a_run_pattern_reads_only_the_runs_it_matches(unit_logs, monkeypatch):
         return read(self)
 
     monkeypatch.setattr(RunTail, "read", recording)
-    runs = reader.read_log_dir(unit_logs, "fit_17_*")
+    runs = group.read_log_dir(unit_logs, "fit_17_*")
     assert list(runs) == asked == ["fit_17_8/replicas"]
     assert runs["fit_17_8/replicas"].inputs.batch_size.shape[1] == 2
 
@@ -193,7 +193,7 @@ def test_pool_processes_send_broadcast_arrays_compact():
     import pickle
     from multiprocessing.reduction import ForkingPickler
 
-    from tb_replica_plugin.core.processes import reduce_array
+    from tb_replica_plugin.read.processes import reduce_array
 
     class Pickler(ForkingPickler):
         _extra_reducers = {}  # its own: registering on ForkingPickler would change this process's
@@ -233,8 +233,8 @@ def test_a_report_read_by_a_pool_imports_tensorflow_in_the_pool_only(unit_logs):
 
     script = """
 import sys
-from tb_replica_plugin.core import processes
-from tb_replica_plugin.core.event_files import EventFilesProvider
+from tb_replica_plugin.read import processes
+from tb_replica_plugin.read.event_files import EventFilesProvider
 processes.use_event_reader("tensorflow", defer=True)
 assert "fit_17_8/replicas" in EventFilesProvider(sys.argv[1]).run_names()
 print("tensorflow" in sys.modules)
@@ -278,7 +278,7 @@ def test_a_log_dir_on_a_tensorflow_file_system_reads_as_a_local_one(unit_logs, t
     import tensorflow as tf
 
     from tb_replica_plugin import load
-    from tb_replica_plugin.core.event_files import RunTail
+    from tb_replica_plugin.read.event_files import RunTail
 
     remote = "ram://tb_replica_tests/unit_logs"
     _copy_to(unit_logs, remote)
@@ -322,7 +322,7 @@ def test_reading_in_bulk_pauses_collection_and_huge_pages_until_the_last_reader_
     import gc
     import threading
 
-    from tb_replica_plugin.core import event_files
+    from tb_replica_plugin.read import event_files
 
     def huge_pages():
         before = event_files._set_huge_pages(True)

@@ -16,7 +16,7 @@ from conftest import mirrored
 
 import tb_replica_plugin
 from tb_replica_plugin import ReplicaCallback, ReplicaProbe, cli
-from tb_replica_plugin.core import halt
+from tb_replica_plugin.write import halt
 
 BATCH = 8  # 4 examples per replica
 STEPS = 10
@@ -148,7 +148,7 @@ def test_branches_as_functions_or_lowered_record_the_same(tmp_path, monkeypatch,
     """The sampled and fault branches record the same events whether they stay functions (CPU
     replicas, the default here) or are lowered into the step's graph (accelerators): NaN/Inf
     counts, the culprit batch, example overlaps and the outputs' stats, step for step."""
-    from tb_replica_plugin.core import probe as probe_core
+    from tb_replica_plugin.write import probe as probe_core
 
     runs = {}
     for mode in (as_functions, not as_functions):

@@ -5,7 +5,7 @@ events, and the straggler rule. tests/test_multiworker.py reads a real 2-worker 
 
 import numpy as np
 
-from tb_replica_plugin import analysis, reader
+from tb_replica_plugin import analysis, group, reader
 from tb_replica_plugin.core import jobs
 from tb_replica_plugin.families.examples import read as examples_read
 from tb_replica_plugin.families.gradients import present as gradients_present
@@ -63,7 +63,7 @@ def test_merge_job_orders_workers_and_notes_a_missing_one():
         _member("j/worker_2", 2, [4, 5], [3, 3], [0, 1], times_2),
         _member("j/worker_0", 0, [0, 1], [4, 4], [0, 1], times_0),
     ]
-    job = reader.merge_job("j", members)
+    job = group.merge_job("j", members)
     assert [w["name"] for w in job.workers] == ["worker_0", "worker_2"]
     assert job.inputs.replicas == [0, 1, 4, 5]
     assert job.inputs.batch_size.tolist() == [[4, 4, 3, 3], [4, 4, 3, 3]]

@@ -18,8 +18,8 @@ import pytest
 from conftest import custom_loop_inputs, mirrored
 
 from tb_replica_plugin import metadata, reader, shared_read
-from tb_replica_plugin.core import bulk_records, event_files, sources
 from tb_replica_plugin.families.inputs import schema
+from tb_replica_plugin.read import bulk_records, event_files, sources
 
 TAG = schema.TAG_BATCH_SIZE
 CORRUPT_STEP = 123

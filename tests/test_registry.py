@@ -13,8 +13,9 @@ import pytest
 from werkzeug import test as werkzeug_test
 from werkzeug import wrappers
 
-from tb_replica_plugin import analysis, reader, registry
+from tb_replica_plugin import analysis, group, reader, registry
 from tb_replica_plugin import report as report_lib
+from tb_replica_plugin.read import judge
 
 PLUGIN = "/data/plugin/replicas"
 COUNTS = {0: [3, 1], 1: [2, 0], 2: [5, 4]}
@@ -45,7 +46,7 @@ def test_modules_and_the_probe_core_stay_small():
                 if count > 800:
                     long[os.path.relpath(path, package)] = count
     assert not long, f"modules over 800 lines: {long}"
-    with open(os.path.join(package, "core", "probe.py"), encoding="utf-8") as source:
+    with open(os.path.join(package, "write", "probe.py"), encoding="utf-8") as source:
         tree = ast.parse(source.read())
     (core,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ProbeCore"]
     assert core.end_lineno - core.lineno + 1 <= 500
@@ -61,7 +62,7 @@ def test_out_of_order_needs_are_refused():
 def test_tags_kinds_and_finding_kinds_are_unique_across_families():
     tags = [tag for family in registry.families() for tag in family.tags]
     assert len(tags) == len(set(tags)) == len(registry.tag_kinds())
-    kinds = analysis.finding_kinds()
+    kinds = judge.finding_kinds()
     fields = set(analysis.Thresholds.__dataclass_fields__)
     for kind, meta in kinds.items():
         assert meta["severity"] in analysis.SEVERITIES, kind
@@ -115,7 +116,7 @@ def test_toy_family_read_routed_listed_found_and_reported(toy_registered, tmp_pa
     logdir = str(tmp_path)
     write_toy_run(logdir)
 
-    run_data = reader.read_log_dir(logdir)["toy_run"]
+    run_data = group.read_log_dir(logdir)["toy_run"]
     assert run_data.toy.steps.tolist() == [0, 1, 2]
     assert run_data.toy.counts.tolist() == [[3, 1], [2, 0], [5, 4]]
     assert run_data.toy.replicas == [0, 1]  # the inputs family (a need) has no replicas here
@@ -144,11 +145,58 @@ def test_toy_family_read_routed_listed_found_and_reported(toy_registered, tmp_pa
     status, body = get_json(app, "/findings?run=toy_run")
     (finding,) = body["findings"]
     assert (finding["kind"], finding["replicas"], finding["first_step"]) == ("toy_zero", [1], 1)
-    assert analysis.finding_kinds()["toy_zero"]["family"] == "toy"
+    assert judge.finding_kinds()["toy_zero"]["family"] == "toy"
 
     report = report_lib.load(logdir)
     assert report.to_json()["runs"][0]["toy"] == [[3, 1], [2, 0], [5, 4]]
     assert "  toy counts: [[3, 1], [2, 0], [5, 4]]" in report.to_text().splitlines()
+
+
+def test_toy_family_records_under_fit_through_its_own_fit_hook(toy_registered, tmp_path):
+    """`ReplicaCallback` calls the toy recorder's `fit_step` like any family's: 16 examples in
+    batches of 8 on 2 replicas count 4 per replica at each of the 2 steps; read and served."""
+    from bad_logs import wsgi_app
+    from conftest import mirrored, small_model
+
+    from tb_replica_plugin import ReplicaCallback
+
+    model = small_model(mirrored(2), 3)
+    x = np.arange(48, dtype=np.float32).reshape(16, 3)
+    callback = ReplicaCallback(str(tmp_path), run_name="fit", update_freq="batch")
+    model.fit(x, np.zeros((16, 1), np.float32), batch_size=8, epochs=1, verbose=0,
+              callbacks=[callback])  # fmt: skip
+    run_data = group.read_log_dir(str(tmp_path))["fit"]
+    assert run_data.toy.steps.tolist() == [0, 1]
+    assert run_data.toy.counts.tolist() == [[4, 4], [4, 4]]
+    assert run_data.toy.replicas == run_data.inputs.replicas == [0, 1]
+    status, body = get_json(wsgi_app(str(tmp_path))[0], "/toy?run=fit")
+    assert (status, body["counts"]) == (200, [[4, 4], [4, 4]])
+
+
+def test_toy_family_merged_over_a_job_judged_and_presented(toy_registered):
+    """A job of workers 0 and 2 (of 3): the toy's whole-job `merge` puts their counts on the
+    global replica axis at the steps both logged; its rule names the global replica."""
+    from test_job_merge import _member
+    from toy_family import present as toy_present
+    from toy_family import schema as toy_schema
+
+    members = [
+        _member("j/worker_2", 2, [4, 5], [4, 4], [0, 1, 2]),
+        _member("j/worker_0", 0, [0, 1], [4, 4], [0, 1]),
+    ]
+    counts = {"j/worker_0": {0: [3, 1], 1: [2, 2]}, "j/worker_2": {0: [5, 0], 1: [1, 1], 2: [7, 7]}}
+    for member in members:
+        member.samples[toy_schema.TAG_TOY_COUNTS] = [
+            (step, np.array(value, np.int32)) for step, value in counts[member.run].items()
+        ]
+    job = group.merge_job("j", members)
+    assert job.toy.steps.tolist() == [0, 1]
+    assert job.toy.counts.tolist() == [[3, 1, 5, 0], [2, 2, 1, 1]]
+    assert job.toy.replicas == [0, 1, 4, 5]
+    (found,) = [f for f in judge.find_run(job) if f.kind == "toy_zero"]
+    assert (found.replicas, found.first_step, found.count) == ([5], 0, 1)
+    body = toy_present.body("j", job, {})
+    assert body["replicas"] == [0, 1, 4, 5] and body["counts"][1] == [2, 2, 1, 1]
 
 
 def test_toy_series_is_skipped_when_not_registered(tmp_path):
@@ -157,7 +205,7 @@ def test_toy_series_is_skipped_when_not_registered(tmp_path):
     logdir = str(tmp_path)
     with registry.registered(toy_family.FAMILY):
         write_toy_run(logdir)  # writing needs the kind registered
-    run_data = reader.read_log_dir(logdir)["toy_run"]
+    run_data = group.read_log_dir(logdir)["toy_run"]
     assert not hasattr(run_data, "toy")
     assert run_data.inputs.steps.size == 0
     assert np.array_equal(run_data.inputs.batch_size, np.zeros((0, 0)))
@@ -166,10 +214,10 @@ def test_toy_series_is_skipped_when_not_registered(tmp_path):
 def test_the_core_imports_no_family():
     """No module of `core/` imports a family's module: the core reaches the families through the
     registry's descriptors and the recorders' public hooks (`core.recorder.Recorder`), as
-    core/probe.py's docstring says."""
+    write/probe.py's docstring says."""
     import ast
 
-    from tb_replica_plugin.core import probe
+    from tb_replica_plugin.write import probe
 
     core = os.path.join(os.path.dirname(registry.__file__), "core")
     imported = set()

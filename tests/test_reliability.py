@@ -25,7 +25,8 @@ import tensorflow as tf
 from conftest import REPO, mirrored, small_model
 
 import tb_replica_plugin
-from tb_replica_plugin import ReplicaCallback, ReplicaProbe, reader
+from tb_replica_plugin import ReplicaCallback, ReplicaProbe, group
+from tb_replica_plugin.core import nest
 from tb_replica_plugin.families.inputs import record as inputs_collector
 
 CHILD = os.path.join(REPO, "tests", "reliability_child.py")
@@ -86,7 +87,7 @@ def test_batch_naming_raising_in_the_wrapped_step_warns_once(tmp_path, monkeypat
     def broken(data):
         raise TypeError("cannot name this batch")
 
-    monkeypatch.setattr(inputs_collector, "name_fit_batch", broken)
+    monkeypatch.setattr(nest, "name_fit_batch", broken)
     model = small_model(mirrored(2), 3)
     _, caught = fit(model, str(tmp_path), examples=32)
     assert int(model.optimizer.iterations.numpy()) == 4
@@ -202,7 +203,7 @@ def test_ragged_and_sparse_inputs_are_recorded_without_warnings(tmp_path):
         probe.close()
     assert seen == [56, 56, 56]  # the step ran every time (28 per replica)
     assert plugin_warnings(caught) == []
-    series = reader.read_log_dir(str(tmp_path))["replicas"].inputs
+    series = group.read_log_dir(str(tmp_path))["replicas"].inputs
     # The same ragged batch on both replicas (passed to strategy.run as it is): 4 rows each.
     assert series.batch_size.tolist() == [[3, 3]] * 3  # features (sorted first): dense_shape[0]
     (event,) = series.shape_events

@@ -20,10 +20,11 @@ from replica_time_logs import (
     write_run,
 )
 
-from tb_replica_plugin import analysis, reader
+from tb_replica_plugin import analysis, group, reader
 from tb_replica_plugin.families.inputs import schema as inputs_schema
 from tb_replica_plugin.families.step_time import present, rules
 from tb_replica_plugin.families.step_time import schema as step_time_schema
+from tb_replica_plugin.read import judge
 from tb_replica_plugin.report import load
 
 SLOW = [0.020, 0.030]  # replica 1 needs 10 ms more per step than replica 0
@@ -72,7 +73,7 @@ def test_ready_times_are_read_with_the_runs_replicas():
 
 def test_a_replica_ready_at_30_ms_against_20_ms_is_slow():
     data = build([0, 1], ready_points(SLOW))
-    (finding,) = analysis.find_run(data)
+    (finding,) = judge.find_run(data)
     assert (finding.kind, finding.severity, finding.view) == (
         "slow_replica",
         "warning",
@@ -92,37 +93,37 @@ def test_a_replica_ready_at_30_ms_against_20_ms_is_slow():
     # Steps: the windows where it was over the threshold (not the warm-up).
     points = ready_points(SLOW)
     points[2] = (points[2][0], ready_sample([0.020, 0.021]))  # step 20: in step with replica 0
-    (finding,) = analysis.find_run(build([0, 1], points))
+    (finding,) = judge.find_run(build([0, 1], points))
     assert (finding.first_step, finding.last_step, finding.count) == (10, 30, 2)
 
 
 def test_equal_replicas_give_no_finding():
-    assert analysis.find_run(build([0, 1, 2, 3], ready_points([0.020] * 4))) == []
+    assert judge.find_run(build([0, 1, 2, 3], ready_points([0.020] * 4))) == []
     # Twins up to timer noise, and a slow warm-up of one replica: nothing either.
     points = ready_points([0.0200, 0.0204, 0.0198, 0.0201])
     points[0] = (0, ready_sample([0.5, 2.0, 0.5, 0.5], window=1))
-    assert analysis.find_run(build([0, 1, 2, 3], points)) == []
+    assert judge.find_run(build([0, 1, 2, 3], points)) == []
 
 
 def test_a_difference_below_the_minimum_seconds_is_noise():
     # 1.5x on millisecond steps: 1 ms more is not a slow replica at the default 5 ms.
     data = build([0, 1], ready_points([0.002, 0.003]))
-    assert analysis.find_run(data) == []
+    assert judge.find_run(data) == []
     sensitive = analysis.Thresholds(slow_replica_min_seconds=0.0005)
-    assert [f.replicas for f in analysis.find_run(data, sensitive)] == [[1]]
+    assert [f.replicas for f in judge.find_run(data, sensitive)] == [[1]]
     # 10 ms more on 100 ms steps (1.1x) is below the factor.
-    assert analysis.find_run(build([0, 1], ready_points([0.100, 0.110]))) == []
+    assert judge.find_run(build([0, 1], ready_points([0.100, 0.110]))) == []
     loose = analysis.Thresholds(slow_replica_factor=1.6)
-    assert analysis.find_run(build([0, 1], ready_points(SLOW)), loose) == []
+    assert judge.find_run(build([0, 1], ready_points(SLOW)), loose) == []
 
 
 def test_the_others_median_leaves_the_replica_out():
     # 4 replicas, two slow: each is compared with the median of the 3 others (one slow).
-    findings = analysis.find_run(build([0, 1, 2, 3], ready_points([0.02, 0.03, 0.02, 0.03])))
+    findings = judge.find_run(build([0, 1, 2, 3], ready_points([0.02, 0.03, 0.02, 0.03])))
     assert [(f.replicas, f.value) for f in findings] == [([1], 1.5), ([3], 1.5)]
     # On CPU replicas the message says what contention for the host's cores can do.
     cpus = devices_of([0, 1], "CPU")
-    (finding,) = analysis.find_run(build([0, 1], ready_points(SLOW), devices=cpus))
+    (finding,) = judge.find_run(build([0, 1], ready_points(SLOW), devices=cpus))
     assert "Replica 1 (CPU:1) is slow" in finding.message
     assert "logical devices sharing the host's cores" in finding.message
 
@@ -166,7 +167,7 @@ def test_malformed_samples_are_skipped_with_a_note():
         "6 replica ready-time sample(s) skipped: each should be 4 rows of finite, non-negative "
         "values for the run's 2 replicas (step_time/replicas, docs/data-format.md)."
     ]
-    assert [f.replicas for f in analysis.find_run(data)] == [[1]]
+    assert [f.replicas for f in judge.find_run(data)] == [[1]]
     # Nothing readable: no series, the note says why.
     data = build([0, 1], [(0, np.zeros((4, 3)))])
     assert data.step_time is None and "1 replica ready-time sample(s) skipped" in data.notes[0]
@@ -190,7 +191,7 @@ def test_a_later_sample_at_a_step_wins_and_values_of_mixed_kinds_are_judged_each
 
 def test_runs_without_the_tag_are_unchanged():
     data = build([0, 1], None)
-    assert data.step_time is None and analysis.find_run(data) == []
+    assert data.step_time is None and judge.find_run(data) == []
     assert present.listed(data) is False
     assert present.step_time_body(data, 2000) == {
         "run": "run",
@@ -224,7 +225,7 @@ def test_a_job_merges_ready_times_on_global_replicas():
         worker_run(1, [2, 3], SLOW, STEPS),
         worker_run(0, [0, 1], [0.020, 0.021], STEPS + (40,)),  # a step worker_1 lacks
     ]
-    job = reader.merge_job("job", members)
+    job = group.merge_job("job", members)
     ready = job.step_time.ready
     assert (ready.replicas, ready.workers) == ([0, 1, 2, 3], ["worker_0"] * 2 + ["worker_1"] * 2)
     assert ready.devices[2] == "/job:worker/replica:0/task:1/device:GPU:0"
@@ -239,7 +240,7 @@ def test_a_job_merges_ready_times_on_global_replicas():
         job.step_time.workers == []
         and present.report_json(job, analysis.Thresholds())["step_time"] is None
     )
-    (finding,) = analysis.find_run(job)
+    (finding,) = judge.find_run(job)
     assert (finding.kind, finding.replicas, finding.value) == ("slow_replica", [3], 1.5)
     assert finding.message.startswith(
         "Replica 3 (GPU:1 on worker_1) is slow: it is ready 0.030 s after the step starts "
@@ -252,18 +253,18 @@ def test_a_job_merges_ready_times_on_global_replicas():
 
 def test_replicas_of_different_workers_are_not_compared():
     # Every replica of worker_1 is 10 ms slower than worker_0's: the straggler rule's business.
-    job = reader.merge_job(
+    job = group.merge_job(
         "job", [worker_run(0, [0, 1], [0.02, 0.02]), worker_run(1, [2, 3], [0.03, 0.03])]
     )
-    assert kinds(analysis.find_run(job)) == []
+    assert kinds(judge.find_run(job)) == []
     # A worker of one replica has nobody to be compared with.
-    job = reader.merge_job("job", [worker_run(0, [0], [0.02]), worker_run(1, [1], [0.03])])
-    assert kinds(analysis.find_run(job)) == []
+    job = group.merge_job("job", [worker_run(0, [0], [0.02]), worker_run(1, [1], [0.03])])
+    assert kinds(judge.find_run(job)) == []
 
 
 def test_a_job_some_of_whose_workers_recorded_none_has_none():
     without = build([2, 3], None, worker=1, num_workers=2, run="job/worker_1")
-    job = reader.merge_job("job", [worker_run(0, [0, 1], SLOW), without])
+    job = group.merge_job("job", [worker_run(0, [0, 1], SLOW), without])
     assert job.step_time is None
     assert (
         "Replica ready times are left out of the job: worker_1 recorded none (the other "
@@ -278,11 +279,11 @@ def test_a_job_keeps_its_per_worker_timing_beside_the_ready_times():
         member.samples[step_time_schema.TAG_STEP_TIME] = [
             (step, np.array([now, 1.0, 1.0])) for step, now in zip(STEPS, arrivals, strict=True)
         ]
-    job = reader.merge_job("job", members)
+    job = group.merge_job("job", members)
     assert job.step_time.workers == ["worker_0", "worker_1"]
     assert np.allclose(job.step_time.lateness[:, 1], 0.1)
     assert job.step_time.ready.replicas == [0, 1, 2, 3]
-    assert [(f.kind, f.replicas) for f in analysis.find_run(job)] == [("slow_replica", [1])]
+    assert [(f.kind, f.replicas) for f in judge.find_run(job)] == [("slow_replica", [1])]
     body = present.step_time_body(job, 2000)
     assert body["steps"] == list(STEPS) and body["ready"]["steps"] == list(STEPS)
 

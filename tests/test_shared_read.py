@@ -19,7 +19,7 @@ from test_live_job import _write_job
 
 from benchmarks import live_job
 from tb_replica_plugin import group, shared_read
-from tb_replica_plugin.core.sources import FileSource
+from tb_replica_plugin.read.sources import FileSource
 
 WORKERS = 4
 RUNS = [f"job/worker_{i}" for i in range(WORKERS)]

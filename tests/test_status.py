@@ -459,6 +459,6 @@ def test_a_cell_error_counts_as_training_s_through_tensorflow_frames_or_its_caus
 
 
 def test_end_states_match_the_schema():
-    from tb_replica_plugin.core import lifecycle
+    from tb_replica_plugin.write import lifecycle
 
     assert lifecycle.STATES == schema.END_STATES

@@ -11,8 +11,9 @@ import time
 import pytest
 from conftest import REPO, mirrored, write_loop_15_7
 
-from tb_replica_plugin import analysis, metadata, reader, registry
-from tb_replica_plugin.core import cache as cache_lib
+from tb_replica_plugin import metadata, reader, registry
+from tb_replica_plugin.read import cache as cache_lib
+from tb_replica_plugin.read import judge
 from tb_replica_plugin.store import LISTING_REUSE_SECONDS
 
 PLUGIN = "/data/plugin/replicas"
@@ -162,7 +163,7 @@ def test_findings_computed_once_then_again_after_new_data(unit_logs, tmp_path, m
     logdir = str(tmp_path / "logs")
     shutil.copytree(unit_logs, logdir)
     calls = []
-    find_run = analysis.find_run
+    find_run = judge.find_run
 
     live_calls = []
 
@@ -172,7 +173,7 @@ def test_findings_computed_once_then_again_after_new_data(unit_logs, tmp_path, m
         (live_calls if kwargs.get("live") else calls).append(run_data.run)
         return find_run(run_data, *args, **kwargs)
 
-    monkeypatch.setattr(analysis, "find_run", counting)
+    monkeypatch.setattr(judge, "find_run", counting)
     client, provider, plugin, multiplexer = serve(logdir)
 
     _, first = get_json(client, "/findings")
@@ -215,13 +216,13 @@ def test_settled_runs_are_computed_ahead_once_and_a_run_with_new_data_after_it_s
     shutil.copytree(unit_logs, logdir)
     client, provider, plugin, multiplexer = serve(logdir)
     assert not any(t.name == "tb_replica_warm" for t in threading.enumerate())
-    now, find_run = [0.0], analysis.find_run
+    now, find_run = [0.0], judge.find_run
 
     def one_second_each(run_data, *args, **kwargs):  # each run's findings "take" 1 s
         now[0] += 1.0
         return find_run(run_data, *args, **kwargs)
 
-    monkeypatch.setattr(analysis, "find_run", one_second_each)
+    monkeypatch.setattr(judge, "find_run", one_second_each)
     store, ctx, warmed = plugin.store, context_lib.RequestContext(), {}
 
     def warm(seen):
@@ -272,7 +273,7 @@ def test_settled_runs_are_computed_ahead_once_and_a_run_with_new_data_after_it_s
             raise ValueError("unreadable")
         return find_run(run_data, *args, **kwargs)
 
-    monkeypatch.setattr(analysis, "find_run", broken)
+    monkeypatch.setattr(judge, "find_run", broken)
     store.cache.clear()
     warmed.clear()
     errors = []
@@ -542,7 +543,7 @@ def test_refreshes_asked_during_one_share_the_next_which_reads_what_came_before_
     from benchmarks import live_job
     from benchmarks.multiworker_load import write_job
     from tb_replica_plugin import group
-    from tb_replica_plugin.core.sources import FileSource
+    from tb_replica_plugin.read.sources import FileSource
 
     logdir = str(tmp_path)
     write_job(logdir, workers=3, replicas=2, steps=5)

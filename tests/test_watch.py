@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from conftest import REPO, mirrored
 
-from tb_replica_plugin import analysis, reader
+from tb_replica_plugin import analysis, group, reader
 from tb_replica_plugin.core import jobs
 from tb_replica_plugin.families.watch import present, schema
+from tb_replica_plugin.read import judge
 
 ROW = {name: index for index, name in enumerate(schema.STAT_ROWS)}
 
@@ -44,7 +45,7 @@ def test_outputs_4x10_and_4x12_give_gather_would_fail_and_tensorflow_gather_rais
     assert facts["mismatch_gather_error"].startswith("InvalidArgumentError")
     assert "Shape mismatch in the collective" in facts["mismatch_gather_error"]
 
-    runs = reader.read_log_dir(logdir)
+    runs = group.read_log_dir(logdir)
     run = runs["mismatch"]
     logits = run.watch.values["logits"]
     assert [e["step"] for e in logits.shape_events] == [0]  # one change event, 3 steps
@@ -56,7 +57,7 @@ def test_outputs_4x10_and_4x12_give_gather_would_fail_and_tensorflow_gather_rais
     assert step0[0, ROW["nrows"]].tolist() == [4, 4]
     assert step0[0, ROW["mean"]].tolist() == [1.0, 1.0]
 
-    findings = [f for f in analysis.find_run(run) if f.kind == "gather_would_fail"]
+    findings = [f for f in judge.find_run(run) if f.kind == "gather_would_fail"]
     by_name = {f.name: f for f in findings}
     assert sorted(by_name) == ["logits", "returned"]
     found = by_name["logits"]
@@ -70,10 +71,10 @@ def test_outputs_4x10_and_4x12_give_gather_would_fail_and_tensorflow_gather_rais
 
 def test_clean_twin_gives_no_finding_and_explains_the_gathered_shape(gather_child):
     logdir, facts = gather_child
-    run = reader.read_log_dir(logdir)["clean"]
-    kinds = [f.kind for f in analysis.find_run(run)]
+    run = group.read_log_dir(logdir)["clean"]
+    kinds = [f.kind for f in judge.find_run(run)]
     assert kinds == ["per_replica_result"]  # asked for with explain=True; no problem
-    (explained,) = analysis.find_run(run)
+    (explained,) = judge.find_run(run)
     assert explained.severity == "info" and explained.replicas == [0, 1]
     assert "replica 0: [4, 10], replica 1: [4, 10]" in explained.message
     # The shape TensorFlow's own gather gave in the child process.
@@ -116,7 +117,7 @@ def test_nan_on_one_replica_is_recorded_at_its_step_between_logged_steps(tmp_pat
 
     # Stats every 4 steps only: step 5 is not a logged step, the NaN event is written anyway.
     _watch_loop(strategy, str(tmp_path / "nan"), make_value, 8, update_freq=4, examples_every=4)
-    run = reader.read_log_dir(str(tmp_path))["nan"]
+    run = group.read_log_dir(str(tmp_path))["nan"]
     value = run.watch.values["value"]
     assert [s for s, _ in value.stats] == [0, 4]
     assert [s for s, _ in value.nonfinite] == [5]
@@ -125,7 +126,7 @@ def test_nan_on_one_replica_is_recorded_at_its_step_between_logged_steps(tmp_pat
     assert counts[0, ROW["inf"]].tolist() == [0, 1]
     assert counts[0, ROW["min"]].tolist() == [1.0, 2.0]  # of the finite values
     assert counts[0, ROW["mean"]].tolist() == [1.0, 2.0]
-    (found,) = analysis.find_run(run)
+    (found,) = judge.find_run(run)
     assert found.kind == "nonfinite_values" and found.severity == "error"
     assert found.replicas == [1] and (found.first_step, found.count) == (5, 1)
     assert "replica 1 at step 5 (1 NaN, 1 Inf in value)" in found.message
@@ -154,7 +155,7 @@ def test_ragged_and_sparse_leaves_in_cross_replica_context(tmp_path):
     probe.watch("batch", distributed, step=0)
     probe.close()
 
-    run = reader.read_log_dir(str(tmp_path))["composite"]
+    run = group.read_log_dir(str(tmp_path))["composite"]
     value = run.watch.values["batch"]
     (event,) = value.shape_events
     features, tokens = event["leaves"]
@@ -178,7 +179,7 @@ def test_ragged_and_sparse_leaves_in_cross_replica_context(tmp_path):
     assert sparse[ROW["values"]].tolist() == [2, 3]  # nnz
     assert sparse[ROW["mean"]].tolist() == [1.5, 4.0]
     assert np.isnan(sparse[ROW["row_min"]]).all()
-    assert analysis.find_run(run) == []  # ragged rows and leading dims may differ: gather works
+    assert judge.find_run(run) == []  # ragged rows and leading dims may differ: gather works
 
     body = present.body("composite", run, {"max_points": 100})
     (entry,) = body["values"]
@@ -202,8 +203,8 @@ def test_sparse_values_with_different_widths_would_fail_to_gather(tmp_path):
     probe = ReplicaProbe(str(tmp_path / "sparse"), strategy, update_freq=1)
     probe.watch("ids", strategy.experimental_distribute_values_from_function(values), step=3)
     probe.close()
-    run = reader.read_log_dir(str(tmp_path))["sparse"]
-    (found,) = analysis.find_run(run)
+    run = group.read_log_dir(str(tmp_path))["sparse"]
+    (found,) = judge.find_run(run)
     assert found.kind == "gather_would_fail" and found.first_step == 3
     assert found.value == [1] and found.replicas == [0, 1]
     assert "replica 0: [2, 5] float32 sparse; replica 1: [2, 6] float32 sparse" in found.message
@@ -229,7 +230,7 @@ def test_watch_rejects_a_bad_name_and_never_breaks_the_step(tmp_path):
     assert [str(w.message) for w in caught] == [
         "tb_replica_plugin: watch('nothing') got no tensors."
     ]
-    value = reader.read_log_dir(str(tmp_path))["bad"].watch.values["strings"]
+    value = group.read_log_dir(str(tmp_path))["bad"].watch.values["strings"]
     stats = value.stats[0][1][0]
     assert stats[ROW["values"]].tolist() == [2, 2] and np.isnan(stats[ROW["min"]]).all()
 
@@ -258,7 +259,7 @@ def test_fit_records_each_named_output_per_replica_at_training_steps_only(tmp_pa
     callback = ReplicaCallback(str(tmp_path), run_name="fit")
     model.fit(dataset, epochs=2, verbose=0, validation_data=dataset, callbacks=[callback])
 
-    run = reader.read_log_dir(str(tmp_path))["fit"]
+    run = group.read_log_dir(str(tmp_path))["fit"]
     value = run.watch.values["outputs"]
     assert value.leaves == ["outputs/a", "outputs/b"]
     # Every change of local shapes, at training steps: the last batch of each epoch is [1, 0].
@@ -272,7 +273,7 @@ def test_fit_records_each_named_output_per_replica_at_training_steps_only(tmp_pa
     assert [a[0, ROW["nrows"]].tolist() for _, a in value.stats] == [[4, 4], [1, 0], [1, 0]]
     assert [a[1, ROW["values"]].tolist() for _, a in value.stats] == [[4, 4], [1, 0], [1, 0]]
     assert run.inputs.batch_size.tolist() == [[4, 4], [4, 4], [1, 0]] * 2  # same step axis
-    assert "outputs" not in [f.name for f in analysis.find_run(run)]
+    assert "outputs" not in [f.name for f in judge.find_run(run)]
     assert model.compute_loss.__func__ is type(model).compute_loss  # the hook was removed
 
 
@@ -307,7 +308,7 @@ def test_watch_route_runs_listing_and_report(gather_child):
     status, body = get("/findings?run=mismatch")
     assert [f["view"] for f in body["findings"]] == ["watch"] * 3
 
-    run = reader.read_log_dir(logdir)["mismatch"]
+    run = group.read_log_dir(logdir)["mismatch"]
     report = present.report_json(run, analysis.Thresholds())["watch"]
     assert report["logits"]["last_stats_step"] == 2
     assert report["logits"]["last_stats"]["logits"]["values"] == [40, 48]

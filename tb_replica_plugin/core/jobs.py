@@ -426,7 +426,7 @@ def common_note(rows, order, notes, what):
 def merge_all(merger, job, member_runs, workers, notes):
     """A family's merge of whole workers held at once: each added in turn, in worker order.
 
-    For callers that hold every worker's series (tests, `reader.merge_job`'s pure use).
+    For callers that hold every worker's series (tests, `group.merge_job`'s pure use).
 
     Args:
       merger: the family's `Merger` class (`Family.merger`).

@@ -44,3 +44,25 @@ def flatten_with_names(structure, prefix=""):
             pairs.extend(flatten_with_names(item, join(index)))
         return pairs
     return [(prefix or "input", structure)]
+
+
+# Names Keras gives to the parts of a `fit` batch, in `unpack_x_y_sample_weight` order.
+FIT_BATCH_NAMES = ("x", "y", "sample_weight")
+
+
+def name_fit_batch(data):
+    """Names the parts of a Keras `fit` batch `(x,)`, `(x, y)` or `(x, y, sample_weight)`.
+
+    Args:
+      data: the batch as `train_step` receives it.
+
+    Returns:
+      A dict `{"x": ..., "y": ..., "sample_weight": ...}` without the missing parts.
+    """
+    if isinstance(data, tuple) and not hasattr(data, "_fields") and 1 <= len(data) <= 3:
+        return {
+            name: part
+            for name, part in zip(FIT_BATCH_NAMES, data, strict=False)
+            if part is not None
+        }
+    return {"x": data}

@@ -12,18 +12,38 @@ and, for the public API, a `Recording` mixin whose `observe_*` methods become me
 - `begun(how)`, `before_flush(now)` and `ended(ending)` around a stretch of training: when it
   begins, before each background flush, when it ends (the status family's heartbeat and end
   record; the others do nothing);
+- under Keras `fit`, `fit_step(fit)` when `ReplicaCallback` instruments the model (the family's
+  part of the train step and the hooks it installs), and `fit_begin`, `fit_epoch_begin`,
+  `fit_epoch_end` at the callback's own hooks: a family's fit-time code is its own;
 - `close()` when the probe closes.
 
 Everything a recorder does in-graph goes through its probe: it puts its per-replica values in the
 step's transfer (`probe.transfer()`, `core.transfer`) with a host handler, which records at
-`probe.step_of(...)` (the one step axis, `core.steps`); `probe.write(...)` queues a summary;
+`probe.step_of(...)` (the one step axis, `write.steps`); `probe.write(...)` queues a summary;
 `probe.logged(step)` / `probe.sampled(step)` are the one step-level decision every family shares;
 `run_if(condition, body)` runs work only where such a decision holds.
 """
 
+from typing import NamedTuple
+
 import tensorflow as tf
 
-from tb_replica_plugin import registry
+
+class FaultState(NamedTuple):
+    """The every-step fault state a family keeps on the host (`Recorder.fault_state`).
+
+    Attributes:
+      steps: how many steps had a fault so far (the host notices a new one by its growth).
+      last: the step of the latest fault.
+      job: whether the latest fault is one every worker stops at (the all-reduced flag; False at
+        an expected loss-scale overflow).
+      synced: whether `job` is all-reduced across the workers at every step (`sync_faults`).
+    """
+
+    steps: int
+    last: int
+    job: bool
+    synced: bool
 
 
 def run_if(condition, body, as_function=False):
@@ -146,7 +166,7 @@ class Recorder:
         """Writes what the in-graph steps kept but did not write (host side). Default: nothing."""
 
     def fault_state(self):
-        """Host side: the every-step fault state (`core.halt.FaultState`) of a family that
+        """Host side: the every-step fault state (`FaultState`) of a family that
         checks every step for faults (gradients: NaN/Inf), else None (the default)."""
         return None
 
@@ -166,29 +186,36 @@ class Recorder:
 
     def ended(self, ending):
         """Host side: a stretch of training ended (`ProbeCore.end_run`; `ending`: a
-        `core.lifecycle.RunEnd`), before the probe flushes. Default: nothing."""
+        `core.run_end.RunEnd`), before the probe flushes. Default: nothing."""
+
+    def fit_step(self, fit):
+        """Keras `fit`: this family's part of the train step `ReplicaCallback` instruments.
+
+        Called when the callback instruments the model, before Keras traces the step. Hooks the
+        family installs go through `fit` (`keras.hooks.Fit`: the model, the callback's options,
+        the compute-loss and optimizer hooks), which undoes them when training ends.
+
+        Args:
+          fit: the callback's `keras.hooks.Fit`.
+
+        Returns:
+          `(before, after)`: `before(batch)` is called in replica context before the model's own
+          step with the step's named batch (`core.nest.name_fit_batch`), `after()` after it;
+          either None. Default: `(None, None)`.
+        """
+        return None, None
+
+    def fit_begin(self, fit):
+        """Keras `fit`, host side: training begins (the probe's step axis is at the step before
+        the first). Default: nothing."""
+
+    def fit_epoch_begin(self, fit):
+        """Keras `fit`, host side: an epoch begins. Default: nothing."""
+
+    def fit_epoch_end(self, fit, final=False):
+        """Keras `fit`, host side: an epoch ended, before the probe flushes (`final`: training
+        ended, after the last epoch). Default: nothing."""
 
     def close(self):
         """Drops the state (the probe records nothing after closing)."""
         self.state = {}
-
-
-def write_sides():
-    """`[(family name, Recorder class, Recording mixin or None)]` of every registered family with
-    a write side (`Family.write_side`), in registry order."""
-    sides = []
-    for family in registry.families():
-        if family.write_side is not None:
-            recorder, recording = family.write_side()
-            sides.append((family.name, recorder, recording))
-    return sides
-
-
-def recorder_classes():
-    """`[(family name, Recorder class)]` of every registered family with a write side."""
-    return [(name, recorder) for name, recorder, _ in write_sides()]
-
-
-def recording_mixins():
-    """The `Recording` mixins (public `observe_*` methods) of every registered family."""
-    return tuple(recording for _, _, recording in write_sides() if recording is not None)

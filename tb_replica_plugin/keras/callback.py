@@ -21,9 +21,11 @@ exception the script caught is recorded as not finished: the status family ends 
 "crashed" (or "interrupted" when a SIGINT arrived) at the next fit, at `close` or at exit
 (`families/status/record.py`).
 
-Gradients: the optimizer all-reduces inside `apply_gradients`/`apply`, so the callback wraps those
-two methods of the optimizer *instance* (and `compute_loss` of the model instance, to see each
-replica's loss): the hooks of `keras.hooks`.
+Each family's fit-time code is its own (`Recorder.fit_step`, `fit_begin`, `fit_epoch_begin`,
+`fit_epoch_end`, called for every recorder of the registry): it installs its hooks through a
+`keras.hooks.Fit` (the gradients family wraps the optimizer *instance*'s `apply_gradients`/`apply`,
+where it all-reduces, and the model instance's `compute_loss`, to see each replica's loss). This
+module names no family.
 """
 
 import os
@@ -32,39 +34,27 @@ import warnings
 
 import tensorflow as tf
 
-from tb_replica_plugin.core import halt
-from tb_replica_plugin.families.gradients.capture import (
+from tb_replica_plugin.core import nest
+from tb_replica_plugin.keras import compat
+from tb_replica_plugin.keras.hooks import Fit, LossCapture
+from tb_replica_plugin.probe import (
+    DEFAULT_BUDGET,
     DEFAULT_CAPTURE_BYTES,
     DEFAULT_CAPTURE_LIMIT,
-    check_capture,
-)
-from tb_replica_plugin.families.inputs import record as inputs_record
-from tb_replica_plugin.families.status.record import DEFAULT_STALL_SECS, check_stall_secs
-from tb_replica_plugin.families.variables import rotation
-from tb_replica_plugin.families.variables.fit import fit_variables, observe_at_epoch_end
-from tb_replica_plugin.keras import compat
-from tb_replica_plugin.keras.hooks import (
-    LossCapture,
-    examples_observer,
-    gradient_observer,
-    hook_compute_loss,
-    hook_model_outputs,
-    hook_optimizer,
-    inputs_observer,
-    rng_observer,
-    sample_examples_at_epoch_end,
-    watch_outputs,
-)
-from tb_replica_plugin.probe import (
     DEFAULT_EXAMPLES_EVERY,
     DEFAULT_FLUSH_SECS,
+    DEFAULT_STALL_SECS,
     ReplicaProbe,
+    check_budget,
+    check_capture,
     check_examples_every,
     check_flush_secs,
+    check_stall_secs,
     check_update_freq,
 )
+from tb_replica_plugin.write import halt
 
-# Set on the model by an instrumented fit: its probe's step axis (`core.steps`), where the next
+# Set on the model by an instrumented fit: its probe's step axis (`write.steps`), where the next
 # fit of the model, with this callback or another, continues the steps.
 STEP_AXIS_ATTR = "_tb_replica_step_axis"
 # Set on the model while a ReplicaCallback's hooks are installed: that callback.
@@ -186,7 +176,7 @@ class ReplicaCallback(*compat.callback_bases()):
         examples=True,
         variables=True,
         variables_exact=False,
-        variables_budget=rotation.DEFAULT_BUDGET,
+        variables_budget=DEFAULT_BUDGET,
         examples_every=DEFAULT_EXAMPLES_EVERY,
         outputs=True,
         halt_on=None,
@@ -220,7 +210,7 @@ class ReplicaCallback(*compat.callback_bases()):
         self.examples = examples
         self.variables = bool(variables)
         self.variables_exact = bool(variables_exact)
-        rotation.check_budget(variables_budget)
+        check_budget(variables_budget)
         self.variables_budget = variables_budget
         self.outputs = bool(outputs)
         self._probe = None
@@ -232,7 +222,7 @@ class ReplicaCallback(*compat.callback_bases()):
         # predict (fit's own validation reuses fit's callbacks: no set_model).
         self._new_callbacks = False
         self._traced = None  # (what it depends on, the instrumented train function)
-        self._outputs_capture = None
+        self._fit = None  # the families' view of the instrumented fit (`keras.hooks.Fit`)
         self._batches = LossCapture()  # the step's named batch, for the culprit capture
         self.stopped_by = []  # the findings that stopped the last fit (halt_on)
         self._steps_per_call = 1
@@ -287,7 +277,7 @@ class ReplicaCallback(*compat.callback_bases()):
             self.model.__dict__[STEP_AXIS_ATTR] = self._probe.step_axis
             self._probe.begin_run("fit")
             self._steps_per_call = compat.steps_per_execution(self.model)
-            self._probe.recorder("variables").whole_checked_at = first_step - 1  # none this fit
+            self._fit_hooks("fit_begin")
         except Exception as error:  # noqa: BLE001 - never break the training it watches
             warnings.warn(
                 "tb_replica_plugin: ReplicaCallback could not start recording, training goes "
@@ -298,19 +288,17 @@ class ReplicaCallback(*compat.callback_bases()):
             self._restore(self.model)
 
     def on_epoch_begin(self, epoch, logs=None):
-        if self._probe is not None and self.examples and self.update_freq == "epoch":
-            sample_examples_at_epoch_end(self._probe, (self.params or {}).get("steps"))
+        self._fit_hooks("fit_epoch_begin")
 
     def on_epoch_end(self, epoch, logs=None):
         if self._probe is not None:
-            self._check_variables_whole()
+            self._fit_hooks("fit_epoch_end")
             self._probe.flush(window=self.update_freq == "epoch")
             if self.halt_on is not None and self._patched is not None:
                 self._halt(at_check=True)
 
     def on_train_end(self, logs=None):
-        if self._probe is not None:
-            self._check_variables_whole(final=True)
+        self._fit_hooks("fit_epoch_end", final=True)
         self._finish(self.model, returned=True)
 
     def on_test_begin(self, logs=None):
@@ -344,7 +332,7 @@ class ReplicaCallback(*compat.callback_bases()):
             return
         at_check = False
         if isinstance(self.update_freq, int) and probe.watches_checks:
-            step = probe.last_step()
+            step = probe.step_axis.current()
             at_check = step is not None and step % self.update_freq == 0
         self._halt(at_check)
 
@@ -383,28 +371,16 @@ class ReplicaCallback(*compat.callback_bases()):
 
     # ------------------------------------------------------------------ helpers
 
-    def _check_variables_whole(self, final=False):
-        """The host-side full drift check at an epoch end, at most one per P steps (P: the
-        rotation period of `variables_budget`), and at the end of training if steps came after
-        the last one. Only with `update_freq="epoch"` or rotating checks in the steps."""
-        if not self.variables or self._patched is None:
+    def _fit_hooks(self, hook, **kwargs):
+        """Calls `hook` (`Recorder.fit_begin`, `fit_epoch_begin`, `fit_epoch_end`) of every
+        family's recorder while the model is instrumented; one that raises warns once."""
+        if self._probe is None or self._patched is None:
             return
-        if self.update_freq == "epoch":
-            exact, budget = self.variables_exact, None
-        elif self.variables_budget is not None and not self.variables_exact:
-            exact, budget = False, self.variables_budget  # and the steps' slices rotate
-        else:
-            return  # every logged step checks every element
-        recorder = self._probe.recorder("variables")
-        recorder.whole_checked_at = observe_at_epoch_end(
-            self._probe,
-            self.model,
-            exact,
-            budget,
-            spacing=self.variables_budget,
-            last=recorder.whole_checked_at,
-            final=final,
-        )
+        for recorder in self._probe.recorders():
+            try:
+                getattr(recorder, hook)(self._fit, **kwargs)
+            except Exception as error:  # noqa: BLE001 - never break the training it watches
+                self._probe.warn_failed(recorder.name, error)
 
     def _initial_step(self):
         """Where this fit's steps start: a second `fit` of the same model continues the axis.
@@ -497,9 +473,9 @@ class ReplicaCallback(*compat.callback_bases()):
                 stacklevel=4,
             )
             model.jit_compile = False
-        self._outputs_capture = self._hook_outputs(model)
-        model.train_step = self._instrumented_step(model, model.train_step)
-        self._hook_gradients(model, self._probe)
+        self._fit = Fit(self, model, self._undo_hooks)
+        steps = [recorder.fit_step(self._fit) for recorder in self._probe.recorders()]
+        model.train_step = self._instrumented_step(model.train_step, steps)
 
     def _wrap_make_train_function(self, model):
         """`model.make_train_function` gives this fit the kept instrumented train function (or
@@ -542,17 +518,12 @@ class ReplicaCallback(*compat.callback_bases()):
 
         return train_function
 
-    def _instrumented_step(self, model, original):
+    def _instrumented_step(self, original, steps):
+        """The train step: the step's batch named, each family's `before(batch)`, the model's own
+        step, each family's `after()` (`steps`: every recorder's `fit_step`)."""
         probe = self._probe
-        observers = [inputs_observer(probe)]
-        if self.examples:
-            observers.append(examples_observer(probe))
-        if self.rng:
-            observers.extend(rng_observer(probe, model, self.generators))
-        per_step_variables = self.variables and self.update_freq != "epoch"
-        exact = self.variables_exact
-        budget = None if self.variables_exact else self.variables_budget
-        outputs = self._outputs_capture
+        befores = [before for before, _ in steps if before is not None]
+        afters = [after for _, after in steps if after is not None]
         batches = self._batches
 
         def train_step(data):
@@ -560,46 +531,19 @@ class ReplicaCallback(*compat.callback_bases()):
             # end, as one vector (`ReplicaProbe.step`), and each replica's ready time is taken.
             with probe.step():
                 try:
-                    batch = inputs_record.name_fit_batch(data)
+                    batch = nest.name_fit_batch(data)
                 except Exception as error:  # noqa: BLE001 - never break the training it watches
                     probe.warn_failed("inputs", error)
                 else:
                     batches.put(batch)
-                    for observe in observers:
-                        observe(batch)
+                    for before in befores:
+                        before(batch)
                 logs = original(data)
-                if outputs is not None:
-                    watch_outputs(probe, outputs)
-                if per_step_variables:
-                    # Replica context: a merge_call, the check under a tf.cond (every N steps).
-                    try:
-                        variables = fit_variables(model)
-                    except Exception as error:  # noqa: BLE001 - never break the training
-                        probe.warn_variables_failed(error)
-                    else:
-                        probe.observe_variables(variables, exact=exact, budget=budget)
+                for after in afters:
+                    after()
             return logs
 
         return train_step
-
-    def _hook_outputs(self, model):
-        """Captures `y_pred` at `compute_loss` (the `LossCapture` of the outputs), or None."""
-        if not self.outputs or not callable(getattr(model, "compute_loss", None)):
-            return None
-        capture = LossCapture()
-        self._undo_hooks.append(hook_model_outputs(model, capture))
-        return capture
-
-    def _hook_gradients(self, model, probe):
-        if not self.gradients:
-            return
-        optimizer = getattr(model, "optimizer", None)
-        if optimizer is None or not hasattr(optimizer, "apply_gradients"):
-            return
-        capture = LossCapture()
-        self._undo_hooks.append(hook_compute_loss(model, capture))
-        observe = gradient_observer(probe, model, optimizer, capture, self._batches)
-        self._undo_hooks.append(hook_optimizer(optimizer, observe))
 
     def _restore(self, model):
         """Puts the model back as it was before `set_model` (the traced function is kept)."""

@@ -1,5 +1,6 @@
-"""The hooks `ReplicaCallback` installs on a Keras model and its optimizer, and the per-family
-observers of its train step.
+"""The hooks `ReplicaCallback` installs on a Keras model and its optimizer, and `Fit`, through
+which each family's fit-time code (`Recorder.fit_step`, `fit_begin`, `fit_epoch_begin`,
+`fit_epoch_end`) installs them: this module names no family.
 
 Each hook is a small function that wraps one method of one *instance* (the model's
 `compute_loss`, the optimizer's `apply_gradients` and `apply`) and returns how to undo it, so the
@@ -13,9 +14,6 @@ import threading
 
 import tensorflow as tf
 
-from tb_replica_plugin.families.gradients import replica as gradients_replica
-from tb_replica_plugin.families.gradients.record import SCALING_AS_GIVEN, SCALING_REPLICA_LOSS
-from tb_replica_plugin.families.rng import record as rng_record
 from tb_replica_plugin.keras import compat
 
 
@@ -92,22 +90,6 @@ def hook_model_outputs(model, capture):
         return original(*args, **kwargs)
 
     return _set_instance_attribute(model, "compute_loss", compute_loss)
-
-
-def watch_outputs(probe, capture):
-    """Watches the outputs this replica's train step computed (`y_pred`) as `outputs`.
-
-    Called after the original step, in replica context; outputs captured in another graph (a
-    validation step of the same fit) are ignored.
-    """
-    try:
-        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        y_pred = capture.take(graph)
-    except Exception as error:  # noqa: BLE001 - never break training
-        probe.warn_failed("watch", error, "model outputs")
-        return
-    if y_pred is not None:
-        probe.watch("outputs", y_pred)
 
 
 def hook_optimizer(optimizer, observe):
@@ -187,80 +169,74 @@ def uses_keras_compute_loss(model):
     return getattr(type(model), "compute_loss", None) is getattr(module.Model, "compute_loss", 0)
 
 
-def gradient_observer(probe, model, optimizer, capture, batches=None):
-    """The `observe` function of `hook_optimizer` for a Keras 3 or tf_keras model.
+class Fit:
+    """One instrumented `fit` as the families' fit-time code sees it (`Recorder.fit_step`, ...).
 
-    Recorded norms are of the gradient of each replica's own loss when the model uses Keras's
-    own `compute_loss` (which divides the loss by the replica count under `tf.distribute`): the
-    callback multiplies by the replica count and, where the gradients reaching the optimizer
-    still carry a loss scale (Keras 3's `LossScaleOptimizer`), divides by it
-    (`compat.optimizer_info`). With an overridden `compute_loss`, or no loss seen,
-    gradients are recorded as given (divided by that loss scale). `batches` (a `LossCapture`
-    fed the step's named batch) gives the batch captured at a fault.
+    Args:
+      callback: the `ReplicaCallback` (its probe built).
+      model: the Keras model it instruments.
+      undo: the list the hooks' undo functions are appended to (the callback undoes them, last
+        first, when training ends or fails).
+
+    Attributes:
+      model: the model.
+      probe: the callback's `ReplicaProbe`.
+      options: the callback, whose arguments are the families' options (`gradients`, `rng`,
+        `generators`, `examples`, `variables`, `variables_exact`, `variables_budget`,
+        `outputs`, `update_freq`: "epoch" or an integer).
+      batches: a `LossCapture` holding each replica's named batch of the step being traced (the
+        gradients family's culprit capture takes it).
     """
-    recorder = probe.recorder("gradients")
-    keras_loss = uses_keras_compute_loss(model)
-    replicas = model.distribute_strategy.num_replicas_in_sync
-    info = compat.optimizer_info(optimizer)
 
-    def observe(grads, variables):
-        import tensorflow as tf
+    def __init__(self, callback, model, undo):
+        self.model = model
+        self.probe = callback.probe
+        self.options = callback
+        self.batches = callback._batches  # noqa: SLF001 - kept by the callback across its fits
+        self._undo = undo
 
-        try:
-            graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-            # Keras's `loss * (1 / replicas)`: the replica sends the loss before that product,
-            # the host applies it (the step no longer computes it for nothing else).
-            loss, loss_factor = gradients_replica.constant_factor(capture.take(graph))
-            batch = batches.take(graph) if batches is not None else None
-            replica_loss = loss is not None and keras_loss
-            divide = 1.0 / replicas if replica_loss else 1.0
-            # A Python number where no loss scale is in the gradients: no op per step for it.
-            grad_scale = info.loss_scale() * divide if info.grads_scaled_at_apply else divide
-            recorder.observe(
-                grads,
-                variables,
-                loss,
-                step=None,
-                grad_scale=grad_scale,
-                loss_scale=divide,
-                scaling=SCALING_REPLICA_LOSS if replica_loss else SCALING_AS_GIVEN,
-                loss_scaled=info.loss_scaled,
-                batch=batch,
-                loss_factor=loss_factor,
-            )
-        except Exception as error:  # noqa: BLE001 - never break training
-            recorder.warn(error)
+    @property
+    def steps_per_epoch(self):
+        """Steps of an epoch as Keras's `params` says (None: unknown)."""
+        return (self.options.params or {}).get("steps")
 
-    return observe
+    def capture_loss(self):
+        """Hooks the model's `compute_loss` to capture each replica's loss: a `LossCapture`."""
+        capture = LossCapture()
+        self._undo.append(hook_compute_loss(self.model, capture))
+        return capture
 
+    def capture_outputs(self):
+        """Hooks the model's `compute_loss` to capture each replica's `y_pred`: a `LossCapture`,
+        or None when the model has no `compute_loss`."""
+        if not callable(getattr(self.model, "compute_loss", None)):
+            return None
+        capture = LossCapture()
+        self._undo.append(hook_model_outputs(self.model, capture))
+        return capture
 
-# Hooks of the train step, one per family; each takes the batch named by `name_fit_batch`.
+    def optimizer(self):
+        """The model's optimizer if gradients can be hooked on it (`apply_gradients`), else None."""
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is None or not hasattr(optimizer, "apply_gradients"):
+            return None
+        return optimizer
 
+    def hook_optimizer(self, observe):
+        """`hook_optimizer(self.optimizer(), observe)`, undone when training ends."""
+        self._undo.append(hook_optimizer(self.optimizer(), observe))
 
-def inputs_observer(probe):
-    return probe.observe_inputs
+    def optimizer_info(self):
+        """`compat.optimizer_info` of the model's optimizer (its loss scaling)."""
+        return compat.optimizer_info(self.optimizer())
 
+    def keras_loss(self):
+        """Whether the model's `compute_loss` is its Keras flavour's own
+        (`uses_keras_compute_loss`)."""
+        return uses_keras_compute_loss(self.model)
 
-def examples_observer(probe):
-    return probe.observe_examples
-
-
-def sample_examples_at_epoch_end(probe, steps):
-    """Host side, at an epoch's start: the data family also samples the epoch's last step (the
-    step written at the epoch end). Unknown epoch length: the last sampled step is written."""
-    try:
-        if steps:
-            probe.recorder("examples").sample_last_of(steps)
-    except Exception as error:  # noqa: BLE001 - never break the training
-        probe.warn_failed("data", error)
-
-
-def rng_observer(probe, model, generators):
-    """The rng hook, or none when the model uses no generator we can observe.
-
-    It runs before the model's own step so it sees the state each draw of this step starts from.
-    """
-    sources = [model] if generators is None else [model, generators]
-    if not rng_record.find_generators(sources):
-        return []
-    return [lambda batch: probe.observe_rng(sources)]
+    @staticmethod
+    def take(capture):
+        """What `capture` holds for the step being traced (None: nothing, or another graph's)."""
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        return capture.take(graph)

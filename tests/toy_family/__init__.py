@@ -1,10 +1,11 @@
 """A throwaway family for tests/test_registry.py: one [R] int count per replica and step.
 
-Registered only inside that test (`registry.registered(FAMILY)`), to show that a family is its
-own package plus one registry entry.
+Registered only inside those tests (`registry.registered(FAMILY)`), to show that a family is its
+own package plus one registry entry: recorded in a custom loop and under Keras `fit`, read,
+merged over a job's workers, judged and served.
 """
 
-from tb_replica_plugin.registry import Family, Presenter, Rules
+from tb_replica_plugin.core.family import Family, Presenter, Rules
 from toy_family import present, read, rules, schema
 
 

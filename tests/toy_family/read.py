@@ -37,5 +37,17 @@ def from_samples(run, samples, notes, needed):
 
 
 def merge(job, member_runs, workers, notes):
-    """Jobs have no toy series."""
-    return None
+    """A job's counts: every worker's at the steps all of them logged, on the global replica
+    axis in worker order (`member_runs`: the workers' `RunData`, in worker order), or None when
+    some worker has no toy series (noted)."""
+    series = [member.toy for member in member_runs]
+    if not series or any(s is None for s in series):
+        if any(s is not None for s in series):
+            notes.append("Some worker recorded no toy counts: the job has none.")
+        return None
+    steps = series[0].steps
+    for other in series[1:]:
+        steps = np.intersect1d(steps, other.steps)
+    counts = np.concatenate([s.counts[np.searchsorted(s.steps, steps)] for s in series], axis=1)
+    replicas = [replica for s in series for replica in s.replicas]
+    return ToySeries(run=job, replicas=replicas, steps=steps, counts=counts)

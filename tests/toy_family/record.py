@@ -1,5 +1,8 @@
 """The toy family write side: one int32 count per replica, written at every logged step.
 
+Under Keras `fit` its `Recorder.fit_step` counts each replica's batch, with no line of
+`ReplicaCallback` about it.
+
 A family's whole write side: a `Recorder` whose `observe` is called in replica context; the probe
 (`probe.recorder("toy")`) creates it from the registry. Its cross-replica part puts each replica's
 count in the step's transfer (`probe.transfer()`: one vector per replica and step, whatever the
@@ -31,6 +34,15 @@ class Recorder(RecorderBase):
             tf.distribute.get_replica_context().merge_call(self._merge, args=(count,))
         except Exception as error:  # noqa: BLE001 - never break the training it watches
             probe.warn_failed(self.name, error)
+
+    def fit_step(self, fit):
+        """Under Keras `fit`: each replica counts the examples of its batch (`x`'s first dim)
+        before the model's step; the same `observe` as a custom loop's."""
+
+        def before(batch):
+            self.observe(tf.shape(tf.nest.flatten(batch["x"])[0])[0])
+
+        return before, None
 
     def _merge(self, strategy, count):
         probe = self.probe

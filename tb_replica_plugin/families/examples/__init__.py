@@ -6,8 +6,8 @@ Submodules: `schema` (tags, tensor layouts), `read`, `rules`, `present`; `record
 (TensorFlow), loaded lazily by the probe only. Importing this package imports no TensorFlow.
 """
 
+from tb_replica_plugin.core.family import Family, Presenter, Rules
 from tb_replica_plugin.families.examples import present, read, rules, schema
-from tb_replica_plugin.registry import Family, Presenter, Rules
 
 
 def write_side():

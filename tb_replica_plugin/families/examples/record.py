@@ -352,6 +352,21 @@ class Recorder(RecorderBase):
             )
         counters.assign(tf.tensor_scatter_nd_update(counters, [[_WIN_COUNT]], [0]))
 
+    def fit_step(self, fit):
+        """Keras `fit` with `examples=True`: the step's batch, before the model's step."""
+        return (self.probe.observe_examples if fit.options.examples else None), None
+
+    def fit_epoch_begin(self, fit):
+        """Keras `fit` with `update_freq="epoch"`: the epoch's last step is sampled too (the
+        step written at the epoch end). Unknown epoch length: the last sampled step is written."""
+        if not fit.options.examples or fit.options.update_freq != "epoch":
+            return
+        try:
+            if fit.steps_per_epoch:
+                self.sample_last_of(fit.steps_per_epoch)
+        except Exception as error:  # noqa: BLE001 - never break the training
+            self.probe.warn_failed("data", error)
+
 
 def _int32(counts):
     """int64 counts as the int32 the overlap is written in (version 2), saturating."""

@@ -179,6 +179,6 @@ def _duplicate_head(series, share, pairs, members, count, value):
 
 def find(run_data, thresholds=Thresholds()):
     """Findings of the examples family of a `reader.RunData` (none without its series)."""
-    if getattr(run_data, "data", None) is None:
+    if run_data.data is None:
         return []
     return find_data(run_data.data, thresholds)

@@ -22,10 +22,9 @@ import tensorflow as tf
 
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core import transfer as transfer_lib
-from tb_replica_plugin.core.halt import FaultState
 from tb_replica_plugin.core.nest import flatten_with_names
+from tb_replica_plugin.core.recorder import FaultState, cond_value, run_if
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.core.recorder import cond_value, run_if
 from tb_replica_plugin.families.gradients import capture, replica, schema
 from tb_replica_plugin.families.gradients.replica import (  # noqa: F401 - the family's helpers
     nonfinite_counts,
@@ -194,7 +193,7 @@ class Recorder(RecorderBase):
     sync_faults = False
 
     def fault_state(self):
-        """Host side: its fault slots (`FAULT_*`) as a `core.halt.FaultState`, or None before
+        """Host side: its fault slots (`FAULT_*`) as a `core.recorder.FaultState`, or None before
         build."""
         fault = self.state.get("fault")
         if fault is None:
@@ -214,6 +213,12 @@ class Recorder(RecorderBase):
 
     def warn(self, error):
         self.probe.warn_failed("gradients", error)
+
+    def fit_step(self, fit):
+        """Keras `fit`: the optimizer hook that sees each replica's local gradients
+        (`fit_install`); nothing in the step itself."""
+        fit_install(self, fit)
+        return None, None
 
     # ------------------------------------------------------------ replica side
 
@@ -609,3 +614,63 @@ class Recording:
         self.recorder("gradients").observe(
             grads, variables, loss, step, scale, scale, SCALING_AS_GIVEN, batch=batch
         )
+
+
+# Keras `fit` (`Recorder.fit_step`): the hooks `ReplicaCallback` installs for this family.
+
+
+def fit_install(recorder, fit):
+    """Hooks the model's `compute_loss` and its optimizer (through `fit`) when gradients are
+    recorded and the optimizer can be hooked; else nothing.
+
+    Args:
+      recorder: the gradients family's `Recorder`.
+      fit: the callback's `keras.hooks.Fit`.
+    """
+    if not fit.options.gradients or fit.optimizer() is None:
+        return
+    capture = fit.capture_loss()
+    fit.hook_optimizer(fit_observer(recorder, fit, capture))
+
+
+def fit_observer(recorder, fit, capture):
+    """The `observe(grads, variables)` function of the optimizer hook.
+
+    Recorded norms are of the gradient of each replica's own loss when the model uses Keras's
+    own `compute_loss` (which divides the loss by the replica count under `tf.distribute`): the
+    callback multiplies by the replica count and, where the gradients reaching the optimizer
+    still carry a loss scale (Keras 3's `LossScaleOptimizer`), divides by it
+    (`compat.optimizer_info`). With an overridden `compute_loss`, or no loss seen, gradients are
+    recorded as given (divided by that loss scale). `fit.batches` (fed the step's named batch)
+    gives the batch captured at a fault.
+    """
+    keras_loss = fit.keras_loss()
+    replicas = fit.model.distribute_strategy.num_replicas_in_sync
+    info = fit.optimizer_info()
+
+    def observe(grads, variables):
+        try:
+            # Keras's `loss * (1 / replicas)`: the replica sends the loss before that product,
+            # the host applies it (the step no longer computes it for nothing else).
+            loss, loss_factor = replica.constant_factor(fit.take(capture))
+            batch = fit.take(fit.batches)
+            replica_loss = loss is not None and keras_loss
+            divide = 1.0 / replicas if replica_loss else 1.0
+            # A Python number where no loss scale is in the gradients: no op per step for it.
+            grad_scale = info.loss_scale() * divide if info.grads_scaled_at_apply else divide
+            recorder.observe(
+                grads,
+                variables,
+                loss,
+                step=None,
+                grad_scale=grad_scale,
+                loss_scale=divide,
+                scaling=SCALING_REPLICA_LOSS if replica_loss else SCALING_AS_GIVEN,
+                loss_scaled=info.loss_scaled,
+                batch=batch,
+                loss_factor=loss_factor,
+            )
+        except Exception as error:  # noqa: BLE001 - never break training
+            recorder.warn(error)
+
+    return observe

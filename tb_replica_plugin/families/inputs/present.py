@@ -6,7 +6,7 @@ The route body (JSON documented in `http_api.md`), the family's blocks of `tb-re
 
 import numpy as np
 
-from tb_replica_plugin.core import args, overview
+from tb_replica_plugin.core import args
 from tb_replica_plugin.core.downsample import pool_replicas
 from tb_replica_plugin.families.inputs import read
 
@@ -108,12 +108,11 @@ def report_json(run_data, thresholds):
       thresholds: unused.
 
     Returns:
-      `{"source", "replicas", "devices", "num_replicas", "first_step", "last_step", "steps",
-      "batch_size", "shape_events"}` (source: the run's, see `overview`).
+      `{"replicas", "devices", "num_replicas", "first_step", "last_step", "steps", "batch_size",
+      "shape_events"}` (the run's "source" is the report's, from every family: `read.overview`).
     """
     series = run_data.inputs
     return {
-        "source": overview.overview(run_data)["source"],
         "replicas": series.replicas,
         "devices": series.devices,
         "num_replicas": series.num_replicas,

@@ -8,8 +8,7 @@ import json
 
 import numpy as np
 
-from tb_replica_plugin import metadata
-from tb_replica_plugin.core import columns, jobs
+from tb_replica_plugin.core import columns, jobs, plugin_data
 from tb_replica_plugin.core.leaf_entries import mismatch_dims, parse_leaf_entries
 from tb_replica_plugin.families.inputs import schema
 
@@ -218,7 +217,7 @@ def _every_step_sizes(events, sizes_of, dense_steps, dense, notes):
         notes.append(
             "Some shape-change events are missing (TensorBoard keeps a sample of each "
             "series by default): start TensorBoard with --samples_per_plugin "
-            f"{metadata.PLUGIN_NAME}=0 to see every step exactly."
+            f"{plugin_data.PLUGIN_NAME}=0 to see every step exactly."
         )
         batch_size = batch_size.copy()
         batch_size[at[disagree]] = dense[disagree, 0]

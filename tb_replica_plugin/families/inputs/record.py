@@ -13,7 +13,11 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from tb_replica_plugin.core.nest import flatten_with_names
+from tb_replica_plugin.core.nest import (  # noqa: F401 - named here too
+    FIT_BATCH_NAMES,
+    flatten_with_names,
+    name_fit_batch,
+)
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.families.inputs import schema, shapes
 from tb_replica_plugin.families.inputs.shapes import (  # noqa: F401 - the family's public helpers
@@ -28,28 +32,6 @@ from tb_replica_plugin.families.inputs.shapes import (  # noqa: F401 - the famil
     shape_vector,
     structure_vector,
 )
-
-# Names Keras gives to the parts of a `fit` batch, in `unpack_x_y_sample_weight` order.
-FIT_BATCH_NAMES = ("x", "y", "sample_weight")
-
-
-def name_fit_batch(data):
-    """Names the parts of a Keras `fit` batch `(x,)`, `(x, y)` or `(x, y, sample_weight)`.
-
-    Args:
-      data: the batch as `train_step` receives it.
-
-    Returns:
-      A dict `{"x": ..., "y": ..., "sample_weight": ...}` without the missing parts.
-    """
-    if isinstance(data, tuple) and not hasattr(data, "_fields") and 1 <= len(data) <= 3:
-        return {
-            name: part
-            for name, part in zip(FIT_BATCH_NAMES, data, strict=False)
-            if part is not None
-        }
-    return {"x": data}
-
 
 # Slots of the int64 state before the window: the previous step's shapes fingerprint (0: none
 # yet), the last step recorded.
@@ -164,6 +146,10 @@ class Recorder(RecorderBase):
         empty[_BATCH] = values[_BATCH].tolist()
         self.state["packed"].assign([*counters.tolist(), *np.ravel(empty)])
 
+    def fit_step(self, fit):
+        """Keras `fit`: every step's batch is observed, before the model's step."""
+        return self.probe.observe_inputs, None
+
     def last_step(self):
         if self.state.get("packed") is None:
             return None
@@ -187,7 +173,7 @@ class Recording:
           step: the step to record at (int or int tensor). When omitted, the step of the step
             axis: inside `probe.step()`, its step; outside, the first call records step 0 (or
             what `set_step` set), and the next step begins with the next call of a family that
-            already recorded at this one (`core.steps`).
+            already recorded at this one (`write.steps`).
 
         Example:
           ```python

@@ -377,6 +377,19 @@ class Recorder(RecorderBase):
             )
         counters.assign(tf.stack([values[_LAST_STEP], 0, doc]))
 
+    def fit_step(self, fit):
+        """Keras `fit` with `rng=True`: the generators of the model (and `generators`), before
+        the model's step, so it sees the state each draw of this step starts from; nothing when
+        the model uses no generator that can be observed."""
+        if not fit.options.rng:
+            return None, None
+        generators = fit.options.generators
+        sources = [fit.model] if generators is None else [fit.model, generators]
+        if not find_generators(sources):
+            return None, None
+        probe = self.probe
+        return (lambda batch: probe.observe_rng(sources)), None
+
 
 class Recording:
     """`ReplicaProbe` methods of the rng family."""

@@ -280,6 +280,6 @@ def find_rng(series, thresholds=Thresholds()):
 
 def find(run_data, thresholds=Thresholds()):
     """Findings of the rng family of a `reader.RunData` (none without rng series)."""
-    if getattr(run_data, "rng", None) is None:
+    if run_data.rng is None:
         return []
     return find_rng(run_data.rng, thresholds)

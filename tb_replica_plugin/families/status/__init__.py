@@ -8,8 +8,8 @@ each request. Submodules: `schema`, `read`, `states`, `rules`, `present`, `attri
 the standard library); `record` is the write side (TensorFlow), loaded by the probe only.
 """
 
+from tb_replica_plugin.core.family import Family, Presenter, Rules
 from tb_replica_plugin.families.status import present, read, rules, schema
-from tb_replica_plugin.registry import Family, Presenter, Rules
 
 
 def write_side():

@@ -40,8 +40,8 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from tb_replica_plugin.core import lifecycle
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
+from tb_replica_plugin.core.run_end import run_end
 from tb_replica_plugin.families.status import attribution, schema
 
 # Seconds without progress before the heartbeat thread writes every thread's stack (once per
@@ -128,7 +128,7 @@ class Recorder(RecorderBase):
             if not (how == "fit" and self._how == "fit"):
                 return
             # The previous `fit` never returned (its on_train_end did not run): say so first.
-            self.ended(lifecycle.run_end("fit", unreturned=True))
+            self.ended(run_end("fit", unreturned=True))
         self._open, self._how, self._ended_by_cell, self._thread = True, how, None, thread
         self._sigint = None
         LIVE.add(self)

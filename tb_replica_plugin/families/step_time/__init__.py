@@ -9,8 +9,8 @@ Submodules: `schema` (tags, tensor layouts), `read`, `merge` (a job's), `rules`,
 imports no TensorFlow.
 """
 
+from tb_replica_plugin.core.family import Family, Presenter, Rules
 from tb_replica_plugin.families.step_time import merge, present, read, rules, schema
-from tb_replica_plugin.registry import Family, Presenter, Rules
 
 
 def write_side():

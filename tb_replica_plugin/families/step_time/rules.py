@@ -345,7 +345,7 @@ def find(run_data, thresholds=Thresholds()):
       >>> [f.kind for f in find(run_data)]
       ['slow_replica']
     """
-    series = getattr(run_data, "step_time", None)
-    workers = getattr(run_data, "workers", None) or []
+    series = run_data.step_time
+    workers = run_data.workers
     found = find_stragglers(series, workers, thresholds) if workers else []
     return found + find_slow_replicas(getattr(series, "ready", None), thresholds)

@@ -1,5 +1,6 @@
-"""Variables family, Keras `fit` side: which variables `ReplicaCallback` checks, and its epoch-end
-check. No TensorFlow import of its own (the probe's methods do the work)."""
+"""Variables family, Keras `fit` side (`Recorder.fit_step`, `fit_begin`, `fit_epoch_end`): which
+variables `ReplicaCallback` checks, the check in its steps and the full check at epoch ends. No
+TensorFlow import of its own (the probe's methods do the work)."""
 
 
 def fit_variables(model):
@@ -46,7 +47,7 @@ def observe_at_epoch_end(probe, model, exact, budget=None, spacing=None, last=No
       The step of the last full check: this one's, else `last`.
     """
     try:
-        step = probe.last_step()
+        step = probe.step_axis.current()
         if step is None or (last is not None and step <= last):
             return last
         variables = fit_variables(model)
@@ -64,3 +65,59 @@ def observe_at_epoch_end(probe, model, exact, budget=None, spacing=None, last=No
     except Exception as error:  # noqa: BLE001 - never break the training
         probe.warn_variables_failed(error)
         return last
+
+
+def step_observer(fit):
+    """The `after()` of the train step: the drift check of the logged steps (a merge_call from
+    replica context, under a `tf.cond` every N steps), or None with `update_freq="epoch"` or
+    `variables=False`.
+
+    Args:
+      fit: the callback's `keras.hooks.Fit`.
+    """
+    options = fit.options
+    if not options.variables or options.update_freq == "epoch":
+        return None
+    probe, model = fit.probe, fit.model
+    exact = options.variables_exact
+    budget = None if exact else options.variables_budget
+
+    def after():
+        try:
+            variables = fit_variables(model)
+        except Exception as error:  # noqa: BLE001 - never break the training
+            probe.warn_variables_failed(error)
+        else:
+            probe.observe_variables(variables, exact=exact, budget=budget)
+
+    return after
+
+
+def check_whole(recorder, fit, final=False):
+    """The host-side full drift check at an epoch end, at most one per P steps (P: the rotation
+    period of `variables_budget`), and at the end of training if steps came after the last one.
+    Only with `update_freq="epoch"` or rotating checks in the steps.
+
+    Args:
+      recorder: the variables family's `Recorder` (its `whole_checked_at` is updated).
+      fit: the callback's `keras.hooks.Fit`.
+      final: the end of training.
+    """
+    options = fit.options
+    if not options.variables:
+        return
+    if options.update_freq == "epoch":
+        exact, budget = options.variables_exact, None
+    elif options.variables_budget is not None and not options.variables_exact:
+        exact, budget = False, options.variables_budget  # and the steps' slices rotate
+    else:
+        return  # every logged step checks every element
+    recorder.whole_checked_at = observe_at_epoch_end(
+        fit.probe,
+        fit.model,
+        exact,
+        budget,
+        spacing=options.variables_budget,
+        last=recorder.whole_checked_at,
+        final=final,
+    )

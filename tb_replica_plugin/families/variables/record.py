@@ -19,6 +19,7 @@ from tensorflow.core.protobuf import config_pb2
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.families.variables import check, fingerprint, rotation, schema
+from tb_replica_plugin.families.variables import fit as fit_side
 
 # The family's state vector: placement written, placement fingerprint.
 _HAS_PLACEMENT, _PLACEMENT_FP = range(2)
@@ -127,6 +128,18 @@ class Recorder(RecorderBase):
 
     def warn(self, error):
         self.probe.warn_failed("variables", error)
+
+    def fit_step(self, fit):
+        """Keras `fit`: the check of the logged steps after the model's step (`fit.py`)."""
+        return None, fit_side.step_observer(fit)
+
+    def fit_begin(self, fit):
+        """Keras `fit`: no full check in this fit yet (the step axis is at its step before)."""
+        self.whole_checked_at = self.probe.step_axis.current()
+
+    def fit_epoch_end(self, fit, final=False):
+        """Keras `fit`: the full check at epoch ends and at the end of training (`fit.py`)."""
+        fit_side.check_whole(self, fit, final)
 
     def _plan(self, variables, exact, budget=None):
         """Entries, placement JSON, rotation and the traced check for one variable list (cached).

@@ -314,4 +314,4 @@ def find_variables(series, thresholds=Thresholds()):
 
 def find(run_data, thresholds=Thresholds()):
     """Findings of the variables family of a `reader.RunData` (none without variables)."""
-    return find_variables(getattr(run_data, "variables", None), thresholds)
+    return find_variables(run_data.variables, thresholds)

@@ -228,6 +228,28 @@ class Recorder(RecorderBase):
         super().close()
         self._slots = {}
 
+    def fit_step(self, fit):
+        """Keras `fit` with `outputs=True`: each replica's `y_pred` (captured at the model's
+        `compute_loss`) watched as `outputs` after the model's step; outputs captured in another
+        graph (a validation step of the same fit) are ignored."""
+        if not fit.options.outputs:
+            return None, None
+        capture = fit.capture_outputs()
+        if capture is None:
+            return None, None
+        probe = self.probe
+
+        def after():
+            try:
+                y_pred = fit.take(capture)
+            except Exception as error:  # noqa: BLE001 - never break training
+                probe.warn_failed("watch", error, "model outputs")
+                return
+            if y_pred is not None:
+                probe.watch("outputs", y_pred)
+
+        return None, after
+
 
 class Recording:
     """`ReplicaProbe` methods of the watch family."""

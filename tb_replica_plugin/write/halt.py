@@ -4,9 +4,9 @@ Two kinds of faults:
 
 - every-step faults (`nonfinite_gradients`): the gradients family's in-graph NaN/Inf check already
   runs at every step and, only at a step with a fault, updates a small fault state on the host
-  CPU, which its recorder gives as a `FaultState` (`Recorder.fault_state`, read through
-  `ProbeCore.fault_state`). The host reads it after each step: no extra op in the step, no extra
-  device-to-host copy of any tensor the step computes.
+  CPU, which its recorder gives as a `FaultState` (`core.recorder`: `Recorder.fault_state`, read
+  through `ProbeCore.fault_state`). The host reads it after each step: no extra op in the step, no
+  extra device-to-host copy of any tensor the step computes.
 - check-time faults (`variable_drift`, `identical_rng_streams`, `duplicate_examples`, ...): the
   families write them at their checks (logged steps, epoch ends); at such a check the event file
   is flushed and read back, and the same rules as `tb-replica report` decide.
@@ -23,27 +23,9 @@ probe.
 """
 
 import os
-from typing import NamedTuple
 
 EVERY_STEP_KINDS = frozenset({"nonfinite_gradients"})
 HALT_ON_WORDS = ("error",)
-
-
-class FaultState(NamedTuple):
-    """The every-step fault state a family keeps on the host (`Recorder.fault_state`).
-
-    Attributes:
-      steps: how many steps had a fault so far (the host notices a new one by its growth).
-      last: the step of the latest fault.
-      job: whether the latest fault is one every worker stops at (the all-reduced flag; False at
-        an expected loss-scale overflow).
-      synced: whether `job` is all-reduced across the workers at every step (`sync_faults`).
-    """
-
-    steps: int
-    last: int
-    job: bool
-    synced: bool
 
 
 class ReplicaFaultError(RuntimeError):
@@ -63,7 +45,7 @@ def resolve_halt_on(halt_on):
 
     Args:
       halt_on: None (record only), "error" (every finding of severity error), or an iterable of
-        finding kinds (`analysis.finding_kinds()`), whose error and warning findings stop.
+        finding kinds (`read.judge.finding_kinds()`), whose error and warning findings stop.
 
     Returns:
       None, "error" or a frozenset of kinds.
@@ -79,9 +61,9 @@ def resolve_halt_on(halt_on):
         raise ValueError(
             f"`halt_on` must be None, 'error' or a list of finding kinds. Received: {halt_on!r}"
         )
-    from tb_replica_plugin import analysis
+    from tb_replica_plugin.read import judge
 
-    known = analysis.finding_kinds()
+    known = judge.finding_kinds()
     try:
         kinds = frozenset(str(kind) for kind in halt_on)
     except TypeError:
@@ -147,7 +129,8 @@ class Watch:
 
     def run_findings(self):
         """Flushes the probe and runs every rule on its run (this worker's run in a job)."""
-        from tb_replica_plugin import analysis, reader
+        from tb_replica_plugin import group
+        from tb_replica_plugin.read import judge
 
         self.probe.flush()
         run_dir = self.probe.run_dir
@@ -155,8 +138,8 @@ class Watch:
             return []
         findings = []
         name = os.path.basename(os.path.normpath(run_dir))
-        for run_data in reader.read_log_dir(run_dir).values():
-            for finding in analysis.find_run(run_data):
+        for run_data in group.read_log_dir(run_dir).values():
+            for finding in judge.find_run(run_data):
                 finding.run = name
                 findings.append(finding)
         return findings

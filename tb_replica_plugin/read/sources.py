@@ -1,9 +1,9 @@
 """Where a run's samples come from: its event files read on, or TensorBoard's data provider.
 
 A source makes one *tail* per run: an object whose `read(ctx, tags_of_run)` gives the samples
-appended since its last read (`core.event_files.TailRead`). The plugin reads its tags through
+appended since its last read (`read.event_files.TailRead`). The plugin reads its tags through
 `FileSource` when TensorBoard serves a log dir it can read (`--logdir`): each read parses only the
-bytes appended since (`core.event_files.RunTail`). Otherwise (`--logdir_spec`, a remote data
+bytes appended since (`read.event_files.RunTail`). Otherwise (`--logdir_spec`, a remote data
 server, a provider of another kind) `ProviderSource` reads through TensorBoard's data provider,
 whose `read_tensors` answers every sample of a tag at each call (it has no step range nor cursor):
 what is new is then told apart after the read (per-step filtering), not before it. No TensorFlow.
@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from tb_replica_plugin import metadata
-from tb_replica_plugin.core.event_files import RunTail, TailRead
+from tb_replica_plugin.read.event_files import RunTail, TailRead
 
 __all__ = ["FileSource", "ProviderSource", "ProviderTail"]
 

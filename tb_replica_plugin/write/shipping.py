@@ -5,7 +5,7 @@ record.
 their per-replica values in `transfer()` (the open step scope's `core.transfer.Transfer`, or a new
 one for this call alone) and `ship` it; the core delivers it (`core.transfer`) and calls each
 family's host handler with the step it records at (`step_of`, from the one step axis of
-`core.steps`) and the step decisions of that step (`logged`, `sampled`, `recording`, computed
+`write.steps`) and the step decisions of that step (`logged`, `sampled`, `recording`, computed
 once per step).
 """
 
@@ -222,7 +222,7 @@ class Shipping:
     def step_of(self, delivery, caller, step=None):
         """The step a record of `caller` in `delivery` is at (int64 scalar tensor): `step` when
         given, else the scope's step, else the axis's rule for a call outside a scope
-        (`core.steps`). Remembered in `delivery.cache["steps"]` per caller."""
+        (`write.steps`). Remembered in `delivery.cache["steps"]` per caller."""
         if step is not None:
             value = tf.cast(step, tf.int64)
         elif delivery.step is not None:

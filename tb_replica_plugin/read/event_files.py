@@ -31,7 +31,8 @@ import threading
 import numpy as np
 from tensorboard.data import provider
 
-from tb_replica_plugin.core import bulk_records, columns
+from tb_replica_plugin.core import columns
+from tb_replica_plugin.read import bulk_records
 
 __all__ = ["EventFilesProvider", "RunTail", "TailRead", "event_file_names", "reading_in_bulk"]
 
@@ -411,7 +412,7 @@ class TailRead:
       files: how many event files had new summary values.
       values: summary values read (of every tag, the plugin's or not).
       reset: the files can no longer be read on from where the last read stopped (never for
-        event files, which only grow; see `core.sources.ProviderTail`): read the run again.
+        event files, which only grow; see `read.sources.ProviderTail`): read the run again.
     """
 
     samples: dict

@@ -6,14 +6,14 @@
 `ProbeCore` knows no family: `ReplicaProbe` (`tb_replica_plugin.probe`) is this class plus each
 registered family's `Recording` mixin (its `observe_*` methods), and the recorders come from the
 registry (each family's `Family.write_side`). The core reaches the families only through the
-recorders' public hooks (`core.recorder.Recorder`): `core.halt` (the `halt_on` decision) reads
+recorders' public hooks (`core.recorder.Recorder`): `write.halt` (the `halt_on` decision) reads
 the fault state a recorder keeps (`Recorder.fault_state`, the gradients family's NaN/Inf check)
-through `ProbeCore.fault_state`, and the status family hears `core.lifecycle`.
+through `ProbeCore.fault_state`, and the status family hears `write.lifecycle`.
 
 Everything runs in the graph of the training step; the host is not synchronised at any step.
 Reliability: nothing in the step's graph touches the event file. In-graph writes only queue events
 in the writer (gated by one `recording` variable; the writer never flushes by itself); the file is
-written by host-side flushes (`core.flusher`, `flush`, `close`). An I/O error surfaces on the host,
+written by host-side flushes (`write.flusher`, `flush`, `close`). An I/O error surfaces on the host,
 is warned about once and turns recording off; it can never fail a training step.
 """
 
@@ -27,13 +27,14 @@ import warnings
 
 import tensorflow as tf
 
+from tb_replica_plugin import registry
 from tb_replica_plugin.core import distribute
-from tb_replica_plugin.core.flusher import FLUSHER
-from tb_replica_plugin.core.lifecycle import Lifecycle
-from tb_replica_plugin.core.recorder import host_variable, recorder_classes
-from tb_replica_plugin.core.shipping import Shipping
-from tb_replica_plugin.core.steps import StepAxis
-from tb_replica_plugin.core.summary_writes import SummaryWrites
+from tb_replica_plugin.core.recorder import host_variable
+from tb_replica_plugin.write.flusher import FLUSHER
+from tb_replica_plugin.write.lifecycle import Lifecycle
+from tb_replica_plugin.write.shipping import Shipping
+from tb_replica_plugin.write.steps import StepAxis
+from tb_replica_plugin.write.summary_writes import SummaryWrites
 
 logger = logging.getLogger("tb_replica_plugin.probe")
 
@@ -140,7 +141,7 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle):
         self._lock = threading.RLock()  # host-side writer use (main and flush threads)
         self._next_flush = 0.0
         self._dir_identity = None
-        self._axis = StepAxis()  # the one step every family records at (`core.steps`)
+        self._axis = StepAxis()  # the one step every family records at (`write.steps`)
         self._gated = {}  # id -> weakref of the tensors `gated` returned
         self._init_lifecycle()
         self._init_shipping()
@@ -181,7 +182,7 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle):
 
     @property
     def step_axis(self):
-        """The probe's step axis (`core.steps.StepAxis`)."""
+        """The probe's step axis (`write.steps.StepAxis`)."""
         return self._axis
 
     @property
@@ -203,6 +204,10 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle):
           KeyError: if no registered family of that name has a write side.
         """
         return self._recorders[name]
+
+    def recorders(self):
+        """Every family's recorder, in registry order."""
+        return list(self._recorders.values())
 
     def build(self):
         """Creates the writer and every family's state once, outside any graph.
@@ -302,7 +307,7 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle):
 
     def set_step(self, step):
         """Sets the step the next step scope, and the next call of every family without
-        `step=`, records at (`core.steps`).
+        `step=`, records at (`write.steps`).
 
         Args:
           step: an int (or int tensor).
@@ -382,8 +387,8 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle):
         return values
 
     def fault_state(self):
-        """The every-step fault state of the first family that keeps one (`core.halt.FaultState`,
-        host side), or None."""
+        """The every-step fault state of the first family that keeps one (a
+        `core.recorder.FaultState`, host side), or None."""
         for recorder in self._recorders.values():
             state = recorder.fault_state()
             if state is not None:
@@ -569,3 +574,24 @@ def _first_line(error):
     lines = str(error).strip().splitlines()
     text = re.sub(r"^\{\{[^}]*\}\}\s*", "", lines[0]) if lines else ""
     return text or type(error).__name__
+
+
+def write_sides():
+    """`[(family name, Recorder class, Recording mixin or None)]` of every registered family with
+    a write side (`Family.write_side`), in registry order."""
+    sides = []
+    for family in registry.families():
+        if family.write_side is not None:
+            recorder, recording = family.write_side()
+            sides.append((family.name, recorder, recording))
+    return sides
+
+
+def recorder_classes():
+    """`[(family name, Recorder class)]` of every registered family with a write side."""
+    return [(name, recorder) for name, recorder, _ in write_sides()]
+
+
+def recording_mixins():
+    """The `Recording` mixins (public `observe_*` methods) of every registered family."""
+    return tuple(recording for _, _, recording in write_sides() if recording is not None)
