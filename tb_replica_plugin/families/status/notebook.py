@@ -16,7 +16,9 @@ open stretches the cell concerns:
   cell's training returned, "finished" (an error after it, in the user's own code, is not
   training's).
 
-Each ends with `how` "cell" (`record.CELL`); the probe's next recorded step begins a new stretch
+Each ends with `how` "cell" (`record.CELL`), through the `end_stretch` that `record.py` hands
+to `watch_cells` with the list of stretches (`recorders`): this module imports nothing of the
+recorder's, so the two do not import each other. The probe's next recorded step begins a new stretch
 (`Recorder._resume_after_cell`). Keras `fit` ends its own stretches. A stretch that began in a
 thread other than the main one (a loop or `fit` run in the background while cells run) is not
 the cells': its thread's exception ends it (`Recorder.thread_died`), and the first cell run after
@@ -27,8 +29,6 @@ import contextlib
 import sys
 import threading
 
-from tb_replica_plugin.families.status import record
-
 # Top-level modules whose frames in an exception's traceback tie it to training.
 TRAINING_MODULES = frozenset({"tensorflow", "keras", "tf_keras", "tb_replica_plugin"})
 # How many `__cause__` / `__context__` links `raised_in_training` follows.
@@ -37,10 +37,21 @@ CHAIN_DEPTH = 5
 # `{id(recorder): step recorded}` of the stretches open or ended by a cell when the running cell
 # started.
 _steps_at_cell_start = {}
+# What `watch_cells` was handed: `recorders()` lists the status recorders of the open stretches
+# and of those a cell ended; `end_stretch(recorder, *error)` ends one with `how` "cell", quietly.
+_hooks = {"recorders": list, "end_stretch": lambda recorder, *error: None}
 
 
-def watch_cells():
-    """Registers `cell_starts` and `cell_ran` with the running IPython shell, if any."""
+def watch_cells(recorders, end_stretch):
+    """Registers `cell_starts` and `cell_ran` with the running IPython shell, if any.
+
+    Args:
+      recorders: callable, no arguments, returning the status recorders a cell may concern (the
+        open stretches' and those a cell ended), each with `probe`, `training_thread`, `is_open`.
+      end_stretch: callable `(recorder, *error)` that ends the recorder's stretch with `how`
+        "cell" (the exception that ended it, if any) and never raises.
+    """
+    _hooks.update(recorders=recorders, end_stretch=end_stretch)
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is None:
@@ -53,7 +64,7 @@ def watch_cells():
 def cell_starts(info=None):
     """IPython's `pre_run_cell`: notes the step each stretch is at."""
     _steps_at_cell_start.clear()
-    for recorder in record.LIVE.recorders(ended_by_cell=True):
+    for recorder in _hooks["recorders"]():
         with contextlib.suppress(Exception):
             _steps_at_cell_start[id(recorder)] = recorder.probe.recorded_step()
 
@@ -64,13 +75,14 @@ def cell_ran(result):
     error = getattr(result, "error_in_exec", None)
     in_training = error is not None and raised_in_training(error)
     interrupted = isinstance(error, KeyboardInterrupt)
-    for recorder in record.LIVE.recorders(ended_by_cell=True):
+    end_stretch = _hooks["end_stretch"]
+    for recorder in _hooks["recorders"]():
         thread = recorder.training_thread
         if thread is not None and thread is not threading.main_thread():
             # Trained in a thread of its own: not the cell's. That thread's exception ends its
             # stretch (`thread_died`); once the thread has returned, the next cell ends it.
             if not thread.is_alive() and recorder.is_open:
-                record._quietly(recorder.probe.end_run, record.CELL, wait=record.HOOK_WAIT_SECS)
+                end_stretch(recorder)
             continue
         try:
             moved = moved_during_cell(recorder)
@@ -83,7 +95,7 @@ def cell_ran(result):
         else:
             continue
         # A stretch a cell ended begins again first when it recorded steps since (`ended`).
-        record._quietly(recorder.probe.end_run, record.CELL, *end, wait=record.HOOK_WAIT_SECS)
+        end_stretch(recorder, *end)
 
 
 def moved_during_cell(recorder):

@@ -550,7 +550,12 @@ def _install_hooks():
     _listen_for_stacks_signal()
     from tb_replica_plugin.families.status import notebook
 
-    notebook.watch_cells()
+    notebook.watch_cells(
+        lambda: LIVE.recorders(ended_by_cell=True),
+        lambda recorder, *error: _quietly(
+            recorder.probe.end_run, CELL, *error, wait=HOOK_WAIT_SECS
+        ),
+    )
 
 
 class _SigintWatch:
