@@ -389,9 +389,9 @@ def find_gradients(series, thresholds=Thresholds(), inputs=None):
 
 def find(run_data, thresholds=Thresholds()):
     """Findings of the gradients family of a `reader.RunData` (none without gradients)."""
-    if getattr(run_data, "gradients", None) is None:
+    if run_data.gradients is None:
         return []
-    return find_gradients(run_data.gradients, thresholds, getattr(run_data, "inputs", None))
+    return find_gradients(run_data.gradients, thresholds, run_data.inputs)
 
 
 def annotate(findings, run_data):
@@ -406,8 +406,7 @@ def annotate(findings, run_data):
     Returns:
       `findings`.
     """
-    series = getattr(run_data, "gradients", None)
-    inputs = getattr(run_data, "inputs", None)
+    series, inputs = run_data.gradients, run_data.inputs
     if series is None or series.nonfinite_steps.size == 0:
         return findings
     mask = empty_batch_losses(series, inputs)

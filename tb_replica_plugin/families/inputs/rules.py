@@ -349,7 +349,6 @@ def annotate(findings, run_data):
     Returns:
       `findings`.
     """
-    workers = getattr(run_data, "workers", None) or []
-    if workers:
-        _name_workers(findings, run_data.inputs, workers)
+    if run_data.workers:
+        _name_workers(findings, run_data.inputs, run_data.workers)
     return findings

@@ -183,7 +183,7 @@ def status_body(run_data, now, thresholds=Thresholds()):
       >>> status_body(run_data, now)["workers"][0]["state"]
       'crashed'
     """
-    status = getattr(run_data, "status", None)
+    status = run_data.status
     if status is None:
         return {
             "run": run_data.run,
@@ -230,7 +230,7 @@ def live_fields(run_data, now, thresholds=Thresholds()):
       >>> live_fields(run_data, now)["status"]["state"]
       'finished'
     """
-    status = getattr(run_data, "status", None)
+    status = run_data.status
     if status is None:
         return {"status": {"state": None, "age_s": None, "worst": None}}
     state = states.run_state(status, now, thresholds)
@@ -256,7 +256,7 @@ def report_json(run_data, thresholds=Thresholds(), now=None):
       'finished'
     """
     now = time.time() if now is None else now
-    if getattr(run_data, "status", None) is None:
+    if run_data.status is None:
         return {"status": None}
     body_json = status_body(run_data, now, thresholds)
     body_json.pop("run")
@@ -379,7 +379,7 @@ def report_text(run_data, thresholds=Thresholds(), now=None):
       >>> report_text(run_data, now=now)
       ['  status: finished']
     """
-    status = getattr(run_data, "status", None)
+    status = run_data.status
     if status is None:
         return []
     now = time.time() if now is None else now

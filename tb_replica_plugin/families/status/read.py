@@ -407,7 +407,7 @@ def merge_status(job, member_runs, workers, notes):
       >>> [s is None for s in merge_status("job", members, workers, []).members]
       [False, False]
     """
-    by_run = {member.run: getattr(member, "status", None) for member in member_runs}
+    by_run = {member.run: member.status for member in member_runs}
     members = [by_run.get(worker["run"]) for worker in workers]
     have = [series is not None for series in members]
     if jobs.note_workers_without(workers, have, notes, STATUS_ABSENT_NOTE) is None:

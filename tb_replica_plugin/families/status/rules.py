@@ -717,5 +717,4 @@ def find(run_data, thresholds=Thresholds(), now=None):
       >>> [f.kind for f in find(run_data, now=heartbeat_wall + 600)]   # killed 10 min ago
       ['stopped_without_end']
     """
-    status = getattr(run_data, "status", None)
-    return status_findings(status, time.time() if now is None else now, thresholds)
+    return status_findings(run_data.status, time.time() if now is None else now, thresholds)

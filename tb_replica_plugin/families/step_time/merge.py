@@ -54,7 +54,7 @@ class StepTimeMerger(jobs.Merger):
         Raises:
           jobs.Irregular: if the worker's replicas changed.
         """
-        self._add_timing(slot, getattr(member, "samples", {}) or {}, since)
+        self._add_timing(slot, member.samples, since)
         series = self.series_of(slot, member)
         ready = getattr(series, "ready", None)
         if ready is not None:

@@ -133,14 +133,20 @@ def body(run, run_data, parsed):
 def listed(run_data):
     """Whether `/runs` names step_time: when the run has replica ready times (a job's tab shows
     its per-worker step time from `workers` whatever this says)."""
-    return getattr(run_data.step_time, "ready", None) is not None
+    return _ready(run_data) is not None
+
+
+def _ready(run_data):
+    """The run's replica ready times (`read.ReplicaTimeSeries`), None without step_time data."""
+    series = run_data.step_time
+    return None if series is None else series.ready
 
 
 def report_json(run_data, thresholds):
     """`{"step_time": ..., "replica_time": ...}`: a run's step-time blocks in the JSON report:
     the per-worker timing of a job (None for a single run) and the replicas' ready times
     (`replica_time_json`; None when the run has none)."""
-    ready = getattr(run_data.step_time, "ready", None)
+    ready = _ready(run_data)
     return {
         "step_time": _step_time_json(run_data),
         "replica_time": None if ready is None else replica_time_json(ready, thresholds),
@@ -150,7 +156,7 @@ def report_json(run_data, thresholds):
 def report_text(run_data, thresholds):
     """The step-time lines of a run in the text report: each worker's of a job, then the
     replicas' ready times (`replica_time_lines`)."""
-    ready = getattr(run_data.step_time, "ready", None)
+    ready = _ready(run_data)
     lines = _step_time_lines(run_data)
     return lines + ([] if ready is None else replica_time_lines(ready, thresholds))
 
