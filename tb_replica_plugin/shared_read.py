@@ -23,6 +23,15 @@ beside this process, which merges every worker in worker order:
   the workers it has not got. Nothing of the job is lost.
 
 Set `SHARED_READ_ENV` (`TB_REPLICA_SHARED_READ=0`) to read every worker in this process.
+
+Why not a one-process `concurrent.futures.ProcessPoolExecutor` (as `read.processes` for the
+report), measured (docs/architecture.md, "Multi-worker jobs"): its futures are "running" once
+queued to the process, two at a time, so this process cannot claim a worker the helper has not
+begun; its results come back through a pipe that its manager thread reads and unpickles, waiting
+on the GIL at each 64 kB while this process merges (a 12 MB read cost this process 11-27 ms of
+CPU and arrived 77-418 ms after it was returned, against 6-12 ms to load it from its file in
+`/dev/shm`); a prototype read a 48-worker job no faster; and a `spawn` process imports
+TensorBoard's main module again.
 """
 
 import contextlib
