@@ -53,6 +53,8 @@ PROFILE_FROM = 4
 # What the name of Keras's step function holds (Keras 3, tf_keras), as the profiler's
 # `EagerLocalExecute: __inference_<name>_<n>` event of each call shows it.
 STEP_FUNCTIONS = ("_on_iterator", "train_function")
+# Op types of the kernels that send a tensor to another device.
+SENDS = ("_Send", "_HostSend")
 
 
 def train_function_graph(metadata):
@@ -146,7 +148,9 @@ def _trace_events(trace_dir):
                 if call and any(function in name for function in STEP_FUNCTIONS):
                     starts.append(at)
                 elif ":" in name and "::" not in name and not name.startswith(" "):
-                    kernels.append((at, name.rsplit(":", 1)[1]))
+                    node, kind = name.rsplit(":", 1)
+                    # The probe's own ops (on the host) apart from the step's and the replicas'.
+                    kernels.append((at, f"tb_replica/{kind}" if "tb_replica/" in node else kind))
     return kernels, sorted(starts)
 
 
@@ -156,10 +160,11 @@ def profiled_ops(trace_dir, steps):
 
 
 def plain_step(trace_dir):
-    """`{"kernels", "sends"}` of a plain step of a profiler trace: the kernels run and the
-    `_Send` kernels among them, per call of the step function, their most common value (the
-    window's steps but its sampled one; a step neither logged nor sampled). None when the
-    trace shows no step function call."""
+    """`{"kernels", "sends", "by_type"}` of a plain step of a profiler trace: the kernels run
+    and the `_Send` kernels among them, per call of the step function, their most common value
+    (the window's steps but its sampled one; a step neither logged nor sampled), and that
+    step's kernels by op type (the probe's own, named `tb_replica/...`, as `tb_replica/<type>`).
+    None when the trace shows no step function call."""
     kernels, starts = _trace_events(trace_dir)
     if not starts:
         return None
@@ -167,13 +172,16 @@ def plain_step(trace_dir):
     for at, kind in kernels:
         index = bisect.bisect_right(starts, at) - 1
         if index >= 0:
-            per_step[index]["kernels"] += 1
-            per_step[index]["sends"] += kind in ("_Send", "_HostSend")
+            per_step[index][kind] += 1
     # The last call's events may be cut by the trace's end: left out.
     steps = per_step[:-1] or per_step
-    pairs = collections.Counter((step["kernels"], step["sends"]) for step in steps)
-    (found_kernels, found_sends), _ = pairs.most_common(1)[0]
-    return {"kernels": found_kernels, "sends": found_sends}
+
+    def key(step):
+        return sum(step.values()), sum(n for k, n in step.items() if k.endswith(SENDS))
+
+    (found_kernels, found_sends), _ = collections.Counter(map(key, steps)).most_common(1)[0]
+    found = next(step for step in steps if key(step) == (found_kernels, found_sends))
+    return {"kernels": found_kernels, "sends": found_sends, "by_type": dict(sorted(found.items()))}
 
 
 def _profile_callback(keras, trace_dir):
@@ -264,10 +272,11 @@ def count_model(model_name, sizes, keras_flavour="keras3"):
     added = {key: with_callback[key] - base[key] for key in ("nodes", "transfers")}
     added["ops_per_step"] = round(with_callback["ops_per_step"] - base["ops_per_step"], 2)
     if base["plain_step"] and with_callback["plain_step"]:
-        added["plain_step"] = {
-            key: with_callback["plain_step"][key] - base["plain_step"][key]
-            for key in ("kernels", "sends")
-        }
+        plain, plain_base = with_callback["plain_step"], base["plain_step"]
+        added["plain_step"] = {key: plain[key] - plain_base[key] for key in ("kernels", "sends")}
+        types = set(plain["by_type"]) | set(plain_base["by_type"])
+        by_type = {t: plain["by_type"].get(t, 0) - plain_base["by_type"].get(t, 0) for t in types}
+        added["plain_step"]["by_type"] = {t: n for t, n in sorted(by_type.items()) if n}
     sending = sum(1 for d in devices if tf.DeviceSpec.from_string(d).device_index != 0)
     added["transfers_per_replica"] = round(added["transfers"] / max(sending, 1), 2)
     return {

@@ -408,7 +408,11 @@ def test_a_plain_step_is_the_most_common_count_of_the_traced_steps(tmp_path):
     sampled = plain + ["Sum", "_Send", "Cast", "Pack"]
     # The last call is left out of the plain step (the trace may cut it), not of the kernels.
     trace = _trace(tmp_path, [plain, plain, sampled, plain, sampled + sampled])
-    assert step_counts.plain_step(trace) == {"kernels": 3, "sends": 1}
+    assert step_counts.plain_step(trace) == {
+        "kernels": 3,
+        "sends": 1,
+        "by_type": {"Add": 1, "Mul": 1, "_Send": 1},
+    }
     assert step_counts.profiled_ops(trace, 5) == (3 * 3 + 7 + 14) / 5
 
 
