@@ -335,6 +335,24 @@ def _point(replicas, hidden_layers, keras_flavour):
     return replicas, 2 * (hidden_layers + 1), counts["added"]["plain_step"]["kernels"]
 
 
+def recorded_figures(result):
+    """The figures of `result` (`count_model`'s, with `cost_model` when counted) that
+    `--record` writes: the replicas, the added counts (with the plain step's by op type), the
+    plain step's kernels and `_Send` kernels without and with the callback, and the cost model.
+    """
+    figures = {"replicas": result["replicas"], "added": result["added"]}
+    plain = {
+        variant: {key: result[variant]["plain_step"][key] for key in ("kernels", "sends")}
+        for variant in ("no_callback", "replica_callback_default")
+        if result[variant].get("plain_step")
+    }
+    if plain:
+        figures["plain_step"] = plain
+    if "cost_model" in result:
+        figures["cost_model"] = result["cost_model"]
+    return figures
+
+
 def main(argv=None):
     from benchmarks import fit_overhead
 
@@ -365,8 +383,7 @@ def main(argv=None):
     print(json.dumps(result, indent=1))
     if args.record:
         key = args.model if args.keras == "keras3" else f"{args.model}_{args.keras}"
-        figures = {"replicas": result["replicas"], "added": result["added"]}
-        common.record_results("step_counts", {key: figures}, argv)
+        common.record_results("step_counts", {key: recorded_figures(result)}, argv)
     return result
 
 

@@ -423,3 +423,49 @@ def test_the_cost_model_is_solved_from_three_points():
     model = step_counts.cost_model([(4, 6, 124), (2, 6, 88), (4, 8, 132)])
     assert (model["a"], model["b"], model["h"]) == (12.0, 1.0, 52.0)
     assert model["points"][1] == {"replicas": 2, "variables": 6, "kernels": 88}
+
+
+def test_the_plain_step_targets_are_met_only_within_the_cost_model_and_without_transfers():
+    from benchmarks import tables
+
+    results = _results_copy()
+    mlp = results["step_counts"]["runs"]["mlp"]["figures"]
+    plain, model = mlp["added"]["plain_step"], mlp["cost_model"]
+    what = "kernels added per MLP plain step (neither logged nor sampled; 4 replicas, 6 variables)"
+
+    def rows():
+        return {row[0]: row for row in tables.targets(results)[1]}
+
+    plain.update(kernels=124, sends=3)
+    model.update(a=12.0, b=1.0, h=52.0)
+    assert rows()[what][2:4] == ("124: a·R + b·R·V + h with a = 12, b = 1, h = 52", False)
+    assert rows()["device→host transfers added at a plain step (MLP)"][2:4] == ("3", False)
+    plain.update(kernels=40, sends=0)
+    model.update(a=4.0, b=1.0, h=3.5)
+    assert rows()[what][2:4] == ("40: a·R + b·R·V + h with a = 4, b = 1, h = 3.50", True)
+    assert rows()["device→host transfers added at a plain step (MLP)"][3] is True
+    model.update(h=5.0)  # within 44 kernels, but a constant above its target
+    assert rows()[what][3] is False
+
+
+def test_the_recorded_step_counts_hold_the_plain_step_and_the_cost_model():
+    from benchmarks import step_counts, tables
+
+    plain = {"kernels": 10, "sends": 1, "by_type": {"Add": 9, "_Send": 1}}
+    result = {
+        "replicas": 2,
+        "no_callback": {"plain_step": plain},
+        "replica_callback_default": {"plain_step": dict(plain, kernels=13, sends=2)},
+        "added": {"plain_step": {"kernels": 3, "sends": 1, "by_type": {"tb_replica/Sum": 3}}},
+        "cost_model": step_counts.cost_model([(4, 6, 124), (2, 6, 88), (4, 8, 132)]),
+    }
+    figures = step_counts.recorded_figures(result)
+    assert figures["plain_step"] == {
+        "no_callback": {"kernels": 10, "sends": 1},
+        "replica_callback_default": {"kernels": 13, "sends": 2},
+    }
+    assert figures["cost_model"]["h"] == 52.0
+    assert tables._plain_cells(figures) == ("10 → 13 (+3)", "1 → 2 (+1)")
+    assert tables._plain_cells({"added": {}}) == ("—", "—")
+    del result["cost_model"]
+    assert "cost_model" not in step_counts.recorded_figures(result)
