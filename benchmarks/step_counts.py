@@ -149,7 +149,7 @@ def _trace_events(trace_dir):
                     starts.append(at)
                 elif ":" in name and "::" not in name and not name.startswith(" "):
                     node, kind = name.rsplit(":", 1)
-                    # The probe's own ops (on the host) apart from the step's and the replicas'.
+                    # The package's own ops (its `tb_replica/` name scope).
                     kernels.append((at, f"tb_replica/{kind}" if "tb_replica/" in node else kind))
     return kernels, sorted(starts)
 
