@@ -167,9 +167,11 @@ def mlp_dataset(steps_per_epoch, seed=0):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH).cache().prefetch(2)
 
 
-def mlp_model(strategy, dropout=None, keras_module=None):
+def mlp_model(strategy, dropout=None, keras_module=None, hidden_layers=2):
     """The compiled MLP under `strategy.scope()`; `dropout`: a Dropout rate after layer 1;
-    `keras_module`: the Keras to build it with (default `keras`, Keras 3; `tf.keras` for tf_keras).
+    `keras_module`: the Keras to build it with (default `keras`, Keras 3; `tf.keras` for tf_keras);
+    `hidden_layers`: its hidden Dense layers of 256 units (>= 1; 2 trainable variables each, 2 more
+    for the output layer).
     """
     if keras_module is None:
         import keras
@@ -180,7 +182,8 @@ def mlp_model(strategy, dropout=None, keras_module=None):
         layers = [keras.Input((64,)), keras.layers.Dense(256, activation="relu")]
         if dropout is not None:
             layers.append(keras.layers.Dropout(dropout))
-        layers += [keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)]
+        layers += [keras.layers.Dense(256, activation="relu") for _ in range(hidden_layers - 1)]
+        layers.append(keras.layers.Dense(1))
         model = keras.Sequential(layers)
         model.compile(optimizer="adam", loss="mse")
     return model

@@ -247,7 +247,8 @@ def build_model(name, strategy, keras, sizes):
     """`(model, dataset)` of benchmark model `name` ("mlp", "cnn", "guide") with `sizes`."""
     if name == "mlp":
         dataset = common.mlp_dataset(sizes["steps_per_epoch"])
-        return common.mlp_model(strategy, keras_module=keras), dataset
+        hidden = sizes.get("hidden_layers", 2)
+        return common.mlp_model(strategy, keras_module=keras, hidden_layers=hidden), dataset
     if name == "cnn":
         return _cnn(strategy, keras, sizes)
     return _guide(strategy, keras, sizes)

@@ -14,22 +14,31 @@ callback and with `ReplicaCallback()` (the default). For each:
   receiving device is another: each is a send and a receive at every step), by sending and
   receiving device.
 
+- from the same trace, split at each call of the step function: `plain_step`, the kernels and
+  the `_Send` kernels (cross-device transfers) of a step neither logged nor sampled (the most
+  common per-step counts of the window);
+
 Printed: one JSON document with both and their differences (`added`), with
 `transfers_per_replica`: the added transfers divided by the replicas that are not on the host's
 device (replica 0's logical CPU is the host's own, so on R logical CPU replicas R - 1 replicas
-send; on R GPUs all R would).
+send; on R GPUs all R would). With `--cost-model` (MLP), the MLP is counted again at other
+replica and variable counts (`COST_POINTS`, one child process each) and `cost_model` gives the
+plain step's added kernels as `a·R + b·R·V + h`.
 
     python -m benchmarks.step_counts --model mlp     # 4 replicas
+    python -m benchmarks.step_counts --model mlp --cost-model
     python -m benchmarks.step_counts --model cnn     # MobileNetV2, 2 replicas
 """
 
 import argparse
 import atexit
+import bisect
 import collections
 import glob
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -41,6 +50,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 PROFILED_STEPS = 16
 # The step the profiled window starts at (after the first steps' warm-up).
 PROFILE_FROM = 4
+# What the name of Keras's step function holds (Keras 3, tf_keras), as the profiler's
+# `EagerLocalExecute: __inference_<name>_<n>` event of each call shows it.
+STEP_FUNCTIONS = ("_on_iterator", "train_function")
+# Op types of the kernels that send a tensor to another device.
+SENDS = ("_Send", "_HostSend")
 
 
 def train_function_graph(metadata):
@@ -114,23 +128,60 @@ def _short(device):
     return device.rsplit("device:", 1)[-1]
 
 
-def profiled_ops(trace_dir, steps):
-    """Kernels run per step in a profiler trace of `steps` steps (events `<node>:<op type>`)."""
+def _trace_events(trace_dir):
+    """`(kernels, step_starts)` of a profiler trace: `(start_ps, op type)` of every kernel event
+    (`<node>:<op type>`), and the start of every call of the step function."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
     space = xplane_pb2.XSpace()
     with open(path, "rb") as handle:
         space.ParseFromString(handle.read())
-    count = 0
+    kernels, starts = [], []
     for plane in space.planes:
         names = {key: value.name for key, value in plane.event_metadata.items()}
         for line in plane.lines:
             for event in line.events:
                 name = names.get(event.metadata_id, "")
-                if ":" in name and "::" not in name and not name.startswith(" "):
-                    count += 1
-    return count / steps
+                at = line.timestamp_ns * 1000 + event.offset_ps
+                call = name.startswith("EagerLocalExecute: ")
+                if call and any(function in name for function in STEP_FUNCTIONS):
+                    starts.append(at)
+                elif ":" in name and "::" not in name and not name.startswith(" "):
+                    node, kind = name.rsplit(":", 1)
+                    # The package's own ops (its `tb_replica/` name scope).
+                    kernels.append((at, f"tb_replica/{kind}" if "tb_replica/" in node else kind))
+    return kernels, sorted(starts)
+
+
+def profiled_ops(trace_dir, steps):
+    """Kernels run per step in a profiler trace of `steps` steps (events `<node>:<op type>`)."""
+    return len(_trace_events(trace_dir)[0]) / steps
+
+
+def plain_step(trace_dir):
+    """`{"kernels", "sends", "by_type"}` of a plain step of a profiler trace: the kernels run
+    and the `_Send` kernels among them, per call of the step function, their most common value
+    (the window's steps but its sampled one; a step neither logged nor sampled), and that
+    step's kernels by op type (the probe's own, named `tb_replica/...`, as `tb_replica/<type>`).
+    None when the trace shows no step function call."""
+    kernels, starts = _trace_events(trace_dir)
+    if not starts:
+        return None
+    per_step = [collections.Counter() for _ in starts]
+    for at, kind in kernels:
+        index = bisect.bisect_right(starts, at) - 1
+        if index >= 0:
+            per_step[index][kind] += 1
+    # The last call's events may be cut by the trace's end: left out.
+    steps = per_step[:-1] or per_step
+
+    def key(step):
+        return sum(step.values()), sum(n for k, n in step.items() if k.endswith(SENDS))
+
+    (found_kernels, found_sends), _ = collections.Counter(map(key, steps)).most_common(1)[0]
+    found = next(step for step in steps if key(step) == (found_kernels, found_sends))
+    return {"kernels": found_kernels, "sends": found_sends, "by_type": dict(sorted(found.items()))}
 
 
 def _profile_callback(keras, trace_dir):
@@ -170,6 +221,7 @@ def count_variant(build, callbacks, keras):
         profile = _profile_callback(keras, trace_dir)
         model.fit(dataset, epochs=1, verbose=0, callbacks=[*callbacks(), profile])
         ops_per_step = round(profiled_ops(trace_dir, PROFILED_STEPS), 2)
+        plain = plain_step(trace_dir)
     finally:
         shutil.rmtree(trace_dir, ignore_errors=True)
     model, dataset = build()
@@ -180,7 +232,11 @@ def count_variant(build, callbacks, keras):
         metadata = ctx.export_run_metadata()
     finally:
         ctx.disable_run_metadata()
-    return {**graph_counts(train_function_graph(metadata)), "ops_per_step": ops_per_step}
+    return {
+        **graph_counts(train_function_graph(metadata)),
+        "ops_per_step": ops_per_step,
+        "plain_step": plain,
+    }
 
 
 def count_model(model_name, sizes, keras_flavour="keras3"):
@@ -215,6 +271,12 @@ def count_model(model_name, sizes, keras_flavour="keras3"):
     base, with_callback = counts["no_callback"], counts["replica_callback_default"]
     added = {key: with_callback[key] - base[key] for key in ("nodes", "transfers")}
     added["ops_per_step"] = round(with_callback["ops_per_step"] - base["ops_per_step"], 2)
+    if base["plain_step"] and with_callback["plain_step"]:
+        plain, plain_base = with_callback["plain_step"], base["plain_step"]
+        added["plain_step"] = {key: plain[key] - plain_base[key] for key in ("kernels", "sends")}
+        types = set(plain["by_type"]) | set(plain_base["by_type"])
+        by_type = {t: plain["by_type"].get(t, 0) - plain_base["by_type"].get(t, 0) for t in types}
+        added["plain_step"]["by_type"] = {t: n for t, n in sorted(by_type.items()) if n}
     sending = sum(1 for d in devices if tf.DeviceSpec.from_string(d).device_index != 0)
     added["transfers_per_replica"] = round(added["transfers"] / max(sending, 1), 2)
     return {
@@ -226,6 +288,71 @@ def count_model(model_name, sizes, keras_flavour="keras3"):
     }
 
 
+def cost_model(points):
+    """The added kernels of a plain step as `a·R + b·R·V + h` (R replicas, V variables), solved
+    from three counted points.
+
+    Args:
+      points: three `(R, V, added kernels)`: two of one V and two R, and one of another V.
+
+    Returns:
+      `{"a", "b", "h", "points"}` (`a`, `b`, `h` rounded to 2 decimals).
+
+    Example:
+      >>> cost_model([(2, 6, 22), (4, 6, 40), (4, 8, 48)])["b"]
+      1.0
+    """
+    import numpy as np
+
+    matrix = np.array([[r, r * v, 1.0] for r, v, _ in points])
+    added = np.array([float(k) for _, _, k in points])
+    a, b, h = np.linalg.solve(matrix, added)
+    return {
+        "a": round(float(a), 2),
+        "b": round(float(b), 2),
+        "h": round(float(h), 2),
+        "points": [{"replicas": r, "variables": v, "kernels": k} for r, v, k in points],
+    }
+
+
+# The MLP's other points of the cost model: (replicas, hidden layers); V = 2 * (layers + 1).
+COST_POINTS = ((2, 2), (4, 3))
+
+
+def _point(replicas, hidden_layers, keras_flavour):
+    """`(R, V, added kernels of a plain step)` of the MLP, counted in a child process (one
+    strategy per process)."""
+    from benchmarks import fit_overhead
+
+    sizes = dict(fit_overhead.FULL_SIZES["mlp"], replicas=replicas, hidden_layers=hidden_layers)
+    command = [sys.executable, "-m", "benchmarks.step_counts", "--model", "mlp"]
+    command += ["--keras", keras_flavour, "--sizes", json.dumps(sizes)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"step_counts at {replicas} replicas failed ({done.returncode})")
+    counts = json.loads(done.stdout[done.stdout.index("{") :])
+    return replicas, 2 * (hidden_layers + 1), counts["added"]["plain_step"]["kernels"]
+
+
+def recorded_figures(result):
+    """The figures of `result` (`count_model`'s, with `cost_model` when counted) that
+    `--record` writes: the replicas, the added counts (with the plain step's by op type), the
+    plain step's kernels and `_Send` kernels without and with the callback, and the cost model.
+    """
+    figures = {"replicas": result["replicas"], "added": result["added"]}
+    plain = {
+        variant: {key: result[variant]["plain_step"][key] for key in ("kernels", "sends")}
+        for variant in ("no_callback", "replica_callback_default")
+        if result[variant].get("plain_step")
+    }
+    if plain:
+        figures["plain_step"] = plain
+    if "cost_model" in result:
+        figures["cost_model"] = result["cost_model"]
+    return figures
+
+
 def main(argv=None):
     from benchmarks import fit_overhead
 
@@ -234,14 +361,29 @@ def main(argv=None):
     parser.add_argument("--keras", choices=("keras3", "tf_keras"), default="keras3")
     parser.add_argument("--sizes", help="JSON sizes (default: fit_overhead's full sizes)")
     common.add_record_argument(parser)
+    parser.add_argument(
+        "--cost-model",
+        action="store_true",
+        help="MLP only: also count the MLP at other replica and variable counts (children) and "
+        "print the plain step's added kernels as a·R + b·R·V + h",
+    )
     args = parser.parse_args(argv)
     sizes = json.loads(args.sizes) if args.sizes else fit_overhead.FULL_SIZES[args.model]
     result = count_model(args.model, sizes, args.keras)
+    if args.cost_model:
+        if args.model != "mlp" or "plain_step" not in result["added"]:
+            raise SystemExit("--cost-model counts the MLP (--model mlp) only")
+        own = (
+            result["replicas"],
+            2 * (sizes.get("hidden_layers", 2) + 1),
+            result["added"]["plain_step"]["kernels"],
+        )
+        others = [_point(r, layers, args.keras) for r, layers in COST_POINTS]
+        result["cost_model"] = cost_model([own, *others])
     print(json.dumps(result, indent=1))
     if args.record:
         key = args.model if args.keras == "keras3" else f"{args.model}_{args.keras}"
-        figures = {"replicas": result["replicas"], "added": result["added"]}
-        common.record_results("step_counts", {key: figures}, argv)
+        common.record_results("step_counts", {key: recorded_figures(result)}, argv)
     return result
 
 

@@ -368,3 +368,104 @@ def test_the_pages_state_no_measured_figure_outside_the_marked_blocks():
     figure = re.compile(r"\d(?:[.,]\d+)?\s?(?:ms|µs|GB|MB|KB)\b|\d\.\d+×")
     for text in pages:
         assert figure.findall(text) == []
+
+
+def _trace(tmp_path, steps):
+    """A profiler trace file: `steps`, each a list of op types run after one step function
+    call (its kernels' events, on a line of their own)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    ids = {}
+
+    def metadata(name):
+        if name not in ids:
+            ids[name] = len(ids) + 1
+            plane.event_metadata[ids[name]].name = name
+        return ids[name]
+
+    calls, kernels = plane.lines.add(timestamp_ns=1000), plane.lines.add(timestamp_ns=1000)
+    for index, kinds in enumerate(steps):
+        start = index * 1_000_000
+        call = "EagerLocalExecute: __inference_multi_step_on_iterator_3034"
+        calls.events.add(metadata_id=metadata(call), offset_ps=start)
+        for position, kind in enumerate(kinds):
+            kernels.events.add(
+                metadata_id=metadata(f"StatefulPartitionedCall/n{position}:{kind}"),
+                offset_ps=start + 10 + position,
+            )
+    directory = tmp_path / "plugins" / "profile" / "run"
+    directory.mkdir(parents=True)
+    (directory / "host.xplane.pb").write_bytes(space.SerializeToString())
+    return str(tmp_path)
+
+
+def test_a_plain_step_is_the_most_common_count_of_the_traced_steps(tmp_path):
+    from benchmarks import step_counts
+
+    plain = ["Add", "_Send", "Mul"]
+    sampled = plain + ["Sum", "_Send", "Cast", "Pack"]
+    # The last call is left out of the plain step (the trace may cut it), not of the kernels.
+    trace = _trace(tmp_path, [plain, plain, sampled, plain, sampled + sampled])
+    assert step_counts.plain_step(trace) == {
+        "kernels": 3,
+        "sends": 1,
+        "by_type": {"Add": 1, "Mul": 1, "_Send": 1},
+    }
+    assert step_counts.profiled_ops(trace, 5) == (3 * 3 + 7 + 14) / 5
+
+
+def test_the_cost_model_is_solved_from_three_points():
+    from benchmarks import step_counts
+
+    # a·R + b·R·V + h with a = 12, b = 1, h = 52 (the MLP's counts before issue 57).
+    model = step_counts.cost_model([(4, 6, 124), (2, 6, 88), (4, 8, 132)])
+    assert (model["a"], model["b"], model["h"]) == (12.0, 1.0, 52.0)
+    assert model["points"][1] == {"replicas": 2, "variables": 6, "kernels": 88}
+
+
+def test_the_plain_step_targets_are_met_only_within_the_cost_model_and_without_transfers():
+    from benchmarks import tables
+
+    results = _results_copy()
+    mlp = results["step_counts"]["runs"]["mlp"]["figures"]
+    plain, model = mlp["added"]["plain_step"], mlp["cost_model"]
+    what = "kernels added per MLP plain step (neither logged nor sampled; 4 replicas, 6 variables)"
+
+    def rows():
+        return {row[0]: row for row in tables.targets(results)[1]}
+
+    plain.update(kernels=124, sends=3)
+    model.update(a=12.0, b=1.0, h=52.0)
+    assert rows()[what][2:4] == ("124: a·R + b·R·V + h with a = 12, b = 1, h = 52", False)
+    assert rows()["device→host transfers added at a plain step (MLP)"][2:4] == ("3", False)
+    plain.update(kernels=40, sends=0)
+    model.update(a=4.0, b=1.0, h=3.5)
+    assert rows()[what][2:4] == ("40: a·R + b·R·V + h with a = 4, b = 1, h = 3.50", True)
+    assert rows()["device→host transfers added at a plain step (MLP)"][3] is True
+    model.update(h=5.0)  # within 44 kernels, but a constant above its target
+    assert rows()[what][3] is False
+
+
+def test_the_recorded_step_counts_hold_the_plain_step_and_the_cost_model():
+    from benchmarks import step_counts, tables
+
+    plain = {"kernels": 10, "sends": 1, "by_type": {"Add": 9, "_Send": 1}}
+    result = {
+        "replicas": 2,
+        "no_callback": {"plain_step": plain},
+        "replica_callback_default": {"plain_step": dict(plain, kernels=13, sends=2)},
+        "added": {"plain_step": {"kernels": 3, "sends": 1, "by_type": {"tb_replica/Sum": 3}}},
+        "cost_model": step_counts.cost_model([(4, 6, 124), (2, 6, 88), (4, 8, 132)]),
+    }
+    figures = step_counts.recorded_figures(result)
+    assert figures["plain_step"] == {
+        "no_callback": {"kernels": 10, "sends": 1},
+        "replica_callback_default": {"kernels": 13, "sends": 2},
+    }
+    assert figures["cost_model"]["h"] == 52.0
+    assert tables._plain_cells(figures) == ("10 → 13 (+3)", "1 → 2 (+1)")
+    assert tables._plain_cells({"added": {}}) == ("—", "—")
+    del result["cost_model"]
+    assert "cost_model" not in step_counts.recorded_figures(result)
