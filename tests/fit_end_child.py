@@ -34,6 +34,8 @@ import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from reliability_child import Slow  # noqa: E402 - the 20 ms identity layer, shared
+
 from tb_replica_plugin import ReplicaCallback  # noqa: E402
 
 STOP_AT = 60
@@ -62,22 +64,6 @@ class StopAt(keras.callbacks.Callback):
 class PrintSteps(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         print(f"step {batch}", flush=True)
-
-
-class Slow(keras.layers.Layer):
-    """Identity that sleeps 20 ms inside the step's graph."""
-
-    def call(self, x):
-        def sleep():
-            time.sleep(0.02)
-            return np.float32(0.0)
-
-        pause = tf.py_function(sleep, [], tf.float32)
-        pause.set_shape([])
-        return x + pause
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
 
 
 def make_model(slow=False):

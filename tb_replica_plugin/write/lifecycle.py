@@ -33,11 +33,7 @@ class Lifecycle:
         with self._lock:
             if self._core is None or self._disabled_reason:
                 return
-            for recorder in self._recorders.values():
-                try:
-                    recorder.begun(how)
-                except Exception as error:  # noqa: BLE001 - never break the training
-                    self.warn_failed(recorder.name, error)
+            self._tell_recorders("begun", how)
             self._flush_writer()  # what begun wrote is on disk even if the process dies now
 
     def end_run(
@@ -61,14 +57,19 @@ class Lifecycle:
         try:
             if self._core is None or self._disabled_reason:
                 return
-            for recorder in self._recorders.values():
-                try:
-                    recorder.ended(ended)
-                except Exception as failure:  # noqa: BLE001 - never break the training
-                    self.warn_failed(recorder.name, failure)
+            self._tell_recorders("ended", ended)
         finally:
             self._lock.release()
         self.flush()
+
+    def _tell_recorders(self, hook, argument):
+        """Calls `Recorder.<hook>(argument)` of every family (with the lock held); a recorder
+        that fails warns once and the others still hear it."""
+        for recorder in self._recorders.values():
+            try:
+                getattr(recorder, hook)(argument)
+            except Exception as error:  # noqa: BLE001 - never break the training
+                self.warn_failed(recorder.name, error)
 
     def _init_lifecycle(self):
         self._host_origin = None  # the step the host's count starts from (`set_step`)
