@@ -63,9 +63,9 @@ class Lifecycle:
         self.flush()
 
     def _tell_recorders(self, hook, argument):
-        """Calls `Recorder.<hook>(argument)` of every family (with the lock held); a recorder
-        that fails warns once and the others still hear it."""
-        for recorder in self._recorders.values():
+        """Calls `Recorder.<hook>(argument)` of every family (`begun`, `ended`, `before_flush`,
+        `delivered`); a recorder that fails warns once and the others still hear it."""
+        for recorder in list(self._recorders.values()):
             try:
                 getattr(recorder, hook)(argument)
             except Exception as error:  # noqa: BLE001 - never break the training

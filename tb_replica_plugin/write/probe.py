@@ -515,11 +515,7 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle):
             try:
                 if self._core is not None:
                     wall = time.time()
-                    for recorder in list(self._recorders.values()):
-                        try:
-                            recorder.before_flush(wall)
-                        except Exception as error:  # noqa: BLE001 - the flush goes on
-                            self.warn_failed(recorder.name, error)
+                    self._tell_recorders("before_flush", wall)  # the flush goes on
                 self._flush_writer()
             finally:
                 self._lock.release()

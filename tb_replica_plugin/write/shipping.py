@@ -137,11 +137,7 @@ class Shipping:
                             handler(delivery)
                         except Exception as error:  # noqa: BLE001 - the other families go on
                             self.warn_failed(family, error)
-                for recorder in self._recorders.values():
-                    try:
-                        recorder.delivered(delivery)
-                    except Exception as error:  # noqa: BLE001 - never break the training
-                        self.warn_failed(recorder.name, error)
+                self._tell_recorders("delivered", delivery)
                 self._run_groups()
             finally:
                 self._decisions = None
