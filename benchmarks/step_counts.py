@@ -159,25 +159,37 @@ def profiled_ops(trace_dir, steps):
     return len(_trace_events(trace_dir)[0]) / steps
 
 
+def per_call(trace_dir):
+    """`[Counter of op types]`: the kernels of each call of the step function in a profiler
+    trace, in call order (the last call left out: the trace's end may cut it)."""
+    kernels, starts = _trace_events(trace_dir)
+    if not starts:
+        return []
+    calls = [collections.Counter() for _ in starts]
+    for at, kind in kernels:
+        index = bisect.bisect_right(starts, at) - 1
+        if index >= 0:
+            calls[index][kind] += 1
+    return calls[:-1] or calls
+
+
+def sends(counts):
+    """The `_Send` kernels (cross-device transfers) of one call's `per_call` counts."""
+    return sum(n for kind, n in counts.items() if kind.endswith(SENDS))
+
+
 def plain_step(trace_dir):
     """`{"kernels", "sends", "by_type"}` of a plain step of a profiler trace: the kernels run
     and the `_Send` kernels among them, per call of the step function, their most common value
     (the window's steps but its sampled one; a step neither logged nor sampled), and that
     step's kernels by op type (the probe's own, named `tb_replica/...`, as `tb_replica/<type>`).
     None when the trace shows no step function call."""
-    kernels, starts = _trace_events(trace_dir)
-    if not starts:
+    steps = per_call(trace_dir)
+    if not steps:
         return None
-    per_step = [collections.Counter() for _ in starts]
-    for at, kind in kernels:
-        index = bisect.bisect_right(starts, at) - 1
-        if index >= 0:
-            per_step[index][kind] += 1
-    # The last call's events may be cut by the trace's end: left out.
-    steps = per_step[:-1] or per_step
 
     def key(step):
-        return sum(step.values()), sum(n for k, n in step.items() if k.endswith(SENDS))
+        return sum(step.values()), sends(step)
 
     (found_kernels, found_sends), _ = collections.Counter(map(key, steps)).most_common(1)[0]
     found = next(step for step in steps if key(step) == (found_kernels, found_sends))

@@ -125,6 +125,9 @@ class ReplicaProbe(*recording_mixins(), ProbeCore):
         super().__init__(log_dir, *args, **kwargs)
         self._watch = watch
         self._sync_requested = halt_on is not None and watch.watches_every_step
+        # `halt_on`'s fault check reads the host at every step: no plain variant
+        # (`write.variants`).
+        self.every_step_full = halt_on is not None
         gradients = self._recorders.get("gradients")
         if gradients is not None:
             gradients.capture_limit = capture_limit

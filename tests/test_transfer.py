@@ -2,10 +2,10 @@
 
 Real `MirroredStrategy` on 2 logical CPU replicas, real Keras `fit`:
 
-- the step's partitioned graph (`RunMetadata`, as `benchmarks.step_counts` reads it) holds one
-  cross-device transfer more with `ReplicaCallback()` than without: replica 1's packed vector
-  (replica 0's device is the host's), for an MLP and for a model with BatchNormalization and
-  Dropout (every family of the default: inputs, outputs, gradients, rng, examples, variables);
+- in a profiler trace (as `benchmarks.step_counts` reads it), a plain step of the callback's
+  (`write.variants`) sends nothing more than the model's own and adds the cost model's kernels;
+  its sampled step sends one vector per replica that is not on the host's device, for an MLP
+  and a model with BatchNormalization and Dropout (every family of the default);
 - a replica that sleeps 20 ms more per step than the other on the same batch (a branch on the
   replica id) has the larger median ready time in `step_time/replicas`, the other waits for it,
   and `load` (the report's and the tab's reader) finds it a `slow_replica`; its twin without the
@@ -15,6 +15,7 @@ Real `MirroredStrategy` on 2 logical CPU replicas, real Keras `fit`:
   scope follow the step axis's rule.
 """
 
+import collections
 import glob
 import os
 
@@ -76,37 +77,55 @@ def _batchnorm_dropout(strategy):
     return model
 
 
-def _step_graph(model, callbacks):
-    """`benchmarks.step_counts.graph_counts` of `model`'s train step, as `fit` instantiates it."""
-    from tensorflow.python.eager import context
+# The profiled calls of the step function: steps PROFILE_FROM .. PROFILE_FROM + 15 of a fit.
+PROFILE_FROM = 4
 
-    ctx = context.context()
-    ctx.enable_run_metadata()
-    try:
-        model.fit(_data(32), epochs=1, verbose=0, callbacks=callbacks, steps_per_epoch=2)
-        metadata = ctx.export_run_metadata()
-    finally:
-        ctx.disable_run_metadata()
-    return step_counts.graph_counts(step_counts.train_function_graph(metadata))
+
+def _profiled_calls(model, callbacks, trace_dir):
+    """`benchmarks.step_counts.per_call` of 16 steps of `model`'s fit (steps 4 .. 19)."""
+    profile = step_counts._profile_callback(keras, trace_dir)  # noqa: SLF001
+    model.fit(_data(8 * 24), epochs=1, verbose=0, callbacks=[*callbacks, profile])
+    return step_counts.per_call(trace_dir)
 
 
 @pytest.mark.parametrize("make_model", [_mlp, _batchnorm_dropout], ids=["mlp", "bn_dropout"])
-def test_the_callback_adds_one_transfer_per_replica_to_the_step(tmp_path, make_model):
+def test_a_plain_step_sends_nothing_and_a_sampled_step_one_vector_per_replica(
+    tmp_path, make_model
+):
+    """`write.variants`: at a step neither logged nor sampled the callback adds no transfer and
+    `R·V + 3·R + 1` kernels (an `l2_loss` per variable, `AddN`, `IsFinite` and
+    `ResourceCountUpTo` per replica, the step axis's `assign_add`); at the sampled step 16 it
+    adds replica 1's one vector to the host (replica 0's device is the host's)."""
     strategy = mirrored(2)
     keras.utils.set_random_seed(0)
-    without = _step_graph(make_model(strategy), [])
+    without = _profiled_calls(make_model(strategy), [], str(tmp_path / "trace_without"))
     keras.utils.set_random_seed(0)
-    callback = ReplicaCallback(str(tmp_path))
-    with_callback = _step_graph(make_model(strategy), [callback])
-    added = {
-        pair: with_callback["transfers_by_devices"].get(pair, 0) - count
-        for pair, count in without["transfers_by_devices"].items()
+    callback = ReplicaCallback(str(tmp_path / "logs"))
+    model = make_model(strategy)
+    with_callback = _profiled_calls(model, [callback], str(tmp_path / "trace_with"))
+    callback.probe.close()  # its background flushes run no kernel in a later test's trace
+    assert len(without) == len(with_callback) == 15  # steps 4 .. 18 (the last call cut)
+
+    def usual(values):  # a background flush (the heartbeat) may add kernels to one call
+        return collections.Counter(values).most_common(1)[0][0]
+
+    base = usual(step_counts.sends(c) for c in without)
+    base_kernels = usual(sum(c.values()) for c in without)
+    sampled = 16 - PROFILE_FROM
+    plain = [c for index, c in enumerate(with_callback) if index != sampled]
+    assert usual(step_counts.sends(c) for c in plain) == base
+    replicas, variables = 2, len(model.trainable_variables)
+    added = usual(sum(c.values()) - base_kernels for c in plain)
+    assert added == replicas * variables + 3 * replicas + 1
+    probe_ops = {k: n for k, n in plain[0].items() if k.startswith("tb_replica/")}
+    assert probe_ops == {
+        "tb_replica/AddN": replicas,
+        "tb_replica/IsFinite": replicas,
+        "tb_replica/ResourceCountUpTo": replicas,
     }
-    # Replica 1's one vector to the host (replica 0 is on the host's device); nothing else.
-    assert with_callback["transfers"] - without["transfers"] == 1
-    assert added == {"CPU:0->CPU:1": 0, "CPU:1->CPU:0": 1}
-    # Every family recorded (the transfer carries them all).
-    tags = set(_events(os.path.join(str(tmp_path), "replicas")))
+    assert step_counts.sends(with_callback[sampled]) - base == replicas - 1
+    # Every family recorded (the sampled and logged steps carry them all).
+    tags = set(_events(os.path.join(str(tmp_path / "logs"), "replicas")))
     expected = {"inputs/shapes", "gradients/variables", "watch/outputs/shapes"}
     if make_model is _batchnorm_dropout:
         expected |= {"rng/streams", "rng/generators"}

@@ -9,6 +9,7 @@ and, for the public API, a `Recording` mixin whose `observe_*` methods become me
 - `delivered(delivery)` after each transfer was delivered (`core.transfer`: the step time);
 - `write_window()` when the dense series' pending window must be written (epoch ends, `flush`,
   `close`): host-side writes of what was kept in the state;
+- `step_set(step)` when the step axis is set (each `fit` starts from its step);
 - `begun(how)`, `before_flush(now)` and `ended(ending)` around a stretch of training: when it
   begins, before each background flush, when it ends (the status family's heartbeat and end
   record; the others do nothing);
@@ -173,6 +174,10 @@ class Recorder:
     def begun(self, how):
         """Host side: a stretch of training begins (`ProbeCore.begin_run`: the probe's first
         record, each Keras `fit`). Default: nothing."""
+
+    def step_set(self, step):
+        """Host side: the probe's step axis was set (`ProbeCore.set_step`): the next step
+        records at `step`. Default: nothing."""
 
     def before_flush(self, now):
         """Host side, in the background flush thread, before each periodic flush (the probe's

@@ -28,6 +28,7 @@ where it all-reduces, and the model instance's `compute_loss`, to see each repli
 module names no family.
 """
 
+import contextlib
 import os
 import traceback
 import warnings
@@ -288,6 +289,10 @@ class ReplicaCallback(*compat.callback_bases()):
             self._restore(self.model)
 
     def on_epoch_begin(self, epoch, logs=None):
+        steps = (self.params or {}).get("steps")
+        if steps and self._probe is not None and self._patched is not None:
+            # The last step of each epoch is sampled (its partial batch, the window's end).
+            self._probe.sample_last_of(steps)
         self._fit_hooks("fit_epoch_begin")
 
     def on_epoch_end(self, epoch, logs=None):
@@ -493,27 +498,39 @@ class ReplicaCallback(*compat.callback_bases()):
             if not force and kept is not None and kept[0] == self._traced_key(model):
                 model.train_function = self._guarded(model, kept[1])
                 return model.train_function
-            result = original_make(force=force)
-            built = result if result is not None else model.train_function
-            self._traced = (self._traced_key(model), built)
-            model.train_function = self._guarded(model, built)
+            # The step in two variants (`write.variants`): two functions Keras builds alike,
+            # the plain one traced while `probe.plain_variant()` holds (its first call).
+            variants = []
+            for _ in ("full", "plain"):
+                result = original_make(force=True if variants else force)
+                variants.append(result if result is not None else model.train_function)
+            self._traced = (self._traced_key(model), tuple(variants))
+            model.train_function = self._guarded(model, self._traced[1])
             return model.train_function
 
         object.__setattr__(model, "make_train_function", make_train_function)
 
-    def _guarded(self, model, instrumented):
-        """`instrumented`, restoring the model and flushing when an exception escapes a step."""
+    def _guarded(self, model, variants):
+        """The train function of both variants `(full, plain)` (`write.variants`), the one a
+        call needs chosen on the host, restoring the model and flushing when an exception
+        escapes a step."""
+        full, plain = variants
 
         def train_function(*args, **kwargs):
-            self._probe.mark_call()
+            probe = self._probe
+            probe.mark_call()
             try:
-                result = instrumented(*args, **kwargs)
+                if probe.full_needed(probe.next_host_step(), self._steps_per_call):
+                    result = full(*args, **kwargs)
+                else:
+                    with probe.plain_variant():
+                        result = plain(*args, **kwargs)
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise  # the end of a dataset of unknown length: fit goes on with the next epoch
             except BaseException as error:  # KeyboardInterrupt too; it goes on unchanged
                 self._finish(model, error)
                 raise
-            self._probe.mark_call(returned=self._steps_per_call)
+            probe.mark_call(returned=self._steps_per_call)
             return result
 
         return train_function
@@ -527,6 +544,11 @@ class ReplicaCallback(*compat.callback_bases()):
         batches = self._batches
 
         def train_step(data):
+            if probe.plain_step:  # `write.variants`: the gradients' device record alone
+                with probe.step():
+                    with contextlib.suppress(Exception):
+                        batches.put(nest.name_fit_batch(data))
+                    return original(data)
             # One step: every family's values of each replica leave its device once, at the
             # end, as one vector (`ReplicaProbe.step`), and each replica's ready time is taken.
             with probe.step():

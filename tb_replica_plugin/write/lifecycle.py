@@ -95,6 +95,12 @@ class Lifecycle:
             if first:  # a heartbeat now says a step ran (the status family's first beats)
                 self.flush_soon()
 
+    def next_host_step(self):
+        """The step the next call of the step function runs first, as the host counts the
+        calls (`mark_call`), or None for a probe whose owner does not mark them."""
+        origin = self._host_origin
+        return None if origin is None else origin + self._host_returned
+
     @property
     def host_steps(self):
         """`(step being run or next to run, last step completed)` as the host counts the step

@@ -35,6 +35,7 @@ from tb_replica_plugin.write.lifecycle import Lifecycle
 from tb_replica_plugin.write.shipping import Shipping
 from tb_replica_plugin.write.steps import StepAxis
 from tb_replica_plugin.write.summary_writes import SummaryWrites
+from tb_replica_plugin.write.variants import Variants
 
 logger = logging.getLogger("tb_replica_plugin.probe")
 
@@ -103,7 +104,7 @@ def check_flush_secs(flush_secs):
         raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
 
 
-class ProbeCore(Shipping, SummaryWrites, Lifecycle):
+class ProbeCore(Shipping, SummaryWrites, Lifecycle, Variants):
     """Writer, recording gate, step decision, warn-once and family dispatch of `ReplicaProbe`.
 
     See `tb_replica_plugin.ReplicaProbe` for the arguments.
@@ -145,6 +146,7 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle):
         self._gated = {}  # id -> weakref of the tensors `gated` returned
         self._init_lifecycle()
         self._init_shipping()
+        self._init_variants()
         self._recorders = {name: cls(self) for name, cls in recorder_classes()}
 
     # ------------------------------------------------------------------ set-up
@@ -303,7 +305,8 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle):
         """Host side: also sample the last of the next `steps` steps (the callback's epoch
         ends: the step the host writes the window at)."""
         if self._core is not None and not self._disabled_reason:
-            self._core["log_at"].assign(self._axis.current() + int(steps))
+            self._log_at_host = self._axis.current() + int(steps)
+            self._core["log_at"].assign(self._log_at_host)
 
     def set_step(self, step):
         """Sets the step the next step scope, and the next call of every family without
@@ -315,6 +318,7 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle):
         if self.build():
             self._axis.set(int(step))
             self._set_host_origin(int(step))
+            self._tell_recorders("step_set", int(step))
 
     def next_step(self):
         """The step the next step scope records at (host side), None before the probe is built

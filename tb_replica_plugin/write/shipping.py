@@ -65,6 +65,10 @@ class Shipping:
         if not self.build():
             yield
             return
+        if self.plain_step:  # `write.variants`: no transfer, only the step axis moves on
+            yield
+            self._advance_axis()
+            return
         key, thread = _graph_key(), threading.get_ident()
         with self._scope_lock:
             scope = self._scopes.get(key)
@@ -102,6 +106,23 @@ class Shipping:
                 context.merge_call(close)
             else:
                 close()
+        except Exception as error:  # noqa: BLE001 - never break the training it watches
+            self.warn_failed("step", error, "the step")
+
+    def _advance_axis(self):
+        """The plain step's one op on the host: the step axis's `assign_add`, once per step (a
+        `merge_call` in replica context)."""
+
+        def advance(strategy=None):
+            del strategy
+            self._axis.variable.assign_add(1, read_value=False)
+
+        context = tf.distribute.get_replica_context()
+        try:
+            if context is not None:
+                context.merge_call(advance)
+            else:
+                advance()
         except Exception as error:  # noqa: BLE001 - never break the training it watches
             self.warn_failed("step", error, "the step")
 

@@ -155,6 +155,9 @@ class GradientsSeries:
       loss_scaled: whether a loss-scale optimizer was in use (`fit` with mixed precision): its
         overflow steps are expected and skipped by the optimizer.
       batches: the captured culprit batches (`CapturedBatch`), by step then replica.
+      plain_faults: int64 [3, R] or None: per replica, the steps neither logged nor sampled
+        whose gradients or loss held NaN/Inf (the device fault record, `gradients/plain_faults`):
+        how many, the first and the last (-1: none); only those two are among the events.
     """
 
     run: str
@@ -171,6 +174,7 @@ class GradientsSeries:
     nonfinite: np.ndarray
     loss_scaled: bool = False
     batches: list = dataclasses.field(default_factory=list)
+    plain_faults: np.ndarray = None
     # `rules.global_ratio`'s `(global_norm, its ratio to the median)`: computed once per series.
     ratio_cache: tuple = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
@@ -217,6 +221,7 @@ def from_samples(run, samples, notes, needed=None):
         schema.TAG_GRAD_NONFINITE,
         schema.TAG_GRAD_VARIABLES,
         schema.TAG_GRAD_BATCH,
+        schema.TAG_GRAD_PLAIN_FAULTS,
     )
     if not any(samples.get(tag) for tag in tags):
         return None
@@ -260,7 +265,18 @@ def from_samples(run, samples, notes, needed=None):
         nonfinite=events,
         loss_scaled=bool(last.get("loss_scaled", False)),
         batches=batches,
+        plain_faults=_plain_faults(samples, num_replicas),
     )
+
+
+def _plain_faults(samples, num_replicas):
+    """The last `gradients/plain_faults` record of the run's replica count (int64 [3, R]), or
+    None."""
+    for _, value in reversed(samples.get(schema.TAG_GRAD_PLAIN_FAULTS, [])):
+        value = np.asarray(value)
+        if value.shape == (len(schema.PLAIN_FAULT_ROWS), num_replicas):
+            return value.astype(np.int64)
+    return None
 
 
 def _captured_batches(samples, notes):

@@ -26,6 +26,7 @@ from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import FaultState, cond_value, run_if
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.families.gradients import capture, replica, schema
+from tb_replica_plugin.families.gradients.device_faults import DeviceFaults
 from tb_replica_plugin.families.gradients.replica import (  # noqa: F401 - the family's helpers
     nonfinite_counts,
     replica_values,
@@ -183,6 +184,21 @@ class Recorder(RecorderBase):
         self.variable("fault", [0, -1, -2, 0, 0, 0], tf.int64)
         self._last_layout = None  # (V, has_loss, scaling) of `last`
         self._document = None  # the fingerprint of the last `gradients/variables` written
+        # The plain steps' fault record on each replica's device (`write.variants`).
+        self.device_faults = DeviceFaults(self)
+        self.device_faults.create(self.probe.static["devices"], self.probe.step_axis.start)
+
+    def step_set(self, step):
+        if self.state:
+            self.device_faults.set_step(step)
+
+    def before_flush(self, now):
+        if self.state:
+            self.device_faults.write_new(self.probe)
+
+    def ended(self, ending):
+        if self.state:
+            self.device_faults.write_new(self.probe)
 
     # Culprit capture and the job-wide fault flag (set by the probe's owner before tracing).
     capture_limit = capture.DEFAULT_CAPTURE_LIMIT
@@ -265,10 +281,70 @@ class Recorder(RecorderBase):
                 loss_factor=loss_factor,
             )
             context = distribute.replica_context_of(probe.strategy)
-            if context is not None and not call.distributed:
+            if probe.plain_step:
+                self._observe_plain(context, call, batch)
+            elif context is not None and not call.distributed:
                 self._observe_in_replica(context, call)
             else:
                 self._observe_across(call)
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self.warn(error)
+
+    def _observe_plain(self, context, call, batch):
+        """The plain step (`write.variants`): each replica's device fault record only
+        (`device_faults`), in replica context or across."""
+        capture = None
+        leaves = call.batch_leaves
+        if leaves:
+            probe = self.probe
+            replicas = probe.static["replicas"]
+            capture = (replicas, call.batch_names, self.capture_limit, self.capture_bytes)
+        elif batch is not None:  # no capture: the first leaf tells an empty batch
+            first = [t for _, t in flatten_with_names(batch) if isinstance(t, tf.Tensor)][:1]
+            leaves = first
+        if context is not None and not call.distributed:
+            values = replica_values(call.grads, call.loss, combine=False)
+            merge = functools.partial(self._merge_plain, has_loss=call.has_loss, capture=capture)
+            context.merge_call(merge, args=(values, leaves))
+            return
+        strategy = self.probe.strategy
+        per_grad = [strategy.experimental_local_results(g) for g in call.grads]
+        count = len(per_grad[0])
+        losses = (
+            [None] * count if call.loss is None else self.probe.local_values(strategy, call.loss)
+        )
+        devices = self.probe.static["devices"]
+        per_replica = []
+        for index in range(count):
+            with tf.device(devices[index]):
+                grads = [g[index] for g in per_grad]
+                per_replica.append(replica_values(grads, losses[index], combine=False))
+        per_leaf = [strategy.experimental_local_results(leaf) for leaf in leaves]
+        batches = [list(r) for r in zip(*per_leaf, strict=True)] if per_leaf else None
+        if batches is not None and len(batches) != count:
+            batches, capture = None, None
+        with tf.name_scope("tb_replica"):
+            self.device_faults.record(devices, per_replica, call.has_loss, batches, capture)
+
+    def _merge_plain(self, strategy, values, leaves, *, has_loss, capture):
+        """Cross-replica part of `_observe_plain` in replica context."""
+        try:
+
+            def local(value):
+                return [tf.convert_to_tensor(t) for t in strategy.experimental_local_results(value)]
+
+            losses = local(values.loss)
+            sq = [list(r) for r in zip(*[local(v) for v in values.sq], strict=True)]
+            grads = [list(r) for r in zip(*[local(v) for v in values.values], strict=True)]
+            per_replica = [
+                replica.ReplicaGradients(sq[r], losses[r], [], grads[r]) for r in range(len(losses))
+            ]
+            per_leaf = [local(leaf) for leaf in leaves]
+            batches = [list(r) for r in zip(*per_leaf, strict=True)] if per_leaf else None
+            with tf.name_scope("tb_replica"):
+                self.device_faults.record(
+                    self.probe.static["devices"], per_replica, has_loss, batches, capture
+                )
         except Exception as error:  # noqa: BLE001 - must never break training
             self.warn(error)
 
@@ -377,6 +453,8 @@ class Recorder(RecorderBase):
         probe = self.probe
         probe.check_replicas(len(per_replica), "gradients")
         transfer = probe.transfer()
+        if transfer.scope:  # the device fault record's step counters keep up
+            self.device_faults.advance(probe.static["devices"])
         try:
             for index, packet in enumerate(transfer.packets):
                 values = per_replica[index]
@@ -541,6 +619,8 @@ class Recorder(RecorderBase):
         )
 
     def write_window(self):
+        if self.state:
+            self.device_faults.write_new(self.probe)
         pending = self.state.get("pending")
         if pending is None or self._last_layout is None:
             return

@@ -131,7 +131,7 @@ def constant_factor(loss):
     return loss, None
 
 
-def replica_values(grads, loss=None, scale=1.0, loss_scale=None):
+def replica_values(grads, loss=None, scale=1.0, loss_scale=None, combine=True):
     """The every-step values of one replica's gradients, computed where they are (no copy).
 
     One `l2_loss` per variable: nothing else runs on the replica's device at a clean step. The
@@ -144,11 +144,16 @@ def replica_values(grads, loss=None, scale=1.0, loss_scale=None):
       scale: factor the recorded gradients are divided by (number or scalar tensor), e.g. the
         loss scale of a `LossScaleOptimizer` (a tensor is packed for the host).
       loss_scale: factor the recorded loss is divided by (default: `scale`).
+      combine: combine the repeated rows of `tf.IndexedSlices` (their norm needs it; whether
+        they hold a NaN or an Inf does not: the plain step's check takes the rows as given).
 
     Returns:
       A `ReplicaGradients`.
     """
-    values = [as_float32(_dense_values(g)) for g in grads]
+    values = [
+        as_float32(_dense_values(g) if combine or not isinstance(g, tf.IndexedSlices) else g.values)
+        for g in grads
+    ]
     # One op per variable: l2_loss(v) = sum(v * v) / 2, the same sum (halving is exact).
     sq = [tf.nn.l2_loss(v) for v in values]
     loss_scale = scale if loss_scale is None else loss_scale

@@ -208,6 +208,7 @@ def _nonfinite_findings(series, inputs=None):
         group_steps = series.nonfinite_steps[rows].tolist()
         grad_nan, grad_inf, loss_nan, loss_inf = _nonfinite_counts(counts, rows, indices)
         head = _nonfinite_head(replicas, group_steps, grad_nan, grad_inf, loss_nan, loss_inf)
+        head += _unlisted_steps(series, bad, indices, len(group_steps))
         if series.loss_scaled and not (loss_nan or loss_inf):
             message = f"{head}{LOSS_SCALE_OVERFLOW}"
             finding = _nonfinite_finding(
@@ -224,6 +225,35 @@ def _nonfinite_findings(series, inputs=None):
             )
         findings.append(finding)
     return findings
+
+
+def _unlisted_steps(series, bad, indices, listed):
+    """What the events do not list: the faulty steps between logged steps that the device
+    fault record counted (`GradientsSeries.plain_faults`) but that are not its first or last.
+
+    Args:
+      series: the run's `read.GradientsSeries`.
+      bad: `[E, R]` where each replica held NaN/Inf at each event step.
+      indices: the group's replica positions; listed: the group's event steps.
+
+    Returns:
+      "" when every faulty step is listed, else a clause for the message's first sentence.
+    """
+    record = series.plain_faults
+    if record is None:
+        return ""
+    total = 0
+    for index in indices:
+        count, first, last = (int(v) for v in record[:, index])
+        events = series.nonfinite_steps[bad[:, index]]
+        written = {first, last} & set(events.tolist()) if count else set()
+        total = max(total, int(bad[:, index].sum()) - len(written) + count)
+    if total <= listed:
+        return ""
+    return (
+        f" ({total} steps in all: between logged and sampled steps only the first and the "
+        "last are recorded)"
+    )
 
 
 # The end of an info finding's message: an overflow of the scaled gradients with a finite loss.

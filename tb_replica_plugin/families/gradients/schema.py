@@ -23,6 +23,12 @@ TAG_GRAD_VARIABLES = "gradients/variables"
 # kept rows (the first rows that fit the leaf's share of `capture_bytes`).
 TAG_GRAD_BATCH = "gradients/batch"
 
+# Sparse, written by the host when a replica's device fault record of plain steps changed
+# (`device_faults`: steps neither logged nor sampled): int64 tensor [3, R], rows
+# PLAIN_FAULT_ROWS: faulty plain steps so far, the first and the last (-1: none), at the latest.
+TAG_GRAD_PLAIN_FAULTS = "gradients/plain_faults"
+PLAIN_FAULT_ROWS = ("count", "first", "last")
+
 # Rows of TAG_GRAD_NORMS before the per-variable norms.
 NORM_GLOBAL, NORM_LOSS = 0, 1
 NORM_VARIABLES = 2  # the first variable's row
@@ -35,10 +41,12 @@ KIND_GRAD_NORMS = "grad_norms"
 KIND_GRAD_NONFINITE = "grad_nonfinite"
 KIND_GRAD_VARIABLES = "grad_variables"
 KIND_GRAD_BATCH = "grad_batch"
+KIND_GRAD_PLAIN_FAULTS = "grad_plain_faults"
 
 TAGS = {
     TAG_GRAD_NORMS: KIND_GRAD_NORMS,
     TAG_GRAD_NONFINITE: KIND_GRAD_NONFINITE,
     TAG_GRAD_VARIABLES: KIND_GRAD_VARIABLES,
     TAG_GRAD_BATCH: KIND_GRAD_BATCH,
+    TAG_GRAD_PLAIN_FAULTS: KIND_GRAD_PLAIN_FAULTS,
 }

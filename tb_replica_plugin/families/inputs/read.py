@@ -25,9 +25,10 @@ class InputsSeries:
       replicas: global replica ids, the order of every per-replica axis.
       devices: device of each replica.
       source: "fit", "custom_loop" or "inspect_dataset".
-      steps: int64 array [S]: every step from the first to the last recorded one.
-      batch_size: int64 array [S, R]: batch size per step and replica, exact at every step
-        (rebuilt from the shape-change events, each holding until the next one).
+      steps: int64 array [S]: every observed step from the first to the last recorded one
+        (not the plain steps of `write.variants`, between logged and sampled steps).
+      batch_size: int64 array [S, R]: batch size per step and replica, exact at every observed
+        step (rebuilt from the shape-change events, each holding until the next one).
       shape_events: list of dicts `{"step", "inputs": [{"name", "dtypes", "shapes", "mismatch",
         "mismatch_dims"}]}`, one per step where shapes or dtypes changed.
       dense_steps: int64 array [D]: steps of the dense batch-size series.
@@ -86,6 +87,8 @@ def parse_shape_event(step, document):
         "replicas": [int(r) for r in parsed.get("replicas", [])],
         "source": str(parsed.get("source", "")),
         "worker": _parse_worker(worker) if isinstance(worker, dict) else None,
+        # The last step observed before this one (the steps between were not: plain steps).
+        "previous": int(parsed["previous"]) if "previous" in parsed else None,
     }
 
 
@@ -183,6 +186,17 @@ def _replica_count(dense_groups, sizes_of, notes):
     return max(counts) if counts else 0
 
 
+def _observed(steps, events):
+    """`steps` without those no step observed: the steps between an event and the last step
+    observed before it (its `"previous"`), where the probe ran plain steps (`write.variants`)."""
+    keep = np.ones(steps.shape, bool)
+    for event in events:
+        previous = event.get("previous")
+        if previous is not None and 0 <= previous < event["step"] - 1:
+            keep &= (steps <= previous) | (steps >= event["step"])
+    return steps[keep]
+
+
 def _every_step_sizes(events, sizes_of, dense_steps, dense, notes):
     """Each replica's batch size at every step, rebuilt from the shapes events (each holds
     until the next) and corrected by the dense series where events are missing.
@@ -193,8 +207,8 @@ def _every_step_sizes(events, sizes_of, dense_steps, dense, notes):
       notes: the run's notes (appended to: steps too wide to rebuild, missing events).
 
     Returns:
-      `(steps, batch_size)`: int64 `[T]` (every step from the first event's to the last
-      recorded, or only the recorded steps when that range is too wide) and `[T, R]`.
+      `(steps, batch_size)`: int64 `[T]` (every step observed from the first event's to the
+      last recorded, or only the recorded steps when that range is too wide) and `[T, R]`.
     """
     event_steps = np.array([e["step"] for e in events], dtype=np.int64)
     event_sizes = np.array(sizes_of, dtype=np.int64)
@@ -205,6 +219,7 @@ def _every_step_sizes(events, sizes_of, dense_steps, dense, notes):
     else:
         steps = np.union1d(event_steps, dense_steps[dense_steps >= first])
         notes.append("Steps span too wide a range to rebuild every step; recorded steps only.")
+    steps = _observed(steps, events)
     index = np.searchsorted(event_steps, steps, side="right") - 1
     batch_size = event_sizes[index]
     if not dense_steps.size:

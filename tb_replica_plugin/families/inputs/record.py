@@ -107,10 +107,19 @@ class Recorder(RecorderBase):
         batch_size = stats.batch_size_int64
         win_min, win_max = tf.minimum(win_min, batch_size), tf.maximum(win_max, batch_size)
         static = probe.static
+        # Also after steps not observed (`write.variants`: plain steps record no shapes): the
+        # event names the last observed step before it (`"previous"`), so the reader knows the
+        # steps between are unknown.
+        last = state[_LAST_STEP]
         probe.write(
-            tf.not_equal(previous, stats.fingerprint),
+            tf.logical_or(
+                tf.not_equal(previous, stats.fingerprint),
+                tf.not_equal(last, tf.cast(step_value, tf.int64) - 1),
+            ),
             schema.TAG_SHAPES,
-            lambda: stats.shapes_json(static),
+            lambda: stats.shapes_json(
+                static, tail=[tf.strings.join([', "previous": ', tf.strings.as_string(last)])]
+            ),
             step_value,
             schema.KIND_SHAPES,
         )

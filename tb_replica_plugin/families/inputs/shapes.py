@@ -312,13 +312,15 @@ class InputsStats:
         digest = tf.fingerprint(tf.expand_dims(tf.bitcast(signature, tf.uint8), 0))
         return tf.reshape(tf.bitcast(digest, tf.int64), [])
 
-    def shapes_json(self, static_fields, key="inputs"):
+    def shapes_json(self, static_fields, key="inputs", tail=()):
         """Builds the JSON document of a shapes event as a scalar string tensor.
 
         Args:
           static_fields: dict of JSON-serialisable fields known when tracing (devices, replica
             ids, source) merged into the document.
           key: the document's key of the list of leaves.
+          tail: more JSON pieces (strings or scalar string tensors), each starting with ", ",
+            before the document's closing brace.
 
         Returns:
           A scalar tf.string tensor, e.g. `{"inputs": [{"name": "x", "dtypes": ["float32"],
@@ -340,7 +342,7 @@ class InputsStats:
             if "kinds" in fields:
                 pieces.extend(self._structure_of(index))
             pieces.append("}")
-        pieces.append("]}")
+        pieces.extend(["]", *tail, "}"])
         return tf.strings.join(pieces)
 
     def _shapes_of(self, index, strings):
