@@ -89,9 +89,7 @@ def _profiled_calls(model, callbacks, trace_dir):
 
 
 @pytest.mark.parametrize("make_model", [_mlp, _batchnorm_dropout], ids=["mlp", "bn_dropout"])
-def test_a_plain_step_sends_nothing_and_a_sampled_step_one_vector_per_replica(
-    tmp_path, make_model
-):
+def test_a_plain_step_sends_nothing_and_a_sampled_step_one_vector_per_replica(tmp_path, make_model):
     """`write.variants`: at a step neither logged nor sampled the callback adds no transfer and
     `R·V + 3·R + 1` kernels (an `l2_loss` per variable, `AddN`, `IsFinite` and
     `ResourceCountUpTo` per replica, the step axis's `assign_add`); at the sampled step 16 it
