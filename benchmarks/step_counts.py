@@ -48,8 +48,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # Steps of the profiled window: one sampling period of the examples family at its default.
 PROFILED_STEPS = 16
-# The step the profiled window starts at (after the first steps' warm-up).
-PROFILE_FROM = 4
+# The step the profiled window starts at: after the warm-up and the fit's first steps, which
+# `ReplicaCallback` records in full (`write.variants.FIRST_FULL_STEPS`).
+PROFILE_FROM = 20
 # What the name of Keras's step function holds (Keras 3, tf_keras), as the profiler's
 # `EagerLocalExecute: __inference_<name>_<n>` event of each call shows it.
 STEP_FUNCTIONS = ("_on_iterator", "train_function")

@@ -156,9 +156,6 @@ def test_validation_data_and_keras_tensorboard_in_same_log_dir(tmp_path):
 
 def test_update_freq_every_n_steps_keeps_window_extremes(tmp_path):
     # 3 epochs of 17 examples in batches of 8: the odd [1, 0] batch lands at steps 2, 5, 8.
-    # Observed (`write.variants`): the fit's first step, the logged steps 0, 4, 8 and each
-    # epoch's last step 2, 5, 8; steps 1, 3, 6, 7 are plain steps (nothing but the gradients'
-    # device fault record).
     _fit(
         mirrored(2),
         str(tmp_path),
@@ -168,12 +165,11 @@ def test_update_freq_every_n_steps_keeps_window_extremes(tmp_path):
         callback=ReplicaCallback(str(tmp_path), update_freq=4),
     )
     series, findings = only_run(str(tmp_path))
-    assert series.steps.tolist() == [0, 2, 4, 5, 8]
-    assert series.batch_size.tolist() == [[4, 4], [1, 0], [4, 4], [1, 0], [1, 0]]
-    # Dense series at steps 0, 4, 8; window min/max of the observed steps keep [1, 0].
+    assert series.batch_size.tolist() == [[4, 4], [4, 4], [1, 0]] * 3
+    # Dense series at steps 0, 4, 8 and the end of training; window min/max keep [1, 0].
     assert series.dense_steps.tolist() == [0, 4, 8]
-    assert series.dense[1].tolist() == [[4, 4], [1, 0], [4, 4]]  # steps 2, 4
-    assert series.dense[2].tolist() == [[1, 0], [1, 0], [1, 0]]  # steps 5, 8
+    assert series.dense[1].tolist() == [[4, 4], [1, 0], [4, 4]]  # steps 1-4
+    assert series.dense[2].tolist() == [[1, 0], [1, 0], [4, 4]]  # steps 5-8
     assert findings[0].kind == "empty_shard" and findings[0].count == 3
 
 
@@ -216,19 +212,17 @@ def test_train_step_traced_once_per_model_across_two_fits(tmp_path):
         model.compile(optimizer="sgd", loss="mse")
     callback = ReplicaCallback(str(tmp_path))
     _fit(strategy, str(tmp_path), examples=32, batch=8, epochs=2, model=model, callback=callback)
-    # Two traces, each running the step once per replica: the full and the plain variant
-    # (`write.variants`: steps 1 and 2 are neither logged nor sampled).
-    assert len(traces) == 4
+    assert len(traces) == 2  # one trace: the step runs once per replica while tracing
     assert "train_step" not in model.__dict__ and model.train_function is None
     _fit(strategy, str(tmp_path), examples=32, batch=8, epochs=1, model=model, callback=callback)
-    assert len(traces) == 4  # the second fit reuses both instrumented train functions
+    assert len(traces) == 2  # the second fit reuses the instrumented train function
     series, _ = only_run(str(tmp_path))
     assert series.steps.tolist() == list(range(12))
     assert series.batch_size.tolist() == [[4, 4]] * 12
     # A fit without the callback gets a train function without the probe (one more trace).
     x = np.zeros((16, 3), "float32")
     model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0)
-    assert len(traces) == 6
+    assert len(traces) == 4
     assert only_run(str(tmp_path))[0].steps.tolist() == list(range(12))
 
 

@@ -24,11 +24,11 @@ NAN_STEP = 5
 NAN_INDEX = 1  # index in replica 1's local batch
 
 
-def nan_data():
+def nan_data(nan_step=NAN_STEP, steps=STEPS):
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(STEPS * BATCH, 3)).astype("float32")
-    y = rng.normal(size=(STEPS * BATCH, 1)).astype("float32")
-    x[NAN_STEP * BATCH + BATCH // 2 + NAN_INDEX, 2] = np.nan
+    x = rng.normal(size=(steps * BATCH, 3)).astype("float32")
+    y = rng.normal(size=(steps * BATCH, 1)).astype("float32")
+    x[nan_step * BATCH + BATCH // 2 + NAN_INDEX, 2] = np.nan
     return x, y
 
 
@@ -45,9 +45,9 @@ def mlp(strategy):
     return model
 
 
-def fit_nan(logdir, halt_on):
+def fit_nan(logdir, halt_on, nan_step=NAN_STEP, steps=STEPS):
     strategy = mirrored(2)
-    x, y = nan_data()
+    x, y = nan_data(nan_step, steps)
     model = mlp(strategy)
     callback = ReplicaCallback(logdir, halt_on=halt_on)
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, callbacks=[callback])
@@ -454,3 +454,38 @@ def test_cross_replica_fault_of_a_worker_with_two_replicas_is_a_job_fault(tmp_pa
     (finding,) = probe.faults()
     assert (finding.kind, finding.replicas, finding.first_step) == ("nonfinite_gradients", [1], 3)
     probe.close()
+
+
+# A plain step (`write.variants`): after the fit's first 16 steps, neither sampled (16, 32) nor
+# logged, nor the epoch's last.
+PLAIN_NAN_STEP = 21
+
+
+def test_a_nan_at_a_plain_step_is_reported_at_its_step_and_replica(tmp_path):
+    logdir = str(tmp_path / "plain")
+    model, callback, x, _ = fit_nan(logdir, None, nan_step=PLAIN_NAN_STEP, steps=40)
+    assert int(model.optimizer.iterations.numpy()) == 40 and callback.stopped_by == []
+    report = tb_replica_plugin.load(logdir)
+    series = report.runs["replicas"].gradients
+    # Kept on the replicas' devices, written by the host at the end of the fit.
+    assert series.plain_faults.tolist() == [[0, 1], [-1, PLAIN_NAN_STEP], [-1, PLAIN_NAN_STEP]]
+    assert series.nonfinite_steps.tolist() == [PLAIN_NAN_STEP]
+    counts = series.nonfinite[0]
+    assert counts[:, 0].tolist() == [0, 0, 0, 0] and counts[0, 1] > 0  # NaN gradient values
+    (finding,) = [f for f in report.findings["replicas"] if f.kind == "nonfinite_gradients"]
+    assert (finding.replicas, finding.first_step, finding.severity) == (
+        [1],
+        PLAIN_NAN_STEP,
+        "error",
+    )
+    # The culprit batch, kept on replica 1's device (a CPU) at that step.
+    captured = series.batch(PLAIN_NAN_STEP, 1)
+    start = PLAIN_NAN_STEP * BATCH + BATCH // 2
+    np.testing.assert_array_equal(captured.arrays["x"], x[start : start + BATCH // 2])
+    assert captured.nonfinite_examples == {"x": [NAN_INDEX]}
+    # With `halt_on` every step is full: fit stops right after that step.
+    halted = str(tmp_path / "halted")
+    model, callback, _, _ = fit_nan(halted, "error", nan_step=PLAIN_NAN_STEP, steps=40)
+    assert int(model.optimizer.iterations.numpy()) == PLAIN_NAN_STEP + 1
+    (finding,) = [f for f in callback.stopped_by if f.kind == "nonfinite_gradients"]
+    assert (finding.replicas, finding.first_step) == ([1], PLAIN_NAN_STEP)

@@ -30,6 +30,7 @@ from tb_replica_plugin import ReplicaCallback, ReplicaProbe
 from tb_replica_plugin.families.step_time import schema as step_time_schema
 from tb_replica_plugin.families.step_time.record import window_stats
 from tb_replica_plugin.report import load
+from tb_replica_plugin.write import variants
 
 SLEEP_S = 0.02  # what the slow replica adds to each step
 
@@ -77,14 +78,12 @@ def _batchnorm_dropout(strategy):
     return model
 
 
-# The profiled calls of the step function: steps PROFILE_FROM .. PROFILE_FROM + 15 of a fit.
-PROFILE_FROM = 4
-
-
 def _profiled_calls(model, callbacks, trace_dir):
-    """`benchmarks.step_counts.per_call` of 16 steps of `model`'s fit (steps 4 .. 19)."""
+    """`benchmarks.step_counts.per_call` of 16 steps of `model`'s fit (steps PROFILE_FROM ..
+    PROFILE_FROM + 15: after the fit's first, full, steps)."""
     profile = step_counts._profile_callback(keras, trace_dir)  # noqa: SLF001
-    model.fit(_data(8 * 24), epochs=1, verbose=0, callbacks=[*callbacks, profile])
+    steps = step_counts.PROFILE_FROM + 20
+    model.fit(_data(8 * steps), epochs=1, verbose=0, callbacks=[*callbacks, profile])
     return step_counts.per_call(trace_dir)
 
 
@@ -92,8 +91,9 @@ def _profiled_calls(model, callbacks, trace_dir):
 def test_a_plain_step_sends_nothing_and_a_sampled_step_one_vector_per_replica(tmp_path, make_model):
     """`write.variants`: at a step neither logged nor sampled the callback adds no transfer and
     `R·V + 3·R + 1` kernels (an `l2_loss` per variable, `AddN`, `IsFinite` and
-    `ResourceCountUpTo` per replica, the step axis's `assign_add`); at the sampled step 16 it
-    adds replica 1's one vector to the host (replica 0's device is the host's)."""
+    `ResourceCountUpTo` per replica, the step axis's `assign_add`); at the sampled step 32 it
+    adds replica 1's one vector to the host (replica 0's device is the host's); the fit's first
+    16 steps are full too (`write.variants.FIRST_FULL_STEPS`)."""
     strategy = mirrored(2)
     keras.utils.set_random_seed(0)
     without = _profiled_calls(make_model(strategy), [], str(tmp_path / "trace_without"))
@@ -102,14 +102,15 @@ def test_a_plain_step_sends_nothing_and_a_sampled_step_one_vector_per_replica(tm
     model = make_model(strategy)
     with_callback = _profiled_calls(model, [callback], str(tmp_path / "trace_with"))
     callback.probe.close()  # its background flushes run no kernel in a later test's trace
-    assert len(without) == len(with_callback) == 15  # steps 4 .. 18 (the last call cut)
+    assert len(without) == len(with_callback) == 15  # the last call cut
 
     def usual(values):  # a background flush (the heartbeat) may add kernels to one call
         return collections.Counter(values).most_common(1)[0][0]
 
     base = usual(step_counts.sends(c) for c in without)
     base_kernels = usual(sum(c.values()) for c in without)
-    sampled = 16 - PROFILE_FROM
+    assert step_counts.PROFILE_FROM >= variants.FIRST_FULL_STEPS
+    sampled = 32 - step_counts.PROFILE_FROM
     plain = [c for index, c in enumerate(with_callback) if index != sampled]
     assert usual(step_counts.sends(c) for c in plain) == base
     replicas, variables = 2, len(model.trainable_variables)
@@ -172,11 +173,15 @@ def test_a_slow_replica_has_the_larger_ready_time_and_the_other_waits_for_it(tmp
     ready = step_time_schema.READY_MEDIAN
     wait = step_time_schema.WAIT_MEDIAN
     slow = _fit_ready_times(str(tmp_path / "slow"), slow=1)[step_time_schema.TAG_REPLICA_TIME]
-    # Written at each epoch end (update_freq "epoch"), over the epoch's 12 steps.
+    # Written at each epoch end (update_freq "epoch"), over the epoch's timed steps: every step
+    # of the first 12 (the fit's first 16 are full), then 12-15, the sampled 16 and the last.
     assert [step for step, _ in slow] == [11, 23]
+    assert [rows[step_time_schema.WINDOW_STEPS].tolist() for _, rows in slow] == [
+        [12.0] * 2,
+        [6.0] * 2,
+    ]
     for _, rows in slow:
         assert rows.shape == (step_time_schema.REPLICA_TIME_ROWS, 2) and rows.dtype == np.float64
-        assert rows[step_time_schema.WINDOW_STEPS].tolist() == [12.0, 12.0]
         # Replica 1 sleeps 20 ms more before its forward pass: its vector arrives later.
         assert rows[ready, 1] - rows[ready, 0] > SLEEP_S / 2
         assert rows[step_time_schema.READY_MAX, 1] >= rows[ready, 1] > SLEEP_S
@@ -209,10 +214,11 @@ def test_ready_times_are_written_in_the_step_at_logged_steps(tmp_path):
     written = _fit_ready_times(str(tmp_path), slow=1, update_freq=5)
     series = written[step_time_schema.TAG_REPLICA_TIME]
     # In-graph at steps 0, 5, 10, ... (as `inputs/batch_size`); the host writes the rest when
-    # training ends.
+    # training ends. Timed: the fit's first 16 steps, then the sampled 16, the logged 20 and the
+    # epoch's last 23 (`write.variants`).
     assert [step for step, _ in series] == [0, 5, 10, 15, 20, 23]
     counts = [rows[step_time_schema.WINDOW_STEPS, 0] for _, rows in series]
-    assert counts == [1, 5, 5, 5, 5, 3]
+    assert counts == [1, 5, 5, 5, 2, 1]
     assert all(rows[step_time_schema.READY_MEDIAN, 1] > SLEEP_S for _, rows in series)
 
 

@@ -5,8 +5,9 @@ the promise "a NaN/Inf in a replica's gradients or loss is reported with its rep
 must hold at every step. So the step function is traced twice and chosen per call on the host:
 
 - **full**: every family's values leave each replica's device as one vector (`write.shipping`),
-  timed; used at every step the probe logs (`update_freq`) or samples (`examples_every`, the
-  last step of an epoch), and at every step under `halt_on` (its fault check reads the host);
+  timed; used at each `fit`'s first `FIRST_FULL_STEPS` steps, at every step the probe logs
+  (`update_freq`) or samples (`examples_every`, the last step of an epoch), and at every step
+  under `halt_on` (its fault check reads the host);
 - **plain**: the model's step, the step axis's `assign_add`, and the gradients family's device
   fault record (`families.gradients.device_faults`): each replica checks its own values on its
   device and keeps its faulty steps there; no value leaves a device. The host reads the records
@@ -19,6 +20,10 @@ read by the families while tracing) and which steps need the full one (`full_nee
 """
 
 import contextlib
+
+# The first steps of each stretch (each `fit`) are full: a short `fit` is recorded at every step,
+# and a run's first batches (where a wrong split shows first) always are.
+FIRST_FULL_STEPS = 16
 
 
 class Variants:
@@ -47,16 +52,18 @@ class Variants:
 
     def full_needed(self, first, steps=1):
         """Host side: whether a call running steps `first` .. `first + steps - 1` needs the full
-        variant: one of them is logged or sampled, it is the first call since the step axis was
-        set (each `fit`'s first step), `halt_on` checks every step, or the step is unknown
-        (None).
+        variant: one of them is logged or sampled, it is among the first `FIRST_FULL_STEPS`
+        since the step axis was set (each `fit`'s first steps), `halt_on` checks every step, or
+        the step is unknown (None).
 
         Example:
-          >>> probe.set_step(0)  # a fit's first step: full
-          >>> [probe.full_needed(s) for s in (0, 15, 16, 17)]  # update_freq=None
-          [True, False, True, False]
+          >>> probe.set_step(0)  # a fit's first 16 steps: full
+          >>> [probe.full_needed(s) for s in (0, 15, 16, 17, 31, 32)]  # update_freq=None
+          [True, True, True, False, False, True]
         """
-        if first is None or self.every_step_full or first == self._host_origin:
+        if first is None or self.every_step_full:
+            return True
+        if self._host_origin is not None and first - self._host_origin < FIRST_FULL_STEPS:
             return True
         for step in range(first, first + max(int(steps), 1)):
             if step % self.examples_every == 0 or step == self._log_at_host:
