@@ -19,7 +19,7 @@ from tb_replica_plugin.core.nest import (  # noqa: F401 - named here too
     name_fit_batch,
 )
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.families.inputs import schema, shapes
+from tb_replica_plugin.families.inputs import pss, schema, shapes
 from tb_replica_plugin.families.inputs.shapes import (  # noqa: F401 - the family's public helpers
     DENSE,
     RAGGED,
@@ -131,6 +131,14 @@ class Recorder(RecorderBase):
         counters = [tf.reshape(tf.cast(v, tf.int64), [1]) for v in (stats.fingerprint, step_value)]
         self.state["packed"].assign(tf.concat([*counters, batch_size, win_min, win_max], axis=0))
 
+    def write_step(self, stats, step_value):
+        """Host side: records `stats` (an `InputsStats`) at `step_value`, as a delivered step."""
+        self._write(stats, step_value)
+
+    def pss_deliver(self, per_worker, step):
+        """`ParameterServerStrategy`: every worker's `step`-th step (see `pss.deliver`)."""
+        pss.deliver(self, per_worker, step)
+
     def write_window(self):
         if self.state.get("packed") is None:
             return
@@ -182,6 +190,12 @@ class Recording:
               ...
           ```
         """
+        if self.pss_capturing():  # a step given to `schedule` (ParameterServerStrategy)
+            try:
+                pss.observe(self, batch)
+            except Exception as error:  # noqa: BLE001 - must never break training
+                self.recorder("inputs").warn(error)
+            return
         if not self.build():
             return
         recorder = self.recorder("inputs")
