@@ -172,13 +172,16 @@ class ParameterServer:
                 capture = state.capturing
             finally:
                 state.capturing = None
-            state.traces[trace] = {name: meta for name, (meta, _) in capture.items()}
+            state.traces[trace] = _layout(capture)
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            record = {
-                "trace": tf.constant(trace, tf.int64),
-                "worker": tf.cast(worker, tf.int64),
-                "values": {name: values for name, (_, values) in capture.items()},
-            }
+            # One int64 vector per step (one copy to the coordinator): trace, worker, then each
+            # value's length and words.
+            pieces = [tf.constant([trace], tf.int64), tf.reshape(tf.cast(worker, tf.int64), [1])]
+            for _, (_, values) in sorted(capture.items()):
+                for key in sorted(values):
+                    value = tf.reshape(tf.cast(values[key], tf.int64), [-1])
+                    pieces += [tf.reshape(tf.size(value, out_type=tf.int64), [1]), value]
+            record = tf.concat(pieces, axis=0)
             return result, record
 
         wrapped = tf.function(scheduled)
@@ -214,8 +217,8 @@ class ParameterServer:
             except Exception:  # noqa: BLE001 - the closure failed: the coordinator raises it
                 state.failed += 1
                 continue
-            worker = int(record["worker"])
-            state.per_worker[worker].append((int(record["trace"]), record["values"]))
+            trace, worker = int(record[0]), int(record[1])
+            state.per_worker[worker].append((trace, _unpack(state.traces.get(trace), record)))
         state.pending = kept
 
     def _pss_write(self, state):
@@ -224,10 +227,9 @@ class ParameterServer:
             step = state.next_step
             rows = [state.per_worker[w].popleft() for w in range(workers)]
             families = {}
-            for worker, (trace, values) in enumerate(rows):
-                metas = state.traces.get(trace, {})
-                for name, value in values.items():
-                    families.setdefault(name, [None] * workers)[worker] = (metas.get(name), value)
+            for worker, (_, values) in enumerate(rows):
+                for name, item in values.items():
+                    families.setdefault(name, [None] * workers)[worker] = item
             for name, per_worker in families.items():
                 if any(item is None for item in per_worker):
                     continue  # a family some worker did not observe at this step
@@ -236,6 +238,26 @@ class ParameterServer:
                 except Exception as error:  # noqa: BLE001 - the other families go on
                     self.warn_failed(name, error)
             state.next_step = step + 1
+
+
+def _layout(capture):
+    """`{family: (meta, sorted keys)}` of a trace's capture: how its record vector is read."""
+    return {name: (meta, sorted(values)) for name, (meta, values) in capture.items()}
+
+
+def _unpack(layout, record):
+    """`{family: (meta, {key: int64 array})}` of one step's record vector (numpy)."""
+    if layout is None:
+        return {}
+    unpacked, offset = {}, 2
+    for name, (meta, keys) in sorted(layout.items()):
+        values = {}
+        for key in keys:
+            size = int(record[offset])
+            values[key] = record[offset + 1 : offset + 1 + size]
+            offset += 1 + size
+        unpacked[name] = (meta, values)
+    return unpacked
 
 
 class _Plain:

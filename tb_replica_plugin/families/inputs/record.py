@@ -48,6 +48,7 @@ class Recorder(RecorderBase):
     """State and writes of the inputs family."""
 
     name = "inputs"
+    pss_window = None  # `pss.Window` under ParameterServerStrategy
 
     def create_state(self):
         # One int64 vector, the counters then the window's rows: a step reads it once and
@@ -131,15 +132,16 @@ class Recorder(RecorderBase):
         counters = [tf.reshape(tf.cast(v, tf.int64), [1]) for v in (stats.fingerprint, step_value)]
         self.state["packed"].assign(tf.concat([*counters, batch_size, win_min, win_max], axis=0))
 
-    def write_step(self, stats, step_value):
-        """Host side: records `stats` (an `InputsStats`) at `step_value`, as a delivered step."""
-        self._write(stats, step_value)
-
     def pss_deliver(self, per_worker, step):
         """`ParameterServerStrategy`: every worker's `step`-th step (see `pss.deliver`)."""
+        if self.pss_window is None:
+            self.pss_window = pss.Window()
         pss.deliver(self, per_worker, step)
 
     def write_window(self):
+        if self.pss_window is not None:  # ParameterServerStrategy: the coordinator's window
+            pss.write_window(self)
+            return
         if self.state.get("packed") is None:
             return
         counters, values = self._host_state()
@@ -159,6 +161,8 @@ class Recorder(RecorderBase):
         return self.probe.observe_inputs, None
 
     def last_step(self):
+        if self.pss_window is not None:
+            return None if self.pss_window.last_step < 0 else self.pss_window.last_step
         if self.state.get("packed") is None:
             return None
         step = int(self._host_state()[0][_LAST_STEP])
