@@ -178,7 +178,9 @@ class Recording:
         Call it in replica context (inside `strategy.run`) with the replica's local batch, or in
         cross-replica context with the distributed batch (leaves are `PerReplica` values).
         Nested dicts, lists and tuples are named by their path ("x/image", "0"); pass a dict to
-        choose names. A failure inside the probe warns once and never stops training.
+        choose names. A failure inside the probe warns once and never stops training. Under
+        `ParameterServerStrategy`, call it in a step given to `probe.schedule`
+        (docs/parameter-server.md).
 
         Args:
           batch: the (nested) structure of input tensors.
