@@ -6,6 +6,7 @@ Usage: `python tests/pss_child.py LOGDIR RESULTS_JSON [SCENARIO ...]`; writes ea
 facts (or its error) to RESULTS_JSON.
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -119,7 +120,85 @@ def direct_schedule(ctx, logdir):
     return {"results": [float(r.fetch()) for r in results]}
 
 
-SCENARIOS = {f.__name__: f for f in (uneven_inputs, direct_schedule)}
+@contextlib.contextmanager
+def partitioned(strategy, partitioner):
+    """Variables created inside are partitioned by `partitioner` (the strategy's
+    `variable_partitioner`, given at its construction; a second strategy on this cluster would
+    reconnect the process's eager context)."""
+    extended = strategy.extended
+    previous = extended._variable_partitioner
+    extended._variable_partitioner = partitioner
+    try:
+        yield
+    finally:
+        extended._variable_partitioner = previous
+
+
+def ids_dataset_fn(input_context):
+    """Batches of 4 ids in [0, 4000), each worker's own."""
+    del input_context
+    ids = tf.data.Dataset.range(10_000).map(lambda i: i % 4000)
+    return ids.batch(4).repeat()
+
+
+def embedding_model(strategy, coordinator, probe, partitioner=None, observe=False, steps=4):
+    """An `Embedding(4000, 16)` and a `Dense(1)` (tf_keras) trained by scheduled steps of plain
+    SGD; `observe_variables` on the coordinator first with `observe`, else in the step; returns
+    the losses."""
+    import tf_keras
+
+    with partitioned(strategy, partitioner), strategy.scope():
+        embedding = tf_keras.layers.Embedding(4000, 16)
+        dense = tf_keras.layers.Dense(1)
+        embedding.build((None,))
+        dense.build((None, 16))
+    variables = embedding.trainable_weights + dense.trainable_weights
+    iterator = per_worker_iterator(strategy, coordinator, ids_dataset_fn)
+    if observe:
+        probe.observe_variables(variables)
+
+    @tf.function
+    def step(iterator):
+        def replica_fn(ids):
+            probe.observe_inputs({"ids": ids})
+            if not observe:
+                probe.observe_variables(variables)  # in the step: handed on once, when traced
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(dense(embedding(ids)) - 1.0))
+            grads = tape.gradient(loss, variables)
+            for variable, grad in zip(variables, grads, strict=True):
+                variable.assign_sub(0.1 * tf.convert_to_tensor(grad))
+            return loss
+
+        return strategy.run(replica_fn, args=(next(iterator),))
+
+    results = [probe.schedule(step, args=(iterator,)) for _ in range(steps)]
+    coordinator.join()
+    return [float(r.fetch()) for r in results]
+
+
+def ps_unbalanced(ctx, logdir):
+    """An unpartitioned embedding: one ps holds nearly all the bytes (`observe_variables` in
+    the scheduled step)."""
+    strategy, coordinator = ctx["strategy"], ctx["coordinator"]
+    probe = tb_replica_plugin.ReplicaProbe(logdir, strategy, update_freq=1)
+    losses = embedding_model(strategy, coordinator, probe)
+    probe.close()
+    return {"losses": losses}
+
+
+def ps_partitioned(ctx, logdir):
+    """The same model with `FixedShardsPartitioner(2)` (`observe_variables` on the
+    coordinator)."""
+    strategy, coordinator = ctx["strategy"], ctx["coordinator"]
+    probe = tb_replica_plugin.ReplicaProbe(logdir, strategy, update_freq=1)
+    partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
+    losses = embedding_model(strategy, coordinator, probe, partitioner, observe=True)
+    probe.close()
+    return {"losses": losses}
+
+
+SCENARIOS = {f.__name__: f for f in (uneven_inputs, direct_schedule, ps_unbalanced, ps_partitioned)}
 
 
 def main(logdir, out, names):

@@ -13,6 +13,8 @@ import sys
 import pytest
 
 import tb_replica_plugin
+from tb_replica_plugin.families.variables import present as variables_present
+from tb_replica_plugin.families.variables import ps_balance
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT = 300
@@ -78,3 +80,51 @@ def test_step_scheduled_past_the_probe_is_refused_with_one_warning(cluster_runs)
     assert "ParameterServerStrategy" in warning and "probe.schedule(" in warning
     assert len(outcome["facts"]["results"]) == 4  # training went on
     assert not os.path.exists(run_dir)  # nothing written, not a merged replica
+
+
+def test_unpartitioned_embedding_gives_the_ps_imbalance_finding(cluster_runs):
+    run_dir, outcome = _scenario(cluster_runs, "ps_unbalanced")
+    assert outcome["warnings"] == []
+    assert len(outcome["facts"]["losses"]) == 4
+    report = tb_replica_plugin.load(run_dir)
+    (run,) = report.runs
+    series = report.runs[run].variables
+    assert len(series.placement_events) == 1 and series.steps.size == 0
+    held = ps_balance.balance(series)
+    by_name = {v["name"]: v for v in held["variables"]}
+    (embedding,) = [v for name, v in by_name.items() if "embeddings" in name]
+    assert embedding["bytes"] == 4000 * 16 * 4 and embedding["shape"] == [4000, 16]
+    heavy = embedding["ps"]
+    assert [s["device"] for s in held["servers"]] == [
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:1/device:CPU:0",
+    ]
+    assert held["total_bytes"] == 4000 * 16 * 4 + 16 * 4 + 4  # embedding, kernel, bias
+    assert held["servers"][heavy]["share"] > 0.99
+    assert held["servers"][heavy]["largest"] == embedding["name"]
+    (finding,) = report.findings[run]
+    assert finding.kind == "ps_imbalance" and finding.severity == "warning"
+    assert finding.name == embedding["name"] and finding.value > 0.99 and finding.threshold == 0.75
+    assert finding.message.startswith(f"Parameter server {heavy} (/job:ps/replica:0/task:{heavy}")
+    assert "FixedShardsPartitioner(2)" in finding.message
+    text = report.to_text()
+    assert f"ps {heavy} (/job:ps/replica:0/task:{heavy}/device:CPU:0): 250 KiB (100.0 %)" in text
+    light = held["servers"][1 - heavy]
+    assert light["bytes"] == held["total_bytes"] - held["servers"][heavy]["bytes"] <= 68
+    body = variables_present.variables_body(series)
+    assert body["parameter_servers"]["servers"][heavy]["bytes"] == held["servers"][heavy]["bytes"]
+
+
+def test_fixed_shards_partitioner_twin_is_balanced(cluster_runs):
+    run_dir, outcome = _scenario(cluster_runs, "ps_partitioned")
+    assert outcome["warnings"] == []
+    report = tb_replica_plugin.load(run_dir)
+    (run,) = report.runs
+    series = report.runs[run].variables
+    assert len(series.placement_events) == 1  # observe_variables wrote it; the step adds none
+    held = ps_balance.balance(series)
+    shards = [v for v in held["variables"] if "embeddings" in v["name"]]
+    assert sorted(v["ps"] for v in shards) == [0, 1]
+    assert [v["bytes"] for v in shards] == [2000 * 16 * 4] * 2
+    assert all(0.49 < s["share"] < 0.51 for s in held["servers"])
+    assert report.findings[run] == []

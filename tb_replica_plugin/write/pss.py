@@ -25,7 +25,8 @@ STRATEGY = "ParameterServerStrategy"
 _REFUSAL = (
     "tb_replica_plugin: under ParameterServerStrategy the probe records only observe_inputs, "
     "inside steps scheduled with probe.schedule(step_fn, args=...) "
-    "(in place of coordinator.schedule); this {what} records nothing, training goes on."
+    "(in place of coordinator.schedule), and observe_variables (where each variable lives); "
+    "this {what} records nothing, training goes on."
 )
 
 
@@ -64,6 +65,7 @@ class _State:
         self.per_worker = collections.defaultdict(collections.deque)  # worker -> [(trace, values)]
         self.next_step = 0
         self.failed = 0  # closures that failed (the coordinator raises them to the caller)
+        self.watched = []  # variables observed in steps traced since handed on
 
 
 class ParameterServer:
@@ -95,6 +97,45 @@ class ParameterServer:
         """True while a function given to `schedule` is traced (a family then `capture`s)."""
         return self.__dict__.get("_pss_state") is not None and self._pss().capturing is not None
 
+    def pss_variables_seen(self, variables, step=None):
+        """`observe_variables` under this strategy: hands `variables` to the families'
+        `pss_variables` (the coordinator's placement), now on the coordinator, after the
+        `schedule` call inside a step being traced.
+
+        Args:
+          variables: the variables (an iterable).
+          step: the step to record at (None: the next step the coordinator writes).
+
+        Returns:
+          False when the strategy is not a `ParameterServerStrategy` (record as usual).
+        """
+        if not is_parameter_server(self.strategy):
+            return False
+        state = self._pss()
+        state.watched.extend(variables)
+        if state.capturing is None:
+            self._pss_hand_variables(step)
+        return True
+
+    def _pss_hand_variables(self, step=None):
+        """The variables seen since the last call, to every recorder's `pss_variables`."""
+        state = self._pss()
+        if not state.watched:
+            return
+        state.building = True
+        try:
+            built = self.build()
+        finally:
+            state.building = False
+        variables, state.watched = state.watched, []
+        if not built:
+            return
+        step = state.next_step if step is None else int(step)
+        for recorder in self.recorders():
+            hand = getattr(recorder, "pss_variables", None)
+            if hand is not None:
+                hand(variables, step)
+
     def pss_capture(self, family, meta, tensors):
         """Puts a family's values of this step in the step's record (while tracing).
 
@@ -118,8 +159,9 @@ class ParameterServer:
 
         Use it in place of `coordinator.schedule(fn, args=..., kwargs=...)`: `fn` (a
         `tf.function` or a Python function) runs as the coordinator would run it, and what its
-        `observe_inputs` calls record comes back with the step (other `observe_*` calls record
-        nothing under this strategy and warn once). Each
+        `observe_inputs` calls record comes back with the step; `observe_variables` in it is
+        handed on when it is traced (other `observe_*` calls record nothing under this strategy
+        and warn once). Each
         worker is one replica of the run (replica r: worker r); the step axis counts each
         worker's steps (step k: every worker's k-th step), written once every worker ran it.
 
@@ -155,6 +197,7 @@ class ParameterServer:
         remote = coordinator.schedule(self._pss_wrapped(fn), args=args, kwargs=kwargs)
         with state.lock:
             state.pending.append(remote)
+        self._pss_hand_variables()  # variables observed in a new trace: their placement
         self.pss_harvest(block=False)
         return ScheduledValue(remote)
 
