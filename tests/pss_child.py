@@ -198,7 +198,55 @@ def ps_partitioned(ctx, logdir):
     return {"losses": losses}
 
 
-SCENARIOS = {f.__name__: f for f in (uneven_inputs, direct_schedule, ps_unbalanced, ps_partitioned)}
+NAN_STEP = 1  # worker 1's 2nd batch holds a NaN
+
+
+def nan_dataset_fn(input_context):
+    """Batches of 4 rows of 3 floats; worker 1's batch `NAN_STEP` holds a NaN."""
+    del input_context
+    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+    rows = tf.data.Dataset.range(10_000).map(lambda i: tf.fill([3], tf.cast(i % 7, tf.float32)))
+
+    def poison(index, batch):
+        bad = tf.logical_and(tf.equal(worker, 1), tf.equal(index, NAN_STEP))
+        return tf.where(bad, batch * float("nan"), batch)
+
+    return rows.batch(4).enumerate().map(poison).repeat()
+
+
+def nan_gradients(ctx, logdir):
+    """Gradients and loss observed in each worker's step; worker 1's gradients at its step
+    `NAN_STEP` hold NaN (not applied: the weights stay finite for the other steps)."""
+    strategy, coordinator = ctx["strategy"], ctx["coordinator"]
+    with strategy.scope():
+        weights = tf.Variable(tf.ones([3]), name="w")
+        bias = tf.Variable(0.5, name="b")
+    iterator = per_worker_iterator(strategy, coordinator, nan_dataset_fn)
+    probe = tb_replica_plugin.ReplicaProbe(logdir, strategy, update_freq=1)
+
+    @tf.function
+    def step(iterator):
+        def replica_fn(x):
+            probe.observe_inputs({"x": x})
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(tf.reduce_sum(x * weights, axis=1) + bias))
+            grads = tape.gradient(loss, [weights, bias])
+            probe.observe_gradients(grads, [weights, bias], loss=loss)
+            return loss
+
+        return strategy.run(replica_fn, args=(next(iterator),))
+
+    results = [probe.schedule(step, args=(iterator,)) for _ in range(STEPS)]
+    coordinator.join()
+    losses = [float(r.fetch()) for r in results]
+    probe.close()
+    return {"losses": len(losses), "nan_losses": sum(v != v for v in losses)}
+
+
+SCENARIOS = {
+    f.__name__: f
+    for f in (uneven_inputs, direct_schedule, ps_unbalanced, ps_partitioned, nan_gradients)
+}
 
 
 def main(logdir, out, names):

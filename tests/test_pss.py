@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import tb_replica_plugin
@@ -128,3 +129,42 @@ def test_fixed_shards_partitioner_twin_is_balanced(cluster_runs):
     assert [v["bytes"] for v in shards] == [2000 * 16 * 4] * 2
     assert all(0.49 < s["share"] < 0.51 for s in held["servers"])
     assert report.findings[run] == []
+
+
+def _hand_step(batch_index):
+    """(global gradient norm, loss) of nan_gradients' model (w = 1, b = 0.5, not updated) on a
+    worker's batch `batch_index` (rows i % 7 for i of that batch of 4, 3 equal features)."""
+    x = np.array([[i % 7] * 3 for i in range(4 * batch_index, 4 * batch_index + 4)], float)
+    pred = x.sum(axis=1) + 0.5
+    grad_w = (2 * pred[:, None] * x).mean(axis=0)
+    grad_b = (2 * pred).mean()
+    return float(np.sqrt((grad_w**2).sum() + grad_b**2)), float((pred**2).mean())
+
+
+def test_nan_on_one_worker_s_gradients_names_that_worker_and_its_step(cluster_runs):
+    run_dir, outcome = _scenario(cluster_runs, "nan_gradients")
+    assert outcome["warnings"] == []
+    assert outcome["facts"] == {"losses": 12, "nan_losses": 1}
+    report = tb_replica_plugin.load(run_dir)
+    (run,) = report.runs
+    series = report.runs[run].gradients
+    assert series.strategy == "ParameterServerStrategy" and series.replicas == [0, 1]
+    assert series.variables == ["w", "b"]
+    assert series.nonfinite_steps.tolist() == [1]
+    # rows: grad NaN, grad Inf, loss NaN, loss Inf; columns: workers 0, 1 (4 NaN: 3 w + 1 b)
+    assert series.nonfinite[0].tolist() == [[0, 4], [0, 0], [0, 1], [0, 0]]
+    steps = series.steps.tolist()
+    assert steps == list(range(len(steps))) and len(steps) >= 2
+    for row, step in enumerate(steps):  # each worker's k-th batch is its dataset's k-th
+        norm, loss = _hand_step(step)
+        expected = [[norm, loss]] * 2 if step != 1 else [[norm, loss], [np.nan, np.nan]]
+        got = np.stack([series.global_norm[row], series.loss[row]], axis=1)
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+    (finding,) = report.findings[run]
+    assert finding.kind == "nonfinite_gradients" and finding.severity == "error"
+    assert finding.replicas == [1] and finding.first_step == 1
+    assert finding.message.startswith(
+        "Worker 1 had non-finite values (4 NaN gradient value(s), loss NaN/Inf at 1 step(s)) "
+        "at step 1 while the other workers stayed finite"
+    )
+    assert "parameter servers" in finding.message

@@ -23,8 +23,8 @@ import tensorflow as tf
 
 STRATEGY = "ParameterServerStrategy"
 _REFUSAL = (
-    "tb_replica_plugin: under ParameterServerStrategy the probe records only observe_inputs, "
-    "inside steps scheduled with probe.schedule(step_fn, args=...) "
+    "tb_replica_plugin: under ParameterServerStrategy the probe records only observe_inputs "
+    "and observe_gradients, inside steps scheduled with probe.schedule(step_fn, args=...) "
     "(in place of coordinator.schedule), and observe_variables (where each variable lives); "
     "this {what} records nothing, training goes on."
 )
@@ -159,9 +159,9 @@ class ParameterServer:
 
         Use it in place of `coordinator.schedule(fn, args=..., kwargs=...)`: `fn` (a
         `tf.function` or a Python function) runs as the coordinator would run it, and what its
-        `observe_inputs` calls record comes back with the step; `observe_variables` in it is
-        handed on when it is traced (other `observe_*` calls record nothing under this strategy
-        and warn once). Each
+        `observe_inputs` and `observe_gradients` calls record comes back with the step;
+        `observe_variables` in it is handed on when it is traced (other `observe_*` calls
+        record nothing under this strategy and warn once). Each
         worker is one replica of the run (replica r: worker r); the step axis counts each
         worker's steps (step k: every worker's k-th step), written once every worker ran it.
 

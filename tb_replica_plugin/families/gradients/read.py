@@ -155,6 +155,8 @@ class GradientsSeries:
       loss_scaled: whether a loss-scale optimizer was in use (`fit` with mixed precision): its
         overflow steps are expected and skipped by the optimizer.
       batches: the captured culprit batches (`CapturedBatch`), by step then replica.
+      strategy: "ParameterServerStrategy" when each replica is a worker of that strategy, else
+        "" (docs/parameter-server.md).
     """
 
     run: str
@@ -171,6 +173,7 @@ class GradientsSeries:
     nonfinite: np.ndarray
     loss_scaled: bool = False
     batches: list = dataclasses.field(default_factory=list)
+    strategy: str = ""
     # `rules.global_ratio`'s `(global_norm, its ratio to the median)`: computed once per series.
     ratio_cache: tuple = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
@@ -260,6 +263,7 @@ def from_samples(run, samples, notes, needed=None):
         nonfinite=events,
         loss_scaled=bool(last.get("loss_scaled", False)),
         batches=batches,
+        strategy=str(last.get("strategy", "")),
     )
 
 

@@ -25,7 +25,7 @@ from tb_replica_plugin.core import transfer as transfer_lib
 from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import FaultState, cond_value, run_if
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.families.gradients import capture, replica, schema
+from tb_replica_plugin.families.gradients import capture, pss, replica, schema
 from tb_replica_plugin.families.gradients.replica import (  # noqa: F401 - the family's helpers
     nonfinite_counts,
     replica_values,
@@ -540,6 +540,10 @@ class Recorder(RecorderBase):
             )
         )
 
+    def pss_deliver(self, per_worker, step):
+        """`ParameterServerStrategy`: every worker's `step`-th step (see `pss.deliver`)."""
+        pss.deliver(self, per_worker, step)
+
     def write_window(self):
         pending = self.state.get("pending")
         if pending is None or self._last_layout is None:
@@ -600,6 +604,10 @@ class Recording:
             writes it to a `.npz`. Clean steps pay nothing (it sits under the fault's
             `tf.cond`).
 
+        Under `ParameterServerStrategy`, call it in a step given to `probe.schedule`: each
+        worker's norms, loss and NaN/Inf counts (`batch` is not captured there;
+        docs/parameter-server.md).
+
         Example:
           ```python
           def step_fn(x, y):
@@ -611,6 +619,9 @@ class Recording:
               optimizer.apply_gradients(zip(grads, model.trainable_variables))
           ```
         """
+        if self.pss_capturing():  # a step given to `schedule` (ParameterServerStrategy)
+            pss.observe(self, grads, variables, loss, scale, variable_names, variable_shape)
+            return
         self.recorder("gradients").observe(
             grads, variables, loss, step, scale, scale, SCALING_AS_GIVEN, batch=batch
         )
