@@ -383,6 +383,11 @@ GPU_VARIABLES = {
 GPU_BATCH_LEAVES = {"MobileNetV2": 2, "ResNet-50": 2, "BERT-base": 4}
 
 
+# Device->host copies per replica and step of a GPU `If`'s predicate (its `cond` input lives in
+# host memory), beside the counted `_Send`s.
+IF_PREDICATE_COPIES = 1
+
+
 def gpu_estimate(
     cost_model,
     variables_by_model,
@@ -397,7 +402,8 @@ def gpu_estimate(
 
     - A plain step (neither logged nor sampled): `a·R + b·R·V + h` kernels (`cost_model`) and,
       per replica, the plain step's `_Send`s per sending replica (`counted`: on R logical CPU
-      replicas R - 1 send; on GPUs all R would).
+      replicas R - 1 send; on GPUs all R would) and its fault `If`'s predicate
+      (`IF_PREDICATE_COPIES`).
     - A sampled step (every `PROFILED_STEPS`-th: the examples family's default period; a logged
       step runs the same branches): the plain step's kernels and the extra kernels of the
       counted window's one sampled step, `PROFILED_STEPS` × (mean step's added kernels - plain
@@ -430,8 +436,10 @@ def gpu_estimate(
         raise ValueError("gpu_estimate needs the plain step's counts (added.plain_step)")
     plain = added["plain_step"]
     sending = max(counted["replicas"] - 1, 1)
-    plain_copies = plain["sends"] / sending
-    step_copies = max(added.get("transfers_per_replica", 0), plain_copies)
+    # On a GPU each replica's fault `If` (the plain step's device fault record, the full step's
+    # fault branch) reads its one-byte predicate from host memory: one small copy more.
+    plain_copies = plain["sends"] / sending + IF_PREDICATE_COPIES
+    step_copies = max(added.get("transfers_per_replica", 0) + IF_PREDICATE_COPIES, plain_copies)
     # The window's total, an integer: `ops_per_step` is rounded to 2 decimals.
     extra = round(PROFILED_STEPS * added["ops_per_step"]) - PROFILED_STEPS * plain["kernels"]
     leaves = dict(GPU_BATCH_LEAVES, **(batch_leaves_by_model or {}))
