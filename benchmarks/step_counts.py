@@ -23,7 +23,9 @@ Printed: one JSON document with both and their differences (`added`), with
 device (replica 0's logical CPU is the host's own, so on R logical CPU replicas R - 1 replicas
 send; on R GPUs all R would). With `--cost-model` (MLP), the MLP is counted again at other
 replica and variable counts (`COST_POINTS`, one child process each) and `cost_model` gives the
-plain step's added kernels as `a·R + b·R·V + h`.
+plain step's added kernels as `a·R + b·R·V + h`; `gpu_estimate` prices them (and a sampled
+step's, with the device→host copies) for MobileNetV2, ResNet-50 and BERT-base on 8 GPUs at
+published launch and copy latencies, on paper.
 
     python -m benchmarks.step_counts --model mlp     # 4 replicas
     python -m benchmarks.step_counts --model mlp --cost-model
@@ -348,10 +350,129 @@ def _point(replicas, hidden_layers, keras_flavour):
     return replicas, 2 * (hidden_layers + 1), counts["added"]["plain_step"]["kernels"]
 
 
+# What a GPU would pay, on paper (`gpu_estimate`): published host-side costs, in microseconds.
+# A kernel launch: 4-6 µs per kernel submitted (driver and runtime calls, measured on an RTX 5070
+# Ti, CUDA 13.0); NVIDIA's CUDA Programming Guide (4.2, CUDA Graphs) names the per-kernel
+# overhead without a figure.
+LAUNCH_US = 5.0
+LAUNCH_SOURCES = (
+    ("4–6 µs measured", "https://susun-blog.com/blog/pegainfer-3-cuda-graph"),
+    (
+        "CUDA Programming Guide 4.2",
+        "https://docs.nvidia.com/cuda/cuda-programming-guide/04-special-topics/cuda-graphs.html",
+    ),
+)
+# A small device->host copy: "a cudaMemcpy can incur in a 6-7us overhead" (NVIDIA's GDRCopy:
+# DGX-1V, pinned host memory; "around 1 µs vs 7 µs with cudaMemcpy" on its product page).
+COPY_US = 7.0
+COPY_SOURCES = (
+    ("NVIDIA GDRCopy: 6–7 µs per cudaMemcpy", "https://github.com/NVIDIA/gdrcopy"),
+    ("7 µs, pinned, DGX-1V", "https://developer.nvidia.com/gdrcopy"),
+)
+# Trainable variables of the models priced, `len(model.trainable_variables)`.
+GPU_VARIABLES = {
+    "MobileNetV2": 158,  # keras.applications.MobileNetV2(weights=None), Keras 3.15
+    "ResNet-50": 214,  # keras.applications.ResNet50(weights=None), Keras 3.15
+    # BERT-base (no keras_hub here), from its architecture: embeddings: word, position and
+    # segment tables + LayerNorm's gamma and beta = 5; each of 12 layers: query, key, value and
+    # output projections (kernel, bias) 8 + their LayerNorm 2 + intermediate and output dense 4
+    # + output LayerNorm 2 = 16, so 192; pooler dense 2. 5 + 192 + 2 = 199.
+    "BERT-base": 199,
+}
+# The batch's leaves the examples family reads on the host at a sampled step (images and
+# labels; BERT: token ids, segment ids, padding mask, labels).
+GPU_BATCH_LEAVES = {"MobileNetV2": 2, "ResNet-50": 2, "BERT-base": 4}
+
+
+# Device->host copies per replica and step of a GPU `If`'s predicate (its `cond` input lives in
+# host memory), beside the counted `_Send`s.
+IF_PREDICATE_COPIES = 1
+
+
+def gpu_estimate(
+    cost_model,
+    variables_by_model,
+    counted,
+    replicas=8,
+    launch_us=LAUNCH_US,
+    copy_us=COPY_US,
+    batch_leaves_by_model=None,
+):
+    """What the default callback would add per step on `replicas` GPUs, on paper: kernels and
+    device->host copies from the counts, priced at a launch's and a small copy's host cost.
+
+    - A plain step (neither logged nor sampled): `a·R + b·R·V + h` kernels (`cost_model`) and,
+      per replica, the plain step's `_Send`s per sending replica (`counted`: on R logical CPU
+      replicas R - 1 send; on GPUs all R would) and its fault `If`'s predicate
+      (`IF_PREDICATE_COPIES`).
+    - A sampled step (every `PROFILED_STEPS`-th: the examples family's default period; a logged
+      step runs the same branches): the plain step's kernels and the extra kernels of the
+      counted window's one sampled step, `PROFILED_STEPS` × (mean step's added kernels - plain
+      step's); per replica the step's cross-device transfers (its graph's, at least the plain
+      step's) and one copy per batch leaf the examples family reads on the host (on logical CPU
+      replicas the batch is on the host already, so the counts do not show them; each is
+      batch-sized, its bytes at the link's bandwidth come on top).
+    - The mean over one sampling period.
+
+    Args:
+      cost_model: `{"a", "b", "h"}` of `cost_model`.
+      variables_by_model: `{model name: trainable variables}`.
+      counted: the figures the cost model's run recorded (`recorded_figures`): `replicas` and
+        `added` with `ops_per_step`, `transfers_per_replica` and `plain_step` (`kernels`,
+        `sends`).
+      replicas: R.
+      launch_us, copy_us: microseconds per kernel launch and per device->host copy.
+      batch_leaves_by_model: `{model name: leaves}` (default `GPU_BATCH_LEAVES`, else 2).
+
+    Returns:
+      `{"replicas", "launch_us", "copy_us", "sampled_every", "sampled_extra_kernels", "models":
+      {name: {"variables", "plain", "sampled", "mean_us"}}}`, `plain` and `sampled` each
+      `{"kernels", "copies", "us"}`.
+
+    Raises:
+      ValueError: when `counted` holds no plain step (a run without a profiled plain step).
+    """
+    added = counted["added"]
+    if not added.get("plain_step"):
+        raise ValueError("gpu_estimate needs the plain step's counts (added.plain_step)")
+    plain = added["plain_step"]
+    sending = max(counted["replicas"] - 1, 1)
+    # On a GPU each replica's fault `If` (the plain step's device fault record, the full step's
+    # fault branch) reads its one-byte predicate from host memory: one small copy more.
+    plain_copies = plain["sends"] / sending + IF_PREDICATE_COPIES
+    step_copies = max(added.get("transfers_per_replica", 0) + IF_PREDICATE_COPIES, plain_copies)
+    # The window's total, an integer: `ops_per_step` is rounded to 2 decimals.
+    extra = round(PROFILED_STEPS * added["ops_per_step"]) - PROFILED_STEPS * plain["kernels"]
+    leaves = dict(GPU_BATCH_LEAVES, **(batch_leaves_by_model or {}))
+
+    def priced(kernels, copies):
+        kernels, copies = round(kernels), round(copies)
+        return {"kernels": kernels, "copies": copies, "us": kernels * launch_us + copies * copy_us}
+
+    models = {}
+    for name, variables in variables_by_model.items():
+        a, b, h = cost_model["a"], cost_model["b"], cost_model["h"]
+        kernels = a * replicas + b * replicas * variables + h
+        quiet = priced(kernels, replicas * plain_copies)
+        sampled = priced(kernels + extra, replicas * (step_copies + leaves.get(name, 2)))
+        mean = quiet["us"] + (sampled["us"] - quiet["us"]) / PROFILED_STEPS
+        models[name] = {"variables": variables, "plain": quiet, "sampled": sampled,
+                        "mean_us": round(mean, 1)}  # fmt: skip
+    return {
+        "replicas": replicas,
+        "launch_us": launch_us,
+        "copy_us": copy_us,
+        "sampled_every": PROFILED_STEPS,
+        "sampled_extra_kernels": extra,
+        "models": models,
+    }
+
+
 def recorded_figures(result):
     """The figures of `result` (`count_model`'s, with `cost_model` when counted) that
     `--record` writes: the replicas, the added counts (with the plain step's by op type), the
-    plain step's kernels and `_Send` kernels without and with the callback, and the cost model.
+    plain step's kernels and `_Send` kernels without and with the callback, the cost model and
+    its GPU estimate.
     """
     figures = {"replicas": result["replicas"], "added": result["added"]}
     plain = {
@@ -363,6 +484,8 @@ def recorded_figures(result):
         figures["plain_step"] = plain
     if "cost_model" in result:
         figures["cost_model"] = result["cost_model"]
+    if "gpu_estimate" in result:
+        figures["gpu_estimate"] = result["gpu_estimate"]
     return figures
 
 
@@ -393,6 +516,7 @@ def main(argv=None):
         )
         others = [_point(r, layers, args.keras) for r, layers in COST_POINTS]
         result["cost_model"] = cost_model([own, *others])
+        result["gpu_estimate"] = gpu_estimate(result["cost_model"], GPU_VARIABLES, result)
     print(json.dumps(result, indent=1))
     if args.record:
         key = args.model if args.keras == "keras3" else f"{args.model}_{args.keras}"

@@ -18,7 +18,7 @@ import os
 import re
 import sys
 
-from benchmarks import common, fit_overhead
+from benchmarks import common, fit_overhead, step_counts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = re.compile(r"<!-- figures:([a-z_]+) -->(.*?)<!-- /figures:\1 -->", re.DOTALL)
@@ -350,6 +350,46 @@ def render_step_counts(results):
     return text
 
 
+def render_gpu_estimate(results):
+    """What the default would add per step on 8 GPUs, on paper (`step_counts.gpu_estimate`),
+    from the MLP's cost model and counts, with the latencies' sources."""
+    figures = run_figures(results, "step_counts", "mlp")
+    found = step_counts.gpu_estimate(figures["cost_model"], step_counts.GPU_VARIABLES, figures)
+
+    def step(priced):
+        return f"{number(priced['kernels'], 0)}, {priced['copies']}"
+
+    def ms(us):
+        return value(us, "ms", 0.001, 1)
+
+    rows = [
+        (name, m["variables"], step(m["plain"]), step(m["sampled"]),
+         f"{ms(m['plain']['us'])} / {ms(m['sampled']['us'])} / {ms(m['mean_us'])}")
+        for name, m in found["models"].items()
+    ]  # fmt: skip
+    header = (
+        f"model ({found['replicas']} replicas)",
+        "variables V",
+        "plain step: kernels, copies",
+        "sampled step: kernels, copies",
+        "host time: plain / sampled / mean step",
+    )
+    model = figures["cost_model"]
+    launch, copy = (
+        "; ".join(f"[{label}]({url})" for label, url in sources)
+        for sources in (step_counts.LAUNCH_SOURCES, step_counts.COPY_SOURCES)
+    )
+    leaves = ", ".join(f"{name} {n}" for name, n in step_counts.GPU_BATCH_LEAVES.items())
+    return f"\n{table(header, rows)}\n" + (
+        f"- Kernels a·R + b·R·V + h (a = {coefficient(model['a'])}, b = "
+        f"{coefficient(model['b'])}, h = {coefficient(model['h'])}); a sampled step (1 in "
+        f"{found['sampled_every']}) adds {found['sampled_extra_kernels']} more and copies each "
+        f"replica's batch leaves to the host ({leaves}). Priced at "
+        f"{value(found['launch_us'], 'µs', digits=0)} per launch ({launch}) and "
+        f"{value(found['copy_us'], 'µs', digits=0)} per copy ({copy}).\n"
+    )
+
+
 def render_fit_alternated(results):
     figures = run_figures(results, "fit_alternated", "replica_callback_default")
     cpu = figures["median_cpu_per_step"]
@@ -566,6 +606,7 @@ RENDERERS = {
     "targets_more": render_targets_more,
     "fit_overhead": render_fit_overhead,
     "step_counts": render_step_counts,
+    "gpu_estimate": render_gpu_estimate,
     "fit_alternated": render_fit_alternated,
     "loop_overhead": render_loop_overhead,
     "backend": render_backend,

@@ -157,6 +157,8 @@ def _header_lines(name, run_data):
     ]
     if run_data.workers:
         lines.append(f"  multi-worker job: {len(run_data.workers)} workers")
+    if getattr(getattr(run_data, "inputs", None), "strategy", "") == "ParameterServerStrategy":
+        lines.append("  ParameterServerStrategy: replica r is worker r, step k each worker's k-th")
     for replica, device in zip(replicas, devices, strict=False):
         lines.append(f"    replica {replica}: {device}")
     return lines

@@ -469,3 +469,49 @@ def test_the_recorded_step_counts_hold_the_plain_step_and_the_cost_model():
     assert tables._plain_cells({"added": {}}) == ("—", "—")
     del result["cost_model"]
     assert "cost_model" not in step_counts.recorded_figures(result)
+
+
+def test_the_gpu_estimate_prices_the_counted_kernels_and_copies():
+    from benchmarks import step_counts, tables
+
+    # The MLP's counts: 4 replicas (3 send), a plain step +37 kernels and no `_Send`, 16 steps'
+    # mean +51.69 (one sampled step: round(16 × 51.69) - 16 × 37 = 235 more).
+    counted = {
+        "replicas": 4,
+        "added": {
+            "ops_per_step": 51.69,
+            "transfers_per_replica": 1.0,
+            "plain_step": {"kernels": 37, "sends": 0},
+        },
+    }
+    model = {"a": 3.0, "b": 1.0, "h": 1.0}
+    variables = {"MobileNetV2": 158, "BERT-base": 199}
+    found = step_counts.gpu_estimate(model, variables, counted, launch_us=5.0, copy_us=7.0)
+    assert found["sampled_extra_kernels"] == 235 and found["sampled_every"] == 16
+    cnn = found["models"]["MobileNetV2"]
+    # 3·8 + 1·8·158 + 1 kernels; per replica no transfer, its fault `If`'s predicate.
+    assert cnn["plain"] == {"kernels": 1289, "copies": 8, "us": 1289 * 5.0 + 8 * 7.0}
+    # + 235 kernels; per replica its transfer, the predicate and the batch's 2 leaves (BERT: 4).
+    assert cnn["sampled"] == {"kernels": 1524, "copies": 32, "us": 1524 * 5.0 + 32 * 7.0}
+    assert cnn["mean_us"] == 6584.9  # 6501 + (7844 - 6501) / 16
+    assert found["models"]["BERT-base"]["sampled"]["copies"] == 48
+    # A plain step that sent one vector per sending replica (3 of 4): one copy more on a GPU.
+    counted["added"]["plain_step"] = {"kernels": 37, "sends": 3}
+    cnn = step_counts.gpu_estimate(model, variables, counted, replicas=2)["models"]["MobileNetV2"]
+    assert cnn["plain"]["kernels"] == 2 * 3 + 2 * 158 + 1 and cnn["plain"]["copies"] == 4
+    assert cnn["sampled"]["copies"] == 2 * (2 + 2)
+    with pytest.raises(ValueError, match="plain step"):
+        step_counts.gpu_estimate(model, variables, {"replicas": 4, "added": {}})
+    # Recorded with the cost model; rendered from the results file's cost model.
+    counted["added"]["plain_step"] = {"kernels": 37, "sends": 0}
+    result = {"replicas": 4, "added": counted["added"], "gpu_estimate": found}
+    result.update(no_callback={}, replica_callback_default={})
+    assert step_counts.recorded_figures(result)["gpu_estimate"] is found
+    results = _results_copy()
+    mlp = results["step_counts"]["runs"]["mlp"]["figures"]
+    mlp.update(replicas=4, cost_model=dict(model, points=[]))
+    mlp["added"].update(ops_per_step=51.69, transfers_per_replica=1.0)
+    mlp["added"]["plain_step"].update(kernels=37, sends=0)
+    text = tables.render_gpu_estimate(results)
+    assert "| MobileNetV2 | 158 | 1,289, 8 | 1,524, 32 | 6.5 ms / 7.8 ms / 6.6 ms |" in text
+    assert "a = 3, b = 1, h = 1" in text and "https://github.com/NVIDIA/gdrcopy" in text

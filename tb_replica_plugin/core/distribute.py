@@ -26,7 +26,11 @@ def replica_context_of(strategy):
 
 
 def local_devices(strategy):
-    """Device names of this worker's replicas, in replica order."""
+    """Device names of this worker's replicas, in replica order (under
+    `ParameterServerStrategy`, each worker's: a worker is a replica of the run)."""
+    if type(strategy).__name__.startswith("ParameterServerStrategy"):
+        count = strategy.extended._num_workers  # noqa: SLF001 - the cluster spec's workers
+        return [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in range(count)]
     try:
         devices = tuple(strategy.extended.worker_devices)
     except (AttributeError, RuntimeError, NotImplementedError):

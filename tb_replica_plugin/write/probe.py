@@ -32,6 +32,7 @@ from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.recorder import host_variable
 from tb_replica_plugin.write.flusher import FLUSHER
 from tb_replica_plugin.write.lifecycle import Lifecycle
+from tb_replica_plugin.write.pss import ParameterServer
 from tb_replica_plugin.write.shipping import Shipping
 from tb_replica_plugin.write.steps import StepAxis
 from tb_replica_plugin.write.summary_writes import SummaryWrites
@@ -104,7 +105,7 @@ def check_flush_secs(flush_secs):
         raise ValueError(f"`flush_secs` must be a number > 0. Received: {flush_secs!r}")
 
 
-class ProbeCore(Shipping, SummaryWrites, Lifecycle, Variants):
+class ProbeCore(Shipping, SummaryWrites, Lifecycle, Variants, ParameterServer):
     """Writer, recording gate, step decision, warn-once and family dispatch of `ReplicaProbe`.
 
     See `tb_replica_plugin.ReplicaProbe` for the arguments.
@@ -221,6 +222,8 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle, Variants):
         Returns:
           True when recording, False when recording is off (warned once).
         """
+        if self.pss_refuses():  # ParameterServerStrategy: only steps given to `schedule`
+            return False
         if self._core is not None or self._disabled_reason:
             return self._core is not None
         with tf.init_scope():
@@ -252,6 +255,7 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle, Variants):
                 "devices": devices,
                 "replicas": list(range(first, first + len(devices))),
                 "source": self.source,
+                **self.pss_static(strategy),
             }
             if self._worker is not None:
                 self._static["worker"] = dict(self._worker)
@@ -458,6 +462,7 @@ class ProbeCore(Shipping, SummaryWrites, Lifecycle, Variants):
 
         Called by `flush`/`close` and by `ReplicaCallback` at each epoch end. Host side (eager).
         """
+        self.pss_harvest(block=True)  # ParameterServerStrategy: the steps the workers ran
         with self._lock:
             if self._core is None or self._disabled_reason:
                 return

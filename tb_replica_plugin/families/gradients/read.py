@@ -158,6 +158,8 @@ class GradientsSeries:
       plain_faults: int64 [3, R] or None: per replica, the steps neither logged nor sampled
         whose gradients or loss held NaN/Inf (the device fault record, `gradients/plain_faults`):
         how many, the first and the last (-1: none); only those two are among the events.
+      strategy: "ParameterServerStrategy" when each replica is a worker of that strategy, else
+        "" (docs/parameter-server.md).
     """
 
     run: str
@@ -175,6 +177,7 @@ class GradientsSeries:
     loss_scaled: bool = False
     batches: list = dataclasses.field(default_factory=list)
     plain_faults: np.ndarray = None
+    strategy: str = ""
     # `rules.global_ratio`'s `(global_norm, its ratio to the median)`: computed once per series.
     ratio_cache: tuple = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
@@ -266,6 +269,7 @@ def from_samples(run, samples, notes, needed=None):
         loss_scaled=bool(last.get("loss_scaled", False)),
         batches=batches,
         plain_faults=_plain_faults(samples, num_replicas),
+        strategy=str(last.get("strategy", "")),
     )
 
 

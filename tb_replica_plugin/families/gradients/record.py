@@ -25,7 +25,7 @@ from tb_replica_plugin.core import transfer as transfer_lib
 from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import FaultState, cond_value, run_if
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.families.gradients import capture, replica, schema
+from tb_replica_plugin.families.gradients import capture, pss, replica, schema
 from tb_replica_plugin.families.gradients.device_faults import DeviceFaults
 from tb_replica_plugin.families.gradients.replica import (  # noqa: F401 - the family's helpers
     nonfinite_counts,
@@ -618,6 +618,10 @@ class Recorder(RecorderBase):
             )
         )
 
+    def pss_deliver(self, per_worker, step):
+        """`ParameterServerStrategy`: every worker's `step`-th step (see `pss.deliver`)."""
+        pss.deliver(self, per_worker, step)
+
     def write_window(self):
         if self.state:
             self.device_faults.write_new(self.probe)
@@ -680,6 +684,10 @@ class Recording:
             writes it to a `.npz`. Clean steps pay nothing (it sits under the fault's
             `tf.cond`).
 
+        Under `ParameterServerStrategy`, call it in a step given to `probe.schedule`: each
+        worker's norms, loss and NaN/Inf counts (`batch` is not captured there;
+        docs/parameter-server.md).
+
         Example:
           ```python
           def step_fn(x, y):
@@ -691,6 +699,9 @@ class Recording:
               optimizer.apply_gradients(zip(grads, model.trainable_variables))
           ```
         """
+        if self.pss_capturing():  # a step given to `schedule` (ParameterServerStrategy)
+            pss.observe(self, grads, variables, loss, scale, variable_names, variable_shape)
+            return
         self.recorder("gradients").observe(
             grads, variables, loss, step, scale, scale, SCALING_AS_GIVEN, batch=batch
         )

@@ -209,6 +209,9 @@ def _nonfinite_findings(series, inputs=None):
         grad_nan, grad_inf, loss_nan, loss_inf = _nonfinite_counts(counts, rows, indices)
         head = _nonfinite_head(replicas, group_steps, grad_nan, grad_inf, loss_nan, loss_inf)
         head += _unlisted_steps(series, bad, indices, len(group_steps))
+        pss = series.strategy == PSS
+        if pss:  # replica r is worker r
+            head = "Worker" + head[len("Replica") :]
         if series.loss_scaled and not (loss_nan or loss_inf):
             message = f"{head}{LOSS_SCALE_OVERFLOW}"
             finding = _nonfinite_finding(
@@ -216,7 +219,8 @@ def _nonfinite_findings(series, inputs=None):
             )
         else:
             if grad_nan or grad_inf:
-                message = _nonfinite_message(series, head, first, indices, groups, all_replicas)
+                explain = _pss_message if pss else _nonfinite_message
+                message = explain(series, head, first, indices, groups, all_replicas)
             else:
                 message = _loss_only_message(head, first, all_replicas)
             value = grad_nan + grad_inf + loss_nan + loss_inf
@@ -255,6 +259,8 @@ def _unlisted_steps(series, bad, indices, listed):
         "last are recorded)"
     )
 
+
+PSS = "ParameterServerStrategy"  # `GradientsSeries.strategy`: replica r is worker r
 
 # The end of an info finding's message: an overflow of the scaled gradients with a finite loss.
 LOSS_SCALE_OVERFLOW = (
@@ -354,6 +360,32 @@ def _nonfinite_message(series, head, first, indices, groups, all_replicas):
         "extreme example, a division by zero or log(0) in its preprocessing). Unless "
         "the step is skipped, the all-reduce writes the NaN into every replica's "
         "weights (Keras 3.15's LossScaleOptimizer checks only replica 0's gradients)."
+    )
+
+
+def _pss_message(series, head, first, indices, groups, all_workers):
+    """`_nonfinite_message` under ParameterServerStrategy: replica r is worker r, and a worker's
+    update goes to the variables on the parameter servers, which every worker reads."""
+    origin = min(groups)
+    if first > origin:
+        origin_workers = ", ".join(str(series.replicas[i]) for i in groups[origin])
+        return (
+            f"{head}, after worker(s) {origin_workers} at step {origin}: its update wrote the "
+            "first NaN/Inf into the variables on the parameter servers, which every worker "
+            "reads; fix the first one."
+        )
+    if len(indices) == series.num_replicas and series.num_replicas > 1:
+        return (
+            f"{head}, on every worker from step {first}: the model itself diverged rather than "
+            "one worker's data (learning rate too high, exploding activations, log/division of "
+            "0); lower the learning rate, clip gradients or check the loss."
+        )
+    others = "" if all_workers else " while the other workers stayed finite"
+    return (
+        f"{head}{others}: look at that worker's batch at its step {first} (step k is each "
+        "worker's k-th step; a NaN/Inf or extreme example, a division by zero or log(0) in "
+        "its preprocessing). Unless that update is skipped, it writes the NaN into the "
+        "variables on the parameter servers, which every worker reads at its next step."
     )
 
 

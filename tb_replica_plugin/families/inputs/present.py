@@ -50,6 +50,7 @@ def downsample_inputs(series, max_points, replica_blocks=None):
         "replicas": series.replicas,
         "devices": series.devices,
         "source": series.source,
+        "strategy": series.strategy,
         "steps": steps.tolist(),
         "batch_size": sizes.tolist(),
         "batch_size_min": lows.tolist(),

@@ -39,6 +39,8 @@ class InputsSeries:
       workers: for a multi-worker job, the per-worker grouping of the replica axis: one dict per
         worker, in replica order, `{"run", "name", "task_type", "task_index", "worker",
         "replicas", "devices"}`; empty for a single-worker run.
+      strategy: "ParameterServerStrategy" for a run of that strategy (replica r is worker r,
+        written by the coordinator), else "".
     """
 
     run: str
@@ -53,6 +55,7 @@ class InputsSeries:
     notes: list
     worker: dict | None = None
     workers: list = dataclasses.field(default_factory=list)
+    strategy: str = ""
 
     @property
     def num_replicas(self):
@@ -86,6 +89,7 @@ def parse_shape_event(step, document):
         "devices": [str(d) for d in parsed.get("devices", [])],
         "replicas": [int(r) for r in parsed.get("replicas", [])],
         "source": str(parsed.get("source", "")),
+        "strategy": str(parsed.get("strategy", "")),
         "worker": _parse_worker(worker) if isinstance(worker, dict) else None,
         # The last step observed before this one (the steps between were not: plain steps).
         "previous": int(parsed["previous"]) if "previous" in parsed else None,
@@ -158,6 +162,7 @@ def build_inputs_series(run, shape_events, dense_points, notes=()):
         dense=dense,
         notes=notes,
         worker=last_event.get("worker"),
+        strategy=last_event.get("strategy", ""),
     )
 
 

@@ -19,7 +19,7 @@ from tb_replica_plugin.core.nest import (  # noqa: F401 - named here too
     name_fit_batch,
 )
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.families.inputs import schema, shapes
+from tb_replica_plugin.families.inputs import pss, schema, shapes
 from tb_replica_plugin.families.inputs.shapes import (  # noqa: F401 - the family's public helpers
     DENSE,
     RAGGED,
@@ -48,6 +48,7 @@ class Recorder(RecorderBase):
     """State and writes of the inputs family."""
 
     name = "inputs"
+    pss_window = None  # `pss.Window` under ParameterServerStrategy
 
     def create_state(self):
         # One int64 vector, the counters then the window's rows: a step reads it once and
@@ -140,7 +141,16 @@ class Recorder(RecorderBase):
         counters = [tf.reshape(tf.cast(v, tf.int64), [1]) for v in (stats.fingerprint, step_value)]
         self.state["packed"].assign(tf.concat([*counters, batch_size, win_min, win_max], axis=0))
 
+    def pss_deliver(self, per_worker, step):
+        """`ParameterServerStrategy`: every worker's `step`-th step (see `pss.deliver`)."""
+        if self.pss_window is None:
+            self.pss_window = pss.Window()
+        pss.deliver(self, per_worker, step)
+
     def write_window(self):
+        if self.pss_window is not None:  # ParameterServerStrategy: the coordinator's window
+            pss.write_window(self)
+            return
         if self.state.get("packed") is None:
             return
         counters, values = self._host_state()
@@ -160,6 +170,8 @@ class Recorder(RecorderBase):
         return self.probe.observe_inputs, None
 
     def last_step(self):
+        if self.pss_window is not None:
+            return None if self.pss_window.last_step < 0 else self.pss_window.last_step
         if self.state.get("packed") is None:
             return None
         step = int(self._host_state()[0][_LAST_STEP])
@@ -175,7 +187,9 @@ class Recording:
         Call it in replica context (inside `strategy.run`) with the replica's local batch, or in
         cross-replica context with the distributed batch (leaves are `PerReplica` values).
         Nested dicts, lists and tuples are named by their path ("x/image", "0"); pass a dict to
-        choose names. A failure inside the probe warns once and never stops training.
+        choose names. A failure inside the probe warns once and never stops training. Under
+        `ParameterServerStrategy`, call it in a step given to `probe.schedule`
+        (docs/parameter-server.md).
 
         Args:
           batch: the (nested) structure of input tensors.
@@ -191,6 +205,12 @@ class Recording:
               ...
           ```
         """
+        if self.pss_capturing():  # a step given to `schedule` (ParameterServerStrategy)
+            try:
+                pss.observe(self, batch)
+            except Exception as error:  # noqa: BLE001 - must never break training
+                self.recorder("inputs").warn(error)
+            return
         if not self.build():
             return
         recorder = self.recorder("inputs")

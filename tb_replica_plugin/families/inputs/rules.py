@@ -58,6 +58,21 @@ FINDING_KINDS = {
 }
 
 
+# A run of ParameterServerStrategy: replica r is worker r, each fed by its own input pipeline.
+PSS = "ParameterServerStrategy"
+
+
+def _pss_uneven_message(row, steps):
+    """The `uneven_batch` message of a ParameterServerStrategy run (replica r: worker r)."""
+    small, big = int(np.argmin(row)), int(np.argmax(row))
+    return (
+        f"Worker {small} got {int(row[small])} examples per step, worker {big} got "
+        f"{int(row[big])} at {fmt_steps(steps)}: under ParameterServerStrategy each worker's "
+        "input pipeline batches on its own, and a worker's step updates the variables with the "
+        "gradients of its own batch; batch every worker's dataset alike in dataset_fn."
+    )
+
+
 def _uneven_message(row, replicas, nominal, steps):
     num = len(row)
     total = int(row.sum())
@@ -92,7 +107,8 @@ def _batch_findings(series, thresholds):
     if series.batch_size.size == 0:
         return []
     findings = []
-    first = _first_batch_finding(series)
+    pss = series.strategy == PSS
+    first = None if pss else _first_batch_finding(series)  # no Keras 3 fit under PSS
     if first is not None:
         findings.append(first)
     nominal = _nominal_global_batch(series.batch_size)
@@ -193,7 +209,11 @@ def _uneven_finding(series, row, steps, nominal, ratio, thresholds):
         replicas=[series.replicas[i] for i in np.flatnonzero(row != int(row.max()))],
         value=round(ratio, 6),
         threshold=thresholds.max_imbalance_ratio,
-        message=_uneven_message(row, series.replicas, nominal, steps),
+        message=(
+            _pss_uneven_message(row, steps)
+            if series.strategy == PSS
+            else _uneven_message(row, series.replicas, nominal, steps)
+        ),
         **_split_fields(series, steps),
     )
 

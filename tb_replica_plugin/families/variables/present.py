@@ -9,6 +9,7 @@ import numpy as np
 from tb_replica_plugin import analysis
 from tb_replica_plugin.core import args
 from tb_replica_plugin.core.downsample import bucket_max, floats, nanmax, pool_replicas
+from tb_replica_plugin.families.variables import ps_balance
 
 DEFAULT_TOP = 5
 TOP_RANGE = (1, 1000)
@@ -44,6 +45,7 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None, re
             "variables": [],
             "top": [],
             "rotation": None,
+            "parameter_servers": None,
             "notes": [],
         }
     ranked = _ranked(series)[:top]
@@ -62,6 +64,7 @@ def variables_body(series, thresholds=None, top=DEFAULT_TOP, max_points=None, re
         ],
         "top": _top_rows(series, ranked, rel, max_abs),
         "rotation": rotation_body(series),
+        "parameter_servers": ps_balance.balance(series),
         "notes": series.notes,
         **pooled,
     }
@@ -247,6 +250,9 @@ def _variables_text(series, thresholds, top=REPORT_TOP):
     """The weight-drift and placement block of one run in `to_text`."""
     if series is None:
         return []
+    held = ps_balance.balance(series)
+    if held is not None:  # ParameterServerStrategy: one copy per variable, on a ps
+        return ps_balance.report_text(held)
     body = variables_body(series, thresholds, top=top)
     rows = body["variables"]
     steps = series.steps

@@ -18,7 +18,7 @@ from tensorflow.core.protobuf import config_pb2
 
 from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.families.variables import check, fingerprint, rotation, schema
+from tb_replica_plugin.families.variables import check, fingerprint, pss, rotation, schema
 from tb_replica_plugin.families.variables import fit as fit_side
 
 # The family's state vector: placement written, placement fingerprint.
@@ -115,6 +115,7 @@ class Recorder(RecorderBase):
     # The step of the last full check of a `fit` (`ReplicaCallback`'s epoch-end checks, spaced
     # by the rotation period), None outside one.
     whole_checked_at = None
+    pss_placement = None  # `pss.Placement` under ParameterServerStrategy
 
     def create_state(self):
         self.variable("counters", [0, 0], tf.int64)
@@ -128,6 +129,14 @@ class Recorder(RecorderBase):
 
     def warn(self, error):
         self.probe.warn_failed("variables", error)
+
+    def pss_variables(self, variables, step):
+        """`ParameterServerStrategy`, on the coordinator: the placement of `variables` (added to
+        those seen so far) written at `step` when any is new (`pss.add`). Warns on failure."""
+        try:
+            pss.add(self, variables, step)
+        except Exception as error:  # noqa: BLE001 - must never break training
+            self.warn(error)
 
     def fit_step(self, fit):
         """Keras `fit`: the check of the logged steps after the model's step (`fit.py`)."""
@@ -349,7 +358,10 @@ class Recording:
         multiple of it are recorded (inside a `tf.function` the check runs under a `tf.cond`, so
         other steps cost a counter increment). Eager calls run one traced function over all the
         variables. Pass the same list at every call (one list per probe). A failure warns once
-        and never stops training.
+        and never stops training. Under `ParameterServerStrategy` (one copy of each variable,
+        on a parameter server) it records which server holds each variable or shard and its
+        bytes, once per new variable (docs/parameter-server.md); `exact` and `budget` do not
+        apply there.
 
         Args:
           variables: an iterable of variables, e.g. `model.variables + optimizer.variables`.
@@ -379,6 +391,8 @@ class Recording:
           ```
         """
         rotation.check_budget(budget, "budget")
+        if self.pss_variables_seen(variables, step):  # ParameterServerStrategy: placement only
+            return
         if not self.build():
             return
         recorder = self.recorder("variables")

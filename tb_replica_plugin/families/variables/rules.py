@@ -10,7 +10,9 @@
 Findings of one kind and cause (e.g. every BatchNormalization layer, every trainable variable of a
 skipped all-reduce) are grouped into one by `analysis.group_findings` with `group_message`.
 - `variable_not_mirrored` (warning): a variable has no copy on some replica device (not raised
-  under CentralStorageStrategy, which keeps one copy on purpose).
+  under CentralStorageStrategy or ParameterServerStrategy, which keep one copy on purpose).
+- `ps_imbalance` (warning): under ParameterServerStrategy one parameter server holds far more than
+  its share of the variable bytes (`ps_balance.py`).
 
 Pure Python and numpy.
 """
@@ -24,6 +26,7 @@ from tb_replica_plugin.analysis import (
     sort_findings,
 )
 from tb_replica_plugin.core.downsample import nanmax
+from tb_replica_plugin.families.variables import ps_balance
 
 FINDING_KINDS = {
     "variable_drift": {
@@ -54,6 +57,7 @@ FINDING_KINDS = {
         "thresholds": (),
         "summary": ("A variable has no copy on some replica device."),
     },
+    **ps_balance.FINDING_KINDS,
 }
 
 
@@ -309,6 +313,7 @@ def find_variables(series, thresholds=Thresholds()):
         finding = _drift_finding(series, index, variable, thresholds)
         if finding is not None:
             findings.append(finding)
+    findings.extend(ps_balance.find(series))
     return sort_findings(findings)
 
 

@@ -1,0 +1,323 @@
+"""ParameterServerStrategy: each worker is a replica of the run, its steps' records written by
+the coordinator.
+
+Under `ParameterServerStrategy` a step runs as a closure on one worker (`ClusterCoordinator.
+schedule`); the coordinator's summary writer does not exist there. `ReplicaProbe.schedule(fn,
+args)` schedules `fn` in a function of its own that returns, beside `fn`'s result, a small record:
+the worker it ran on (`experimental_get_current_worker_index`) and what each family's `observe_*`
+call put in it while `fn` was traced (`capture`; tensors of the step, a few int64 words). The
+coordinator fetches the records of finished steps (at each `schedule` and at `flush`/`close`),
+keeps each worker's in the order it ran them, and once every worker ran its k-th step, hands them
+to the families' `pss_deliver` at step k: the run's replica r is worker r. A step some worker did
+not reach is not written (stragglers).
+
+Outside a step scheduled through the probe, a probe under this strategy records nothing and says
+so once (`refuses`). Families without a `pss_deliver` are refused the same way.
+"""
+
+import collections
+import itertools
+import threading
+
+import tensorflow as tf
+
+STRATEGY = "ParameterServerStrategy"
+_REFUSAL = (
+    "tb_replica_plugin: under ParameterServerStrategy the probe records only observe_inputs "
+    "and observe_gradients, inside steps scheduled with probe.schedule(step_fn, args=...) "
+    "(in place of coordinator.schedule), and observe_variables (where each variable lives); "
+    "this {what} records nothing, training goes on."
+)
+
+
+def is_parameter_server(strategy):
+    """True for a `tf.distribute.ParameterServerStrategy` (V1 or V2)."""
+    return type(strategy).__name__.startswith(STRATEGY)
+
+
+class ScheduledValue:
+    """What `ReplicaProbe.schedule` returns: the scheduled function's own result.
+
+    Wraps the `RemoteValue` of the probe's closure (which also carries the step's record).
+    """
+
+    def __init__(self, remote):
+        self._remote = remote
+
+    def fetch(self):
+        """The function's result as numpy values (blocks until the step ran)."""
+        return self._remote.fetch()[0]
+
+    def get(self):
+        """The function's result as tensors (blocks until the step ran)."""
+        return self._remote.get()[0]
+
+
+class _State:
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.capturing = None  # {family: (meta, tensors)} while a scheduled function traces
+        self.building = False
+        self.functions = {}  # id(fn) -> (fn, wrapped tf.function)
+        self.traces = {}  # trace id -> {family: meta}
+        self.trace_ids = itertools.count(1)
+        self.pending = collections.deque()  # RemoteValues of steps not harvested yet
+        self.per_worker = collections.defaultdict(collections.deque)  # worker -> [(trace, values)]
+        self.next_step = 0
+        self.failed = 0  # closures that failed (the coordinator raises them to the caller)
+        self.watched = []  # variables observed in steps traced since handed on
+
+
+class ParameterServer:
+    """`ProbeCore`'s part for `ParameterServerStrategy` (a mixin; state made on first use)."""
+
+    def _pss(self):
+        state = self.__dict__.get("_pss_state")
+        if state is None:
+            state = self.__dict__["_pss_state"] = _State()
+        return state
+
+    def pss_static(self, strategy):
+        """The static fields a run under this strategy adds (`{"strategy": ...}`), else {}."""
+        return {"strategy": STRATEGY} if is_parameter_server(strategy) else {}
+
+    def pss_refuses(self, what="call"):
+        """Whether `build` must refuse: under this strategy outside the probe's own build in
+        `schedule` (warns once).
+
+        Args:
+          what: the words for what records nothing.
+        """
+        if not is_parameter_server(self.strategy) or self._pss().building:
+            return False
+        self.warn_once("pss", _REFUSAL.format(what=what))
+        return True
+
+    def pss_capturing(self):
+        """True while a function given to `schedule` is traced (a family then `capture`s)."""
+        return self.__dict__.get("_pss_state") is not None and self._pss().capturing is not None
+
+    def pss_variables_seen(self, variables, step=None):
+        """`observe_variables` under this strategy: hands `variables` to the families'
+        `pss_variables` (the coordinator's placement), now on the coordinator, after the
+        `schedule` call inside a step being traced.
+
+        Args:
+          variables: the variables (an iterable).
+          step: the step to record at (None: the next step the coordinator writes).
+
+        Returns:
+          False when the strategy is not a `ParameterServerStrategy` (record as usual).
+        """
+        if not is_parameter_server(self.strategy):
+            return False
+        state = self._pss()
+        state.watched.extend(variables)
+        if state.capturing is None:
+            self._pss_hand_variables(step)
+        return True
+
+    def _pss_hand_variables(self, step=None):
+        """The variables seen since the last call, to every recorder's `pss_variables`."""
+        state = self._pss()
+        if not state.watched:
+            return
+        state.building = True
+        try:
+            built = self.build()
+        finally:
+            state.building = False
+        variables, state.watched = state.watched, []
+        if not built:
+            return
+        step = state.next_step if step is None else int(step)
+        for recorder in self.recorders():
+            hand = getattr(recorder, "pss_variables", None)
+            if hand is not None:
+                hand(variables, step)
+
+    def pss_capture(self, family, meta, tensors):
+        """Puts a family's values of this step in the step's record (while tracing).
+
+        Args:
+          family: the family's name (one call per step: a second one is ignored with a warning).
+          meta: what the coordinator needs to read them, known when tracing (any object).
+          tensors: a dict of tensors of the scheduled function's graph.
+        """
+        capture = self._pss().capturing
+        if family in capture:
+            self.warn_once(
+                f"pss_twice_{family}",
+                f"tb_replica_plugin: {family} observed twice in one scheduled step; only the "
+                "first call is recorded (one step per scheduled call).",
+            )
+            return
+        capture[family] = (meta, dict(tensors))
+
+    def schedule(self, fn, args=None, kwargs=None):
+        """Schedules one training step on a worker and records it (`ParameterServerStrategy`).
+
+        Use it in place of `coordinator.schedule(fn, args=..., kwargs=...)`: `fn` (a
+        `tf.function` or a Python function) runs as the coordinator would run it, and what its
+        `observe_inputs` and `observe_gradients` calls record comes back with the step;
+        `observe_variables` in it is handed on when it is traced (other `observe_*` calls
+        record nothing under this strategy and warn once). Each
+        worker is one replica of the run (replica r: worker r); the step axis counts each
+        worker's steps (step k: every worker's k-th step), written once every worker ran it.
+
+        Args:
+          fn: the step function (its `tf.function` options are not kept: it is traced inside
+            the probe's own `tf.function`).
+          args, kwargs: as for `ClusterCoordinator.schedule` (e.g. a per-worker iterator).
+
+        Returns:
+          A `ScheduledValue`: `fetch()` and `get()` give `fn`'s result, as the coordinator's
+          `RemoteValue` would.
+
+        Raises:
+          ValueError: if the strategy is not a `ParameterServerStrategy` or has no
+            `ClusterCoordinator`.
+        """
+        strategy = self.strategy
+        coordinator = getattr(strategy, "_cluster_coordinator", None)
+        if not is_parameter_server(strategy) or coordinator is None:
+            raise ValueError(
+                "probe.schedule needs a ParameterServerStrategy with a ClusterCoordinator: "
+                "create tf.distribute.coordinator.ClusterCoordinator(strategy) first, and give "
+                "the probe that strategy"
+            )
+        state = self._pss()
+        state.building = True
+        try:
+            built = self.build()
+        finally:
+            state.building = False
+        if not built:
+            return ScheduledValue(_Plain(coordinator.schedule(fn, args=args, kwargs=kwargs)))
+        remote = coordinator.schedule(self._pss_wrapped(fn), args=args, kwargs=kwargs)
+        with state.lock:
+            state.pending.append(remote)
+        self._pss_hand_variables()  # variables observed in a new trace: their placement
+        self.pss_harvest(block=False)
+        return ScheduledValue(remote)
+
+    def _pss_wrapped(self, fn):
+        state = self._pss()
+        entry = state.functions.get(id(fn))
+        if entry is not None and entry[0] is fn:
+            return entry[1]
+        python_fn = getattr(fn, "python_function", fn)
+
+        def scheduled(*args, **kwargs):
+            trace = next(state.trace_ids)
+            state.capturing = {}
+            try:
+                result = python_fn(*args, **kwargs)
+                capture = state.capturing
+            finally:
+                state.capturing = None
+            state.traces[trace] = _layout(capture)
+            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+            # One int64 vector per step (one copy to the coordinator): trace, worker, then each
+            # value's length and words.
+            pieces = [tf.constant([trace], tf.int64), tf.reshape(tf.cast(worker, tf.int64), [1])]
+            for _, (_, values) in sorted(capture.items()):
+                for key in sorted(values):
+                    value = tf.reshape(tf.cast(values[key], tf.int64), [-1])
+                    pieces += [tf.reshape(tf.size(value, out_type=tf.int64), [1]), value]
+            record = tf.concat(pieces, axis=0)
+            return result, record
+
+        wrapped = tf.function(scheduled)
+        state.functions[id(fn)] = (fn, wrapped)
+        return wrapped
+
+    def pss_harvest(self, block):
+        """Coordinator side: reads the records of finished steps and writes every step all
+        workers ran. A failure warns once; training goes on.
+
+        Args:
+          block: wait for every scheduled step (flush, close); else take the finished ones.
+        """
+        state = self.__dict__.get("_pss_state")
+        if state is None or self._core is None:
+            return
+        with self.host_lock, state.lock:
+            try:
+                self._pss_take(state, block)
+                self._pss_write(state)
+            except Exception as error:  # noqa: BLE001 - must never break training
+                self.warn_failed("pss", error, "the parameter-server steps")
+
+    def _pss_take(self, state, block):
+        kept = collections.deque()
+        while state.pending:
+            remote = state.pending.popleft()
+            if not block and not _ready(remote):
+                kept.append(remote)
+                continue
+            try:
+                _, record = remote.fetch()
+            except Exception:  # noqa: BLE001 - the closure failed: the coordinator raises it
+                state.failed += 1
+                continue
+            trace, worker = int(record[0]), int(record[1])
+            state.per_worker[worker].append((trace, _unpack(state.traces.get(trace), record)))
+        state.pending = kept
+
+    def _pss_write(self, state):
+        workers = self.num_replicas
+        while all(state.per_worker[w] for w in range(workers)):
+            step = state.next_step
+            rows = [state.per_worker[w].popleft() for w in range(workers)]
+            families = {}
+            for worker, (_, values) in enumerate(rows):
+                for name, item in values.items():
+                    families.setdefault(name, [None] * workers)[worker] = item
+            for name, per_worker in families.items():
+                if any(item is None for item in per_worker):
+                    continue  # a family some worker did not observe at this step
+                try:
+                    self.recorder(name).pss_deliver(per_worker, step)
+                except Exception as error:  # noqa: BLE001 - the other families go on
+                    self.warn_failed(name, error)
+            state.next_step = step + 1
+
+
+def _layout(capture):
+    """`{family: (meta, sorted keys)}` of a trace's capture: how its record vector is read."""
+    return {name: (meta, sorted(values)) for name, (meta, values) in capture.items()}
+
+
+def _unpack(layout, record):
+    """`{family: (meta, {key: int64 array})}` of one step's record vector (numpy)."""
+    if layout is None:
+        return {}
+    unpacked, offset = {}, 2
+    for name, (meta, keys) in sorted(layout.items()):
+        values = {}
+        for key in keys:
+            size = int(record[offset])
+            values[key] = record[offset + 1 : offset + 1 + size]
+            offset += 1 + size
+        unpacked[name] = (meta, values)
+    return unpacked
+
+
+class _Plain:
+    """A `RemoteValue` as `ScheduledValue` reads the probe's (a pair: result, record)."""
+
+    def __init__(self, remote):
+        self._remote = remote
+
+    def fetch(self):
+        return self._remote.fetch(), None
+
+    def get(self):
+        return self._remote.get(), None
+
+
+def _ready(remote):
+    """Whether a `RemoteValue` is done (without waiting); False when it cannot be told."""
+    event = getattr(remote, "_status_available_event", None)
+    return bool(event is not None and event.is_set())

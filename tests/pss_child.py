@@ -1,0 +1,274 @@
+"""Scenarios on one in-process `ParameterServerStrategy` cluster (2 workers, 2 ps), run in a
+child process: connecting to a cluster changes the process's eager context for good, so it
+cannot share the test process with the logical CPU replicas of tests/conftest.py.
+
+Usage: `python tests/pss_child.py LOGDIR RESULTS_JSON [SCENARIO ...]`; writes each scenario's
+facts (or its error) to RESULTS_JSON.
+"""
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import traceback
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tensorflow as tf  # noqa: E402
+
+import tb_replica_plugin  # noqa: E402
+
+WORKERS, PS = 2, 2
+STEPS = 12
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("localhost", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def cluster():
+    """`(strategy, coordinator, servers)` of a new in-process cluster of 2 workers and 2 ps."""
+    ports = _free_ports(WORKERS + PS)
+    spec = tf.train.ClusterSpec(
+        {
+            "worker": [f"localhost:{p}" for p in ports[:WORKERS]],
+            "ps": [f"localhost:{p}" for p in ports[WORKERS:]],
+        }
+    )
+    # TensorFlow's in-process recipe: workers need more inter-op threads than there are tasks.
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=WORKERS + 1)
+    servers = [
+        tf.distribute.Server(spec, job_name=job, task_index=i, protocol="grpc", config=config)
+        for job, count in (("worker", WORKERS), ("ps", PS))
+        for i in range(count)
+    ]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    return strategy, coordinator, servers
+
+
+def uneven_dataset_fn(input_context):
+    """Worker 0's pipeline batches 8 examples, worker 1's 2.
+
+    `input_context.input_pipeline_id` is a Python 0 when the per-worker dataset function is
+    traced (once, for every worker): the worker's index is
+    `experimental_get_current_worker_index()`, a tensor.
+    """
+    del input_context
+    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+    batch = tf.where(tf.equal(worker, 0), tf.constant(8, tf.int64), tf.constant(2, tf.int64))
+    features = tf.data.Dataset.range(10_000).map(lambda i: tf.fill([3], tf.cast(i, tf.float32)))
+    return features.batch(batch).repeat()
+
+
+def per_worker_iterator(strategy, coordinator, dataset_fn):
+    dataset = coordinator.create_per_worker_dataset(
+        lambda: strategy.distribute_datasets_from_function(dataset_fn)
+    )
+    return iter(dataset)
+
+
+def _step_fn(strategy, probe, weights):
+    @tf.function
+    def step(iterator):
+        def replica_fn(x):
+            probe.observe_inputs({"x": x})
+            return tf.reduce_sum(x * weights)
+
+        return strategy.run(replica_fn, args=(next(iterator),))
+
+    return step
+
+
+def uneven_inputs(ctx, logdir):
+    """Worker 0 fed batches of 8, worker 1 of 2; steps scheduled through `probe.schedule`."""
+    strategy, coordinator = ctx["strategy"], ctx["coordinator"]
+    with strategy.scope():
+        weights = tf.Variable(tf.ones([3]))
+    iterator = per_worker_iterator(strategy, coordinator, uneven_dataset_fn)
+    probe = tb_replica_plugin.ReplicaProbe(logdir, strategy, update_freq=1)
+    step = _step_fn(strategy, probe, weights)
+    results = [probe.schedule(step, args=(iterator,)) for _ in range(STEPS)]
+    coordinator.join()
+    fetched = [float(r.fetch()) for r in results]
+    probe.close()
+    return {"results": len(fetched), "finite": all(v == v for v in fetched)}
+
+
+def direct_schedule(ctx, logdir):
+    """`observe_inputs` in a step given to `coordinator.schedule`: refused with one warning."""
+    strategy, coordinator = ctx["strategy"], ctx["coordinator"]
+    with strategy.scope():
+        weights = tf.Variable(tf.ones([3]))
+    iterator = per_worker_iterator(strategy, coordinator, uneven_dataset_fn)
+    probe = tb_replica_plugin.ReplicaProbe(logdir, strategy, update_freq=1)
+    step = _step_fn(strategy, probe, weights)
+    results = [coordinator.schedule(step, args=(iterator,)) for _ in range(4)]
+    coordinator.join()
+    probe.close()
+    return {"results": [float(r.fetch()) for r in results]}
+
+
+@contextlib.contextmanager
+def partitioned(strategy, partitioner):
+    """Variables created inside are partitioned by `partitioner` (the strategy's
+    `variable_partitioner`, given at its construction; a second strategy on this cluster would
+    reconnect the process's eager context)."""
+    extended = strategy.extended
+    previous = extended._variable_partitioner
+    extended._variable_partitioner = partitioner
+    try:
+        yield
+    finally:
+        extended._variable_partitioner = previous
+
+
+def ids_dataset_fn(input_context):
+    """Batches of 4 ids in [0, 4000), each worker's own."""
+    del input_context
+    ids = tf.data.Dataset.range(10_000).map(lambda i: i % 4000)
+    return ids.batch(4).repeat()
+
+
+def embedding_model(strategy, coordinator, probe, partitioner=None, observe=False, steps=4):
+    """An `Embedding(4000, 16)` and a `Dense(1)` (tf_keras) trained by scheduled steps of plain
+    SGD; `observe_variables` on the coordinator first with `observe`, else in the step; returns
+    the losses."""
+    import tf_keras
+
+    with partitioned(strategy, partitioner), strategy.scope():
+        embedding = tf_keras.layers.Embedding(4000, 16)
+        dense = tf_keras.layers.Dense(1)
+        embedding.build((None,))
+        dense.build((None, 16))
+    variables = embedding.trainable_weights + dense.trainable_weights
+    iterator = per_worker_iterator(strategy, coordinator, ids_dataset_fn)
+    if observe:
+        probe.observe_variables(variables)
+
+    @tf.function
+    def step(iterator):
+        def replica_fn(ids):
+            probe.observe_inputs({"ids": ids})
+            if not observe:
+                probe.observe_variables(variables)  # in the step: handed on once, when traced
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(dense(embedding(ids)) - 1.0))
+            grads = tape.gradient(loss, variables)
+            for variable, grad in zip(variables, grads, strict=True):
+                variable.assign_sub(0.1 * tf.convert_to_tensor(grad))
+            return loss
+
+        return strategy.run(replica_fn, args=(next(iterator),))
+
+    results = [probe.schedule(step, args=(iterator,)) for _ in range(steps)]
+    coordinator.join()
+    return [float(r.fetch()) for r in results]
+
+
+def ps_unbalanced(ctx, logdir):
+    """An unpartitioned embedding: one ps holds nearly all the bytes (`observe_variables` in
+    the scheduled step)."""
+    strategy, coordinator = ctx["strategy"], ctx["coordinator"]
+    probe = tb_replica_plugin.ReplicaProbe(logdir, strategy, update_freq=1)
+    losses = embedding_model(strategy, coordinator, probe)
+    probe.close()
+    return {"losses": losses}
+
+
+def ps_partitioned(ctx, logdir):
+    """The same model with `FixedShardsPartitioner(2)` (`observe_variables` on the
+    coordinator)."""
+    strategy, coordinator = ctx["strategy"], ctx["coordinator"]
+    probe = tb_replica_plugin.ReplicaProbe(logdir, strategy, update_freq=1)
+    partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
+    losses = embedding_model(strategy, coordinator, probe, partitioner, observe=True)
+    probe.close()
+    return {"losses": losses}
+
+
+NAN_STEP = 1  # worker 1's 2nd batch holds a NaN
+
+
+def nan_dataset_fn(input_context):
+    """Batches of 4 rows of 3 floats; worker 1's batch `NAN_STEP` holds a NaN."""
+    del input_context
+    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+    rows = tf.data.Dataset.range(10_000).map(lambda i: tf.fill([3], tf.cast(i % 7, tf.float32)))
+
+    def poison(index, batch):
+        bad = tf.logical_and(tf.equal(worker, 1), tf.equal(index, NAN_STEP))
+        return tf.where(bad, batch * float("nan"), batch)
+
+    return rows.batch(4).enumerate().map(poison).repeat()
+
+
+def nan_gradients(ctx, logdir):
+    """Gradients and loss observed in each worker's step; worker 1's gradients at its step
+    `NAN_STEP` hold NaN (not applied: the weights stay finite for the other steps)."""
+    strategy, coordinator = ctx["strategy"], ctx["coordinator"]
+    with strategy.scope():
+        weights = tf.Variable(tf.ones([3]), name="w")
+        bias = tf.Variable(0.5, name="b")
+    iterator = per_worker_iterator(strategy, coordinator, nan_dataset_fn)
+    probe = tb_replica_plugin.ReplicaProbe(logdir, strategy, update_freq=1)
+
+    @tf.function
+    def step(iterator):
+        def replica_fn(x):
+            probe.observe_inputs({"x": x})
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(tf.reduce_sum(x * weights, axis=1) + bias))
+            grads = tape.gradient(loss, [weights, bias])
+            probe.observe_gradients(grads, [weights, bias], loss=loss)
+            return loss
+
+        return strategy.run(replica_fn, args=(next(iterator),))
+
+    results = [probe.schedule(step, args=(iterator,)) for _ in range(STEPS)]
+    coordinator.join()
+    losses = [float(r.fetch()) for r in results]
+    probe.close()
+    return {"losses": len(losses), "nan_losses": sum(v != v for v in losses)}
+
+
+SCENARIOS = {
+    f.__name__: f
+    for f in (uneven_inputs, direct_schedule, ps_unbalanced, ps_partitioned, nan_gradients)
+}
+
+
+def main(logdir, out, names):
+    strategy, coordinator, servers = cluster()
+    ctx = {"strategy": strategy, "coordinator": coordinator, "servers": servers}
+    results = {}
+    for name in names or list(SCENARIOS):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                facts = SCENARIOS[name](ctx, os.path.join(logdir, name))
+                results[name] = {"facts": facts}
+            except Exception:  # noqa: BLE001 - reported to the test
+                results[name] = {"error": traceback.format_exc()}
+        results[name]["warnings"] = [
+            str(w.message) for w in caught if "tb_replica_plugin" in str(w.message)
+        ]
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+    sys.stdout.flush()
+    os._exit(0)  # the servers' threads keep an orderly exit waiting
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -1,0 +1,170 @@
+"""`ParameterServerStrategy` on an in-process cluster (2 workers, 2 ps): each worker is one
+replica of the run, written by the coordinator.
+
+The cluster runs in one child process per module (tests/pss_child.py; a cluster changes the
+process's eager context for good), with a bounded wait; these tests read what it wrote.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tb_replica_plugin
+from tb_replica_plugin.families.variables import present as variables_present
+from tb_replica_plugin.families.variables import ps_balance
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def cluster_runs(tmp_path_factory):
+    """`(logdir, results)` of every scenario of tests/pss_child.py, run once."""
+    logdir = tmp_path_factory.mktemp("pss")
+    out = logdir / "results.json"
+    child = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "pss_child.py"), str(logdir), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        output, _ = child.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        output, _ = child.communicate()
+        pytest.fail(f"the cluster's child did not end in {TIMEOUT} s:\n{output[-4000:]}")
+    assert child.returncode == 0 and out.exists(), output[-4000:]
+    return logdir, json.loads(out.read_text())
+
+
+def _scenario(cluster_runs, name):
+    logdir, results = cluster_runs
+    outcome = results[name]
+    assert "error" not in outcome, outcome["error"]
+    return os.path.join(logdir, name), outcome
+
+
+def test_custom_loop_records_each_worker_as_a_replica(cluster_runs):
+    run_dir, outcome = _scenario(cluster_runs, "uneven_inputs")
+    assert outcome["warnings"] == []
+    assert outcome["facts"] == {"results": 12, "finite": True}
+    report = tb_replica_plugin.load(run_dir)
+    (run,) = report.runs
+    inputs = report.runs[run].inputs
+    assert inputs.strategy == "ParameterServerStrategy"
+    assert inputs.devices == [
+        "/job:worker/replica:0/task:0/device:CPU:0",
+        "/job:worker/replica:0/task:1/device:CPU:0",
+    ]
+    assert inputs.replicas == [0, 1]
+    # 12 steps scheduled: each worker's k-th step is step k, written once both ran it.
+    steps = inputs.steps.tolist()
+    assert steps == list(range(len(steps))) and 3 <= len(steps) <= 6
+    assert inputs.batch_size.tolist() == [[8, 2]] * len(steps)
+    assert inputs.shape_events[0]["inputs"][0]["shapes"] == [[8, 3], [2, 3]]
+    kinds = [f.kind for f in report.findings[run]]
+    assert kinds == ["uneven_batch"]  # no first_batch_uneven: no Keras 3 fit under PSS
+    (finding,) = report.findings[run]
+    assert finding.replicas == [1]
+    assert finding.message.startswith("Worker 1 got 2 examples per step, worker 0 got 8")
+    assert "ParameterServerStrategy" in report.to_text()
+
+
+def test_step_scheduled_past_the_probe_is_refused_with_one_warning(cluster_runs):
+    run_dir, outcome = _scenario(cluster_runs, "direct_schedule")
+    (warning,) = outcome["warnings"]
+    assert "ParameterServerStrategy" in warning and "probe.schedule(" in warning
+    assert len(outcome["facts"]["results"]) == 4  # training went on
+    assert not os.path.exists(run_dir)  # nothing written, not a merged replica
+
+
+def test_unpartitioned_embedding_gives_the_ps_imbalance_finding(cluster_runs):
+    run_dir, outcome = _scenario(cluster_runs, "ps_unbalanced")
+    assert outcome["warnings"] == []
+    assert len(outcome["facts"]["losses"]) == 4
+    report = tb_replica_plugin.load(run_dir)
+    (run,) = report.runs
+    series = report.runs[run].variables
+    assert len(series.placement_events) == 1 and series.steps.size == 0
+    held = ps_balance.balance(series)
+    by_name = {v["name"]: v for v in held["variables"]}
+    (embedding,) = [v for name, v in by_name.items() if "embeddings" in name]
+    assert embedding["bytes"] == 4000 * 16 * 4 and embedding["shape"] == [4000, 16]
+    heavy = embedding["ps"]
+    assert [s["device"] for s in held["servers"]] == [
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:1/device:CPU:0",
+    ]
+    assert held["total_bytes"] == 4000 * 16 * 4 + 16 * 4 + 4  # embedding, kernel, bias
+    assert held["servers"][heavy]["share"] > 0.99
+    assert held["servers"][heavy]["largest"] == embedding["name"]
+    (finding,) = report.findings[run]
+    assert finding.kind == "ps_imbalance" and finding.severity == "warning"
+    assert finding.name == embedding["name"] and finding.value > 0.99 and finding.threshold == 0.75
+    assert finding.message.startswith(f"Parameter server {heavy} (/job:ps/replica:0/task:{heavy}")
+    assert "FixedShardsPartitioner(2)" in finding.message
+    text = report.to_text()
+    assert f"ps {heavy} (/job:ps/replica:0/task:{heavy}/device:CPU:0): 250 KiB (100.0 %)" in text
+    light = held["servers"][1 - heavy]
+    assert light["bytes"] == held["total_bytes"] - held["servers"][heavy]["bytes"] <= 68
+    body = variables_present.variables_body(series)
+    assert body["parameter_servers"]["servers"][heavy]["bytes"] == held["servers"][heavy]["bytes"]
+
+
+def test_fixed_shards_partitioner_twin_is_balanced(cluster_runs):
+    run_dir, outcome = _scenario(cluster_runs, "ps_partitioned")
+    assert outcome["warnings"] == []
+    report = tb_replica_plugin.load(run_dir)
+    (run,) = report.runs
+    series = report.runs[run].variables
+    assert len(series.placement_events) == 1  # observe_variables wrote it; the step adds none
+    held = ps_balance.balance(series)
+    shards = [v for v in held["variables"] if "embeddings" in v["name"]]
+    assert sorted(v["ps"] for v in shards) == [0, 1]
+    assert [v["bytes"] for v in shards] == [2000 * 16 * 4] * 2
+    assert all(0.49 < s["share"] < 0.51 for s in held["servers"])
+    assert report.findings[run] == []
+
+
+def _hand_step(batch_index):
+    """(global gradient norm, loss) of nan_gradients' model (w = 1, b = 0.5, not updated) on a
+    worker's batch `batch_index` (rows i % 7 for i of that batch of 4, 3 equal features)."""
+    x = np.array([[i % 7] * 3 for i in range(4 * batch_index, 4 * batch_index + 4)], float)
+    pred = x.sum(axis=1) + 0.5
+    grad_w = (2 * pred[:, None] * x).mean(axis=0)
+    grad_b = (2 * pred).mean()
+    return float(np.sqrt((grad_w**2).sum() + grad_b**2)), float((pred**2).mean())
+
+
+def test_nan_on_one_worker_s_gradients_names_that_worker_and_its_step(cluster_runs):
+    run_dir, outcome = _scenario(cluster_runs, "nan_gradients")
+    assert outcome["warnings"] == []
+    assert outcome["facts"] == {"losses": 12, "nan_losses": 1}
+    report = tb_replica_plugin.load(run_dir)
+    (run,) = report.runs
+    series = report.runs[run].gradients
+    assert series.strategy == "ParameterServerStrategy" and series.replicas == [0, 1]
+    assert series.variables == ["w", "b"]
+    assert series.nonfinite_steps.tolist() == [1]
+    # rows: grad NaN, grad Inf, loss NaN, loss Inf; columns: workers 0, 1 (4 NaN: 3 w + 1 b)
+    assert series.nonfinite[0].tolist() == [[0, 4], [0, 0], [0, 1], [0, 0]]
+    steps = series.steps.tolist()
+    assert steps == list(range(len(steps))) and len(steps) >= 2
+    for row, step in enumerate(steps):  # each worker's k-th batch is its dataset's k-th
+        norm, loss = _hand_step(step)
+        expected = [[norm, loss]] * 2 if step != 1 else [[norm, loss], [np.nan, np.nan]]
+        got = np.stack([series.global_norm[row], series.loss[row]], axis=1)
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+    (finding,) = report.findings[run]
+    assert finding.kind == "nonfinite_gradients" and finding.severity == "error"
+    assert finding.replicas == [1] and finding.first_step == 1
+    assert finding.message.startswith(
+        "Worker 1 had non-finite values (4 NaN gradient value(s), loss NaN/Inf at 1 step(s)) "
+        "at step 1 while the other workers stayed finite"
+    )
+    assert "parameter servers" in finding.message
