@@ -343,3 +343,22 @@ def test_calls_outside_a_scope_count_steps_by_the_axis_rule(tmp_path):
     assert [s for s, _ in events["variables/hash"]] == [0, 1, 10]
     assert [s for s, _ in events["watch/given/stats"]] == [100, 101, 102]
     assert step_time_schema.TAG_REPLICA_TIME not in events  # no scope: not timed
+
+
+def test_the_full_variant_runs_at_a_fits_first_steps_and_logged_and_sampled_ones(tmp_path):
+    """`write.variants`: the host's choice of the step function's variant, call by call."""
+    probe = ReplicaProbe(str(tmp_path), mirrored(2), update_freq=5, examples_every=16)
+    probe.set_step(0)  # as `fit` does: its first 16 steps are full
+    probe.sample_last_of(23)  # the epoch's last step, 22
+    full = [step for step in range(40) if probe.full_needed(step)]
+    assert full == [*range(17), 20, 22, 25, 30, 32, 35]  # 16: sampled
+    # A call of 4 steps (`steps_per_execution`) is full when one of them is.
+    assert [probe.full_needed(step, 4) for step in (16, 27, 36)] == [True, True, False]
+    assert [probe.full_needed(step, 2) for step in (16, 17, 23, 26, 33, 37)] == [
+        True, False, False, False, False, False,
+    ]  # fmt: skip
+    probe.set_step(100)  # a second fit
+    assert probe.full_needed(110) and not probe.full_needed(117)
+    probe.every_step_full = True  # `halt_on`
+    assert probe.full_needed(117)
+    probe.close()
