@@ -65,9 +65,9 @@ Printed: one JSON document (progress goes to stderr): per model its sizes and, p
 median of each figure over the pairs (`median`), every value (`raw`, in pair order) and the ratio
 of each figure to `no_callback` (`ratio_to_no_callback`: the median over pairs of variant /
 `no_callback` of the same pair); and `step_counts`, what `ReplicaCallback()` adds to one step,
-counted in a child of its own (`benchmarks.step_counts`: the nodes and cross-device transfers of
-the step's partitioned graph, and the kernels a profiler trace shows per step; deterministic, so
-one run; `--no-counts` skips it). `targets` lists the ratios the project aims for.
+counted in a child of its own (`benchmarks.step_counts`: the kernels and cross-device transfers
+a profiler trace shows per step, at a plain and a sampled step; deterministic, so one run;
+`--no-counts` skips it). `targets` lists the ratios the project aims for.
 
     python -m benchmarks.fit_overhead                    # full size: 5 pairs, every model
     python -m benchmarks.fit_overhead --models mlp --pairs 7
@@ -372,8 +372,8 @@ def _step_counts(model, sizes, args, env):
     added = counts["added"]
     print(
         f"{model} step counts (ReplicaCallback() added): {added['transfers']} cross-device "
-        f"transfers ({added['transfers_per_replica']} per sending replica), {added['nodes']} "
-        f"nodes of the partitioned step, {added['ops_per_step']} ops run per step",
+        f"transfers at a sampled step ({added['transfers_per_replica']} per sending replica), "
+        f"{added['ops_per_step']} ops run per step",
         file=sys.stderr,
         flush=True,
     )

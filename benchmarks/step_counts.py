@@ -5,21 +5,17 @@ process, copies of the model are fitted one after the other on the same strategy
 callback and with `ReplicaCallback()` (the default). For each:
 
 - from a **profiler trace** (`tf.profiler`, host tracer) of `PROFILED_STEPS` steps of a fit
-  (from its step `PROFILE_FROM`): `ops_per_step`, the kernels the executor ran (trace events
-  named `<node>:<op type>`), divided by the steps; the window holds one sampled step (every
-  16th) of the callback;
-- from the **step's partitioned graph** (`RunMetadata.function_graphs` of Keras's train function,
-  recorded while a second copy's `fit` instantiates it; one partition per device): `nodes`, the
-  nodes of every partition, and `transfers`, the cross-device edges (`_Send` nodes whose
-  receiving device is another: each is a send and a receive at every step), by sending and
-  receiving device.
-
+  (from its step `PROFILE_FROM`, after the fit's first steps, which the callback records in full):
+  `ops_per_step`, the kernels the executor ran (trace events named `<node>:<op type>`), divided by
+  the steps; the window holds one sampled step (`SAMPLED_STEP`) of the callback;
 - from the same trace, split at each call of the step function: `plain_step`, the kernels and
-  the `_Send` kernels (cross-device transfers) of a step neither logged nor sampled (the most
-  common per-step counts of the window);
+  the `_Send` kernels (cross-device transfers: each is a send and a receive) of a step neither
+  logged nor sampled (the most common per-step counts of the window), and `sampled_step`, those
+  of the sampled step.
 
-Printed: one JSON document with both and their differences (`added`), with
-`transfers_per_replica`: the added transfers divided by the replicas that are not on the host's
+Printed: one JSON document with both and their differences (`added`), with `transfers` the
+sampled step's added `_Send`s and `transfers_per_replica` those divided by the replicas that are
+not on the host's
 device (replica 0's logical CPU is the host's own, so on R logical CPU replicas R - 1 replicas
 send; on R GPUs all R would). With `--cost-model` (MLP), the MLP is counted again at other
 replica and variable counts (`COST_POINTS`, one child process each) and `cost_model` gives the
@@ -53,82 +49,13 @@ PROFILED_STEPS = 16
 # The step the profiled window starts at: after the warm-up and the fit's first steps, which
 # `ReplicaCallback` records in full (`write.variants.FIRST_FULL_STEPS`).
 PROFILE_FROM = 20
+# The window's sampled step (`examples_every`'s default period).
+SAMPLED_STEP = 32
 # What the name of Keras's step function holds (Keras 3, tf_keras), as the profiler's
 # `EagerLocalExecute: __inference_<name>_<n>` event of each call shows it.
 STEP_FUNCTIONS = ("_on_iterator", "train_function")
 # Op types of the kernels that send a tensor to another device.
 SENDS = ("_Send", "_HostSend")
-
-
-def train_function_graph(metadata):
-    """The function graph of Keras's train function: of those whose arguments include the
-    iterator (tf.data's own functions too), the largest one that all-reduces (a
-    `CollectiveReduceV2` in a partition), else the largest as traced; when that one has no
-    partitions, the largest partitioned function of the metadata that all-reduces, else the
-    largest partitioned one.
-
-    Raises:
-      RuntimeError: when no function takes an iterator (the train function was instantiated
-        before the run metadata was enabled).
-    """
-    found = []
-    for function in metadata.function_graphs:
-        arguments = [
-            node.name for node in function.pre_optimization_graph.node if node.op == "_Arg"
-        ]
-        if any(name.startswith("iterator") for name in arguments):
-            found.append(function)
-    if not found:
-        raise RuntimeError("no train function in the run metadata")
-
-    def reduces(function):
-        return any(
-            node.op.startswith("CollectiveReduce")
-            for partition in function.partition_graphs
-            for node in partition.node
-        )
-
-    def size(function):
-        return sum(len(p.node) for p in function.partition_graphs)
-
-    reducing = [function for function in found if reduces(function)]
-    if reducing:
-        chosen = max(reducing, key=size)
-    else:  # by its graph as traced: tf.data's own small functions may be partitioned when it is not
-        chosen = max(found, key=lambda function: len(function.pre_optimization_graph.node))
-    if not chosen.partition_graphs:
-        # A large step (MobileNetV2 with the callback) is recorded as two entries: the function
-        # taking the iterator, without partitions, and its partitioned graph, without a
-        # pre-optimization graph: then the largest partitioned function that all-reduces, else
-        # (MirroredStrategy on logical CPUs reduces without a collective) the largest one.
-        partitioned = [f for f in metadata.function_graphs if f.partition_graphs]
-        partitioned = [f for f in partitioned if reduces(f)] or partitioned
-        chosen = max(partitioned, key=size) if partitioned else chosen
-    return chosen
-
-
-def graph_counts(function):
-    """`{"nodes", "transfers", "transfers_by_devices"}` of one function's partitioned graph."""
-    nodes, pairs = 0, collections.Counter()
-    for partition in function.partition_graphs:
-        nodes += len(partition.node)
-        for node in partition.node:
-            if node.op not in ("_Send", "_HostSend"):
-                continue
-            source = node.attr["send_device"].s.decode()
-            target = node.attr["recv_device"].s.decode()
-            if source != target:
-                pairs[f"{_short(source)}->{_short(target)}"] += 1
-    return {
-        "nodes": nodes,
-        "transfers": sum(pairs.values()),
-        "transfers_by_devices": dict(sorted(pairs.items())),
-    }
-
-
-def _short(device):
-    """`/job:localhost/replica:0/task:0/device:CPU:1` -> `CPU:1`."""
-    return device.rsplit("device:", 1)[-1]
 
 
 def _trace_events(trace_dir):
@@ -216,9 +143,7 @@ def _profile_callback(keras, trace_dir):
 
 
 def count_variant(build, callbacks, keras):
-    """Counts one variant's step: a profiled window of a model's fit, then the partitioned graph
-    of a second copy's (the run metadata TensorFlow records while a function is instantiated
-    changes how that function's kernels are traced, so the two are kept apart).
+    """Counts one variant's steps in a profiled window of a model's fit.
 
     Args:
       build: a function of no arguments returning `(model, dataset)`.
@@ -226,10 +151,8 @@ def count_variant(build, callbacks, keras):
       keras: the Keras module.
 
     Returns:
-      The figures of `graph_counts` and `ops_per_step`.
+      `{"ops_per_step", "plain_step", "sampled_step"}`.
     """
-    from tensorflow.python.eager import context
-
     model, dataset = build()
     trace_dir = tempfile.mkdtemp(prefix="tb_replica_step_counts_")
     try:
@@ -237,20 +160,14 @@ def count_variant(build, callbacks, keras):
         model.fit(dataset, epochs=1, verbose=0, callbacks=[*callbacks(), profile])
         ops_per_step = round(profiled_ops(trace_dir, PROFILED_STEPS), 2)
         plain = plain_step(trace_dir)
+        calls = per_call(trace_dir)
     finally:
         shutil.rmtree(trace_dir, ignore_errors=True)
-    model, dataset = build()
-    ctx = context.context()
-    ctx.enable_run_metadata()
-    try:
-        model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks(), steps_per_epoch=2)
-        metadata = ctx.export_run_metadata()
-    finally:
-        ctx.disable_run_metadata()
+    sampled = calls[SAMPLED_STEP - PROFILE_FROM]
     return {
-        **graph_counts(train_function_graph(metadata)),
         "ops_per_step": ops_per_step,
         "plain_step": plain,
+        "sampled_step": {"kernels": sum(sampled.values()), "sends": sends(sampled)},
     }
 
 
@@ -284,7 +201,12 @@ def count_model(model_name, sizes, keras_flavour="keras3"):
 
         counts[variant] = count_variant(build, callbacks, keras)
     base, with_callback = counts["no_callback"], counts["replica_callback_default"]
-    added = {key: with_callback[key] - base[key] for key in ("nodes", "transfers")}
+    added = {
+        "transfers": with_callback["sampled_step"]["sends"] - base["sampled_step"]["sends"],
+        "sampled_step_kernels": (
+            with_callback["sampled_step"]["kernels"] - base["sampled_step"]["kernels"]
+        ),
+    }
     added["ops_per_step"] = round(with_callback["ops_per_step"] - base["ops_per_step"], 2)
     if base["plain_step"] and with_callback["plain_step"]:
         plain, plain_base = with_callback["plain_step"], base["plain_step"]

@@ -320,19 +320,20 @@ def render_step_counts(results):
     for model, label in FIT_MODELS.items():
         figures = run_figures(results, "step_counts", model)
         added = figures["added"]
-        nodes = "—" if added.get("nodes") is None else f"+{added['nodes']}"
+        sampled = added.get("sampled_step_kernels")
+        sampled = "—" if sampled is None else f"+{sampled}"
         rows.append(
-            (label, figures["replicas"], number(added["transfers_per_replica"], 0),
-             f"+{number(added['ops_per_step'], 0)}", *_plain_cells(figures), nodes)
+            (label, figures["replicas"], number(added["transfers_per_replica"], 0), sampled,
+             f"+{number(added['ops_per_step'], 0)}", *_plain_cells(figures))
         )  # fmt: skip
     header = (
         "model",
         "replicas",
-        "transfers added per sending replica",
+        "sampled step: transfers added per sending replica",
+        "sampled step's kernels",
         "kernels (mean step)",
         "plain step's kernels",
         "plain step's `_Send`s",
-        "nodes",
     )
     text = block(results, "step_counts", list(FIT_MODELS), header, rows)
     mlp = run_figures(results, "step_counts", "mlp")

@@ -188,36 +188,6 @@ def test_fit_alternated_times_both_copies_every_round():
         assert abs(got - a / b) <= 5e-5 + a / b * 5e-7 * (1 / a + 1 / b) + 1e-12
 
 
-def test_the_train_function_is_found_when_its_partitions_are_recorded_apart():
-    """A step recorded as the function taking the iterator (no partitions) and its partitioned
-    graph apart (no traced graph), beside tf.data's small partitioned functions that take the
-    iterator too: the partitioned train step is the one counted."""
-    from tensorflow.core.protobuf import config_pb2
-
-    from benchmarks import step_counts
-
-    metadata = config_pb2.RunMetadata()
-
-    def function(iterator_nodes, partition_nodes, sends=0):
-        entry = metadata.function_graphs.add()
-        for i in range(iterator_nodes):
-            entry.pre_optimization_graph.node.add(name=f"iterator_{i}", op="_Arg")
-        if partition_nodes:
-            partition = entry.partition_graphs.add()
-            for i in range(partition_nodes):
-                node = partition.node.add(name=f"n{i}", op="_Send" if i < sends else "Add")
-                node.attr["send_device"].s = b"/device:CPU:1"
-                node.attr["recv_device"].s = b"/device:CPU:0"
-        return entry
-
-    function(90, 0)  # the train function as traced, without partitions
-    function(3, 3)  # tf.data's
-    function(0, 728, sends=18)  # the train function's partitioned graph
-    function(3, 3)
-    counts = step_counts.graph_counts(step_counts.train_function_graph(metadata))
-    assert (counts["nodes"], counts["transfers"]) == (728, 18)
-
-
 # --- the figures of README and docs/*.md (fast: JSON files, no TensorFlow) -----------------
 
 

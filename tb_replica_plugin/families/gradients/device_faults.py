@@ -136,7 +136,10 @@ class DeviceFaults:
                 cond_value(tf.math.is_finite(total), lambda: None, branch, as_function=True)
 
     def _first_in_step(self):
-        """Whether this is the step's first call (the counters advance once per step)."""
+        """Whether this is the step's first call (the counters advance once per step; eagerly,
+        each call is taken as its own step)."""
+        if tf.executing_eagerly():
+            return True
         key = id(tf.compat.v1.get_default_graph())
         if key in self._steps:
             return False
@@ -148,8 +151,8 @@ class DeviceFaults:
     def _step_tensors(self, devices):
         """Each replica's step at this step: `ResourceCountUpTo` reads and advances its counter
         in one kernel; a second call in the same step reuses the first's."""
-        key = id(tf.compat.v1.get_default_graph())
-        found = self._steps.get(key)
+        key = None if tf.executing_eagerly() else id(tf.compat.v1.get_default_graph())
+        found = self._steps.get(key) if key is not None else None
         if found is None:
             found = []
             for device, counter in zip(devices, self.counters, strict=True):
@@ -159,9 +162,10 @@ class DeviceFaults:
                             resource=counter.handle, limit=_NO_LIMIT, T=tf.int64
                         )
                     )
-            if len(self._steps) > 64:
-                self._steps.clear()
-            self._steps[key] = found
+            if key is not None:
+                if len(self._steps) > 64:
+                    self._steps.clear()
+                self._steps[key] = found
         return found
 
     def _record_fault(self, fault, capture):
