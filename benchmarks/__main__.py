@@ -26,6 +26,7 @@ BENCHMARKS = {
     ],
     "benchmarks.multiworker_load": ["--workers", "2", "--replicas", "2", "--steps", "20"],
     "benchmarks.status_overhead": ["--quick"],
+    "benchmarks.pss_overhead": ["--quick"],
 }
 
 

@@ -190,6 +190,7 @@ def targets(results):
         ("`tb-replica report` on that log dir", "≤ 40 s, ≤ 2 GB",
          f"{value(report[0], 's', digits=1)}, {value(report[1], 'GB')}",
          report[0] <= 40 and report[1] <= 2, scale),
+        _pss_row(results),
     ]  # fmt: skip
     more = [
         ("first render of the tab (64 replicas × 10k steps)", "≤ 300 ms",
@@ -212,6 +213,20 @@ def targets(results):
          "`benchmarks.backend`"),
     ]  # fmt: skip
     return readme, more
+
+
+def _pss_row(results):
+    """The target row of a `ParameterServerStrategy` custom loop's CPU per step, `probe.schedule`
+    against `coordinator.schedule`: met when the pairs' ratios straddle 1."""
+    figures = run_figures(results, "pss_overhead", "default")
+    cpu, got = figures["cpu_ms_per_step"], figures["cpu_ratio"]
+    text = f"{ratio(got)}; {number(cpu['probe_schedule']['median'])} vs "
+    text += f"{value(cpu['coordinator_schedule']['median'], 'ms')} "
+    text += f"(+{value(figures['added_cpu_ms_per_step'], 'ms')}, a step of a few kernels)"
+    return (
+        "CPU per step, `ParameterServerStrategy` custom loop (`probe.schedule`)",
+        "within the noise", text, got["min"] <= 1 <= got["max"], "`benchmarks.pss_overhead`",
+    )  # fmt: skip
 
 
 def _plain_kernels_row(results):
@@ -426,6 +441,27 @@ def render_loop_overhead(results):
     return block(results, "loop_overhead", ["default"], ("figure", "value"), rows)
 
 
+def render_pss_overhead(results):
+    """docs/parameter-server.md's cost: CPU and wall per step of each variant, the ratios."""
+    figures = run_figures(results, "pss_overhead", "default")
+    rows = []
+    for clock, what in (("cpu", "CPU"), ("wall", "wall")):
+        per_step = figures[f"{clock}_ms_per_step"]
+        rows.append(
+            (f"{what} per step, `coordinator.schedule` / `probe.schedule`",
+             f"{value(per_step['coordinator_schedule'], 'ms')} / "
+             f"{value(per_step['probe_schedule'], 'ms')}")
+        )  # fmt: skip
+        rows.append((f"{what} ratio (range across pairs)", ratio(figures[f"{clock}_ratio"])))
+    rows.insert(2, ("CPU added per step (median of the pairs)",
+                    value(figures["added_cpu_ms_per_step"], "ms")))  # fmt: skip
+    text = (
+        f"\n{figures['workers']} workers, {figures['ps']} ps; {figures['steps']} steps per "
+        f"variant, {figures['pairs']} alternated pairs, median:\n"
+    )
+    return text + block(results, "pss_overhead", ["default"], ("figure", "value"), rows)
+
+
 def render_backend(results):
     figures = run_figures(results, "backend", "default")
     seconds = figures["median_seconds"]
@@ -611,6 +647,7 @@ RENDERERS = {
     "fit_alternated": render_fit_alternated,
     "loop_overhead": render_loop_overhead,
     "backend": render_backend,
+    "pss_overhead": render_pss_overhead,
     "frontend_render": render_frontend_render,
     "drift_overhead": render_drift_overhead,
     "fingerprint_overhead": render_fingerprint_overhead,

@@ -34,6 +34,9 @@ Every scenario trains (or inspects) on logical CPU replicas and writes `LOGDIR/<
 - `gather_mismatch` and `ragged_text`: the watch family and ragged inputs
   (`demo/watch_scenarios.py`).
 - `slow_replica`: replica 1 does about 20 ms more work per step (`demo/step_time_scenarios.py`).
+- `pss_unbalanced`: a `ParameterServerStrategy` job (2 workers, 2 ps) with an unpartitioned
+  embedding table and a worker fed batches of 2 (`demo/pss.py`, in a process of its own: run by
+  `demo/train.py` after these).
 
 Call `configure_devices(n)` before anything else touches TensorFlow devices.
 """

@@ -28,6 +28,11 @@ def main():
         start = time.perf_counter()
         scenarios.run_scenario(name, args.logdir, strategy)
         print(f"demo: {name} done in {time.perf_counter() - start:.1f}s", flush=True)
+    from demo import pss
+
+    # A ParameterServerStrategy job: its in-process cluster in a process of its own.
+    seconds = pss.launch(args.logdir)
+    print(f"demo: pss_unbalanced done in {seconds:.1f}s", flush=True)
     if not args.no_multiworker:
         from demo import multiworker
 

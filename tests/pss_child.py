@@ -9,7 +9,6 @@ facts (or its error) to RESULTS_JSON.
 import contextlib
 import json
 import os
-import socket
 import sys
 import traceback
 import warnings
@@ -20,75 +19,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 import tb_replica_plugin  # noqa: E402
+from demo.pss import cluster, per_worker_iterator, sum_step, uneven_dataset_fn  # noqa: E402
 
-WORKERS, PS = 2, 2
 STEPS = 12
-
-
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("localhost", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def cluster():
-    """`(strategy, coordinator, servers)` of a new in-process cluster of 2 workers and 2 ps."""
-    ports = _free_ports(WORKERS + PS)
-    spec = tf.train.ClusterSpec(
-        {
-            "worker": [f"localhost:{p}" for p in ports[:WORKERS]],
-            "ps": [f"localhost:{p}" for p in ports[WORKERS:]],
-        }
-    )
-    # TensorFlow's in-process recipe: workers need more inter-op threads than there are tasks.
-    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=WORKERS + 1)
-    servers = [
-        tf.distribute.Server(spec, job_name=job, task_index=i, protocol="grpc", config=config)
-        for job, count in (("worker", WORKERS), ("ps", PS))
-        for i in range(count)
-    ]
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    return strategy, coordinator, servers
-
-
-def uneven_dataset_fn(input_context):
-    """Worker 0's pipeline batches 8 examples, worker 1's 2.
-
-    `input_context.input_pipeline_id` is a Python 0 when the per-worker dataset function is
-    traced (once, for every worker): the worker's index is
-    `experimental_get_current_worker_index()`, a tensor.
-    """
-    del input_context
-    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-    batch = tf.where(tf.equal(worker, 0), tf.constant(8, tf.int64), tf.constant(2, tf.int64))
-    features = tf.data.Dataset.range(10_000).map(lambda i: tf.fill([3], tf.cast(i, tf.float32)))
-    return features.batch(batch).repeat()
-
-
-def per_worker_iterator(strategy, coordinator, dataset_fn):
-    dataset = coordinator.create_per_worker_dataset(
-        lambda: strategy.distribute_datasets_from_function(dataset_fn)
-    )
-    return iter(dataset)
-
-
-def _step_fn(strategy, probe, weights):
-    @tf.function
-    def step(iterator):
-        def replica_fn(x):
-            probe.observe_inputs({"x": x})
-            return tf.reduce_sum(x * weights)
-
-        return strategy.run(replica_fn, args=(next(iterator),))
-
-    return step
 
 
 def uneven_inputs(ctx, logdir):
@@ -98,7 +31,7 @@ def uneven_inputs(ctx, logdir):
         weights = tf.Variable(tf.ones([3]))
     iterator = per_worker_iterator(strategy, coordinator, uneven_dataset_fn)
     probe = tb_replica_plugin.ReplicaProbe(logdir, strategy, update_freq=1)
-    step = _step_fn(strategy, probe, weights)
+    step = sum_step(strategy, weights, probe)
     results = [probe.schedule(step, args=(iterator,)) for _ in range(STEPS)]
     coordinator.join()
     fetched = [float(r.fetch()) for r in results]
@@ -113,7 +46,7 @@ def direct_schedule(ctx, logdir):
         weights = tf.Variable(tf.ones([3]))
     iterator = per_worker_iterator(strategy, coordinator, uneven_dataset_fn)
     probe = tb_replica_plugin.ReplicaProbe(logdir, strategy, update_freq=1)
-    step = _step_fn(strategy, probe, weights)
+    step = sum_step(strategy, weights, probe)
     results = [coordinator.schedule(step, args=(iterator,)) for _ in range(4)]
     coordinator.join()
     probe.close()

@@ -37,6 +37,7 @@ def test_every_benchmark_runs_and_prints_its_figures():
         "fingerprint_overhead",
         "multiworker_load",
         "status_overhead",
+        "pss_overhead",
     }
     fit = results["fit_overhead"]
     assert set(fit["models"]) == {"mlp", "cnn", "guide"}
@@ -104,6 +105,13 @@ def test_every_benchmark_runs_and_prints_its_figures():
     assert serve["states"] == {"job": "running", "single": "running"}  # an hour, heartbeating
     assert serve["heartbeats_per_run"] == 721 and serve["reads_of_live_data"] >= 2
     assert all(seconds > 0 for seconds in serve["median_seconds"].values())
+    pss = results["pss_overhead"]
+    assert (pss["workers"], pss["ps"], pss["pairs"], pss["steps"]) == (2, 2, 1, 10)
+    assert [len(pss["raw"][v]) for v in ("coordinator_schedule", "probe_schedule")] == [1, 1]
+    cpu = pss["cpu_ms_per_step"]
+    assert all(cpu[v]["median"] > 0 for v in ("coordinator_schedule", "probe_schedule"))
+    ratio = cpu["probe_schedule"]["median"] / cpu["coordinator_schedule"]["median"]
+    assert pss["cpu_ratio"]["median"] == pytest.approx(ratio, rel=1e-3)
 
 
 def test_job_scale_serves_the_whole_job_on_both_loaders():
@@ -210,10 +218,12 @@ def test_every_figure_of_readme_and_docs_is_the_results_files_figure():
         found[os.path.relpath(path, REPO)] = names
     assert found["README.md"] == ["heartbeat_bytes", "targets"]
     assert found["docs/data-format.md"] == ["memory"]
+    assert found["docs/parameter-server.md"] == ["pss_overhead"]
     assert set(found["docs/benchmarks.md"]) == set(tables.RENDERERS) - {
         "targets",
         "memory",
         "heartbeat_bytes",
+        "pss_overhead",
     }
 
 
@@ -252,6 +262,44 @@ def test_a_target_is_met_or_a_known_gap_as_its_figure_says():
     assert "**known gap**" in tables.render_targets(results)
 
 
+def test_the_pss_overhead_pairs_are_summarized_pair_by_pair():
+    from benchmarks import pss_overhead
+
+    def run(cpu, wall):
+        return {"cpu_per_step": cpu, "wall_per_step": wall}
+
+    runs = {
+        "coordinator_schedule": [run(0.002, 0.004), run(0.004, 0.004), run(0.003, 0.002)],
+        "probe_schedule": [run(0.004, 0.004), run(0.005, 0.006), run(0.006, 0.003)],
+    }
+    figures = pss_overhead.summarize(runs)
+    assert figures["pairs"] == 3
+    assert figures["cpu_ms_per_step"]["probe_schedule"] == {"median": 5.0, "min": 4.0, "max": 6.0}
+    assert figures["cpu_ratio"] == {"median": 2.0, "min": 1.25, "max": 2.0}
+    assert figures["wall_ratio"] == {"median": 1.5, "min": 1.0, "max": 1.5}
+    assert figures["added_cpu_ms_per_step"] == 2.0  # differences 2, 1, 3 ms
+
+
+def test_the_pss_target_is_met_only_when_the_pairs_straddle_one():
+    from benchmarks import tables
+
+    results = _results_copy()
+    figures = results["pss_overhead"]["runs"]["default"]["figures"]
+    what = "CPU per step, `ParameterServerStrategy` custom loop (`probe.schedule`)"
+
+    def row():
+        return {r[0]: r for r in tables.targets(results)[0]}[what]
+
+    figures["cpu_ratio"] = {"median": 1.02, "min": 0.95, "max": 1.1}
+    assert row()[1] == "within the noise" and row()[3] is True
+    figures["cpu_ratio"] = {"median": 1.8, "min": 1.6, "max": 2.0}
+    figures["cpu_ms_per_step"]["probe_schedule"]["median"] = 5.89
+    figures["cpu_ms_per_step"]["coordinator_schedule"]["median"] = 3.21
+    figures["added_cpu_ms_per_step"] = 2.68
+    assert row()[2] == "1.80× (1.60–2.00×); 5.89 vs 3.21 ms (+2.68 ms, a step of a few kernels)"
+    assert row()[3] is False
+
+
 def test_every_results_file_names_its_runs_command_date_machine_and_versions():
     from benchmarks import common, tables
 
@@ -259,7 +307,7 @@ def test_every_results_file_names_its_runs_command_date_machine_and_versions():
     assert set(results) == {
         "fit_overhead", "step_counts", "fit_alternated", "loop_overhead", "backend",
         "frontend_render", "drift_overhead", "fingerprint_overhead", "multiworker_load",
-        "status_overhead", "job_scale",
+        "status_overhead", "job_scale", "pss_overhead",
     }  # fmt: skip
     for name, document in results.items():
         assert document["runs"], name

@@ -688,3 +688,75 @@ def test_replica_ready_times_of_a_run_and_a_job(browser, tmp_path):
     finally:
         page.close()
         server.stop()
+
+
+def test_parameter_server_run_names_workers_and_its_servers(browser, tmp_path):
+    """A ParameterServerStrategy run (tests/pss_child.py's unpartitioned embedding on a 2-worker,
+    2-ps cluster, in a child process): its replicas are named workers, and the parameter
+    servers' table stands where the drift charts would."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, os.path.join(REPO, "tests", "pss_child.py"), str(tmp_path),
+         str(tmp_path / "results.json"), "ps_unbalanced"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert done.returncode == 0 and "error" not in results["ps_unbalanced"], done.stderr[-3000:]
+    server = TensorBoardServer(str(tmp_path))
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors = []
+
+    def console(message):  # the tab's page opened alone asks the server for a favicon (404)
+        if message.type == "error" and not message.location["url"].endswith("/favicon.ico"):
+            errors.append(message.text)
+
+    page.on("console", console)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        server.wait_for(
+            "/data/plugin/replicas/runs",
+            lambda status, body: status == 200 and len(json.loads(body)["runs"]) == 1,
+        )
+        entry = "/data/plugin_entry.html?name=replicas#run=ps_unbalanced"
+        page.goto(server.url + entry, wait_until="load")
+        wait_ready(page.main_frame)
+        # 4 steps scheduled; step k is written once both workers ran their k-th.
+        assert page.inner_text(".run-summary").startswith(
+            "2 workers (ParameterServerStrategy) · steps 0–"
+        )
+        titles = page.eval_on_selector_all("section h2", "els => els.map(e => e.firstChild.data)")
+        assert titles == [
+            "Status", "Findings", "Batch size per worker", "Imbalance", "Batch size heatmap",
+            "Input shapes", "Parameter servers", "Variable placement",
+        ]  # fmt: skip
+        heads = page.eval_on_selector_all(
+            '[data-view="shapes"] th', "els => els.map(e => e.textContent)"
+        )
+        assert heads == ["input", "worker 0 (worker:0/CPU:0)", "worker 1 (worker:1/CPU:0)", "ids"]
+        servers = page.eval_on_selector_all(
+            '[data-view="parameter_servers"] tbody tr',
+            "els => els.map(e => [e.className, [...e.children].map(c => c.textContent)])",
+        )
+        device = "/job:ps/replica:0/task:{}/device:CPU:0"
+        assert servers == [
+            ["mismatch", ["ps 0", device.format(0), "250 KiB", "100.0 %", "2",
+                          "embeddings (250 KiB)"]],
+            ["", ["ps 1", device.format(1), "64 B", "0.0 %", "1", "kernel (64 B)"]],
+        ]  # fmt: skip
+        assert page.inner_text('[data-part="ps-total"]') == (
+            "250 KiB on 2 parameter servers, fair share 50.0 %."
+        )
+        assert page.inner_text('[data-part="ps-notes"]').startswith(
+            "Parameter server 0 (/job:ps/replica:0/task:0/device:CPU:0) holds 100.0 %"
+        )
+        placement = page.eval_on_selector_all(
+            '[data-view="placement"] tbody tr',
+            "els => els.map(e => [...e.children].map(c => c.textContent).slice(-2))",
+        )
+        assert placement == [["ps 0", "250 KiB"], ["ps 1", "64 B"], ["ps 0", "4 B"]]
+        assert errors == []
+    finally:
+        page.close()
+        server.stop()

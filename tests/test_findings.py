@@ -32,6 +32,12 @@ EXPECTED = {
     "generator_loop/replicas": [],
     "unsharded_pipeline/replicas": [("duplicate_examples", "warning", [0, 1, 2, 3], 0)],
     "sharded_pipeline/replicas": [],
+    # ParameterServerStrategy (demo/pss.py: 2 workers, 2 ps): the embedding table whole on ps 0
+    # (no replica: a server's finding), worker 1 batching 2 ids where worker 0 batches 8.
+    "pss_unbalanced/replicas": [
+        ("ps_imbalance", "warning", [], 0),
+        ("uneven_batch", "warning", [1], 0),
+    ],
     # Multi-worker jobs (2 worker processes, one replica each; demo/multiworker.py).
     "mw_clean/replicas": [],
     "mw_fit_tf_keras/replicas": [],

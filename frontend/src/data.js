@@ -200,6 +200,7 @@ export async function fetchInputs(run, maxPoints, opts, replicaBlocks) {
     run: String(body.run ?? run),
     replicas: list(body.replicas),
     devices: list(body.devices),
+    strategy: String(body.strategy ?? ''),
     steps: numbers(body.steps),
     batch_size: batch,
     batch_size_min: body.batch_size_min ? matrix(body.batch_size_min) : batch,
@@ -343,7 +344,29 @@ export async function fetchVariables(run, maxPoints, top, opts, replicaBlocks) {
       max_abs: matrix(t.max_abs),
     })),
     pooled: blocksOf(body.pooled),
+    parameter_servers: parameterServers(body.parameter_servers),
     notes: list(body.notes),
+  };
+}
+
+/** `/variables`' `parameter_servers` (a ParameterServerStrategy run's bytes per ps), or null. */
+function parameterServers(p) {
+  if (!p || typeof p !== 'object') return null;
+  return {
+    servers: list(p.servers).map((s) => ({
+      ps: toNumber(s.ps),
+      device: String(s.device ?? ''),
+      bytes: toNumber(s.bytes),
+      share: toNumber(s.share),
+      variables: toNumber(s.variables),
+      largest: s.largest == null ? null : String(s.largest),
+      largest_bytes: toNumber(s.largest_bytes),
+    })),
+    total_bytes: toNumber(p.total_bytes),
+    off_ps_bytes: toNumber(p.off_ps_bytes),
+    fair_share: toNumber(p.fair_share),
+    share_threshold: toNumber(p.share_threshold),
+    variables: list(p.variables).map((v) => ({ name: String(v.name ?? ''), ps: v.ps == null ? null : toNumber(v.ps), bytes: toNumber(v.bytes) })),
   };
 }
 

@@ -7,6 +7,7 @@ import { createZoom } from './zoom.js';
 import { createOverview } from './views/overview.js';
 import { connectHost, onHost } from './host.js';
 import { SECTIONS, deviceNamer, loadGradients, routeLoaders } from './sections.js';
+import { isPss, setStrategy } from './names.js';
 
 const setState = (s) => (document.body.dataset.state = s);
 let onResize = null;
@@ -72,6 +73,7 @@ export async function render() {
   status.append(h('div', { class: 'run-picker' }, [h('label', { for: 'run-select' }, 'Run'), select, summary]), runNotes);
 
   let current = null; // {views, abort}
+  const strategies = new Map(); // run name → its `/inputs` strategy, once drawn
   window.removeEventListener('resize', onResize); // render() may be called again
   onResize = debounce(() => current?.views.forEach((v) => v.resize?.(widthOf(main))), 150);
   window.addEventListener('resize', onResize);
@@ -118,7 +120,7 @@ export async function render() {
     overview.update(fresh);
     const open = fresh.find((r) => r.run === select.value);
     if (open) {
-      summary.textContent = runSummary(open);
+      summary.textContent = runSummary(open, strategies.get(open.run));
       if (changed(before.get(open.run), open)) void show(open.run, { quiet: true });
       else void refreshLive(open);
     }
@@ -163,7 +165,7 @@ export async function render() {
     overviewBox.hidden = true;
     setHash(runName);
     const run = runs.find((r) => r.run === runName);
-    summary.textContent = runSummary(run);
+    summary.textContent = runSummary(run, strategies.get(run.run));
     if (!quiet) {
       runNotes.replaceChildren(...run.notes.map((n) => h('p', { class: 'note' }, n)));
       main.replaceChildren(h('p', { class: 'muted loading' }, 'Loading…'));
@@ -176,6 +178,8 @@ export async function render() {
       const bodies = await Promise.all(routes.map((route) => loaders.get(route)(run, { signal: abort.signal })));
       const data = Object.fromEntries(routes.map((route, i) => [route, bodies[i]]));
       if (abort.signal.aborted) return;
+      strategies.set(run.run, data.inputs.strategy);
+      summary.textContent = runSummary(run, data.inputs.strategy);
       performance.mark('replicas:data');
       const t0 = performance.now();
       const reloadGradients = async (step) => {
@@ -240,6 +244,7 @@ function workerNamer(workers) {
  * and the live sections' views (`[{route, view}]`, redrawn at each reload). */
 function buildRun(main, run, data, views, reloadGradients) {
   const { inputs, findings, variables } = data;
+  setStrategy(inputs.strategy); // under ParameterServerStrategy the replicas are workers
   const steps = inputs.steps;
   const workerOf = workerNamer(inputs.workers.length ? inputs.workers : run.workers);
   const lastStep = run.last_step ?? steps[steps.length - 1] ?? 0;
@@ -273,7 +278,7 @@ function buildRun(main, run, data, views, reloadGradients) {
   };
   const shown = SECTIONS.filter((s) => (s.show ? s.show(ctx) : data[s.route] != null)).map((s) => ({
     s,
-    ...section(s.name, s.title, s.description?.(ctx)),
+    ...section(s.name, typeof s.title === 'function' ? s.title(ctx) : s.title, s.description?.(ctx)),
   }));
   for (const { s, body, el } of shown) s.frame?.(body, ctx, el);
   main.replaceChildren(...shown.map(({ el }) => el));
@@ -314,11 +319,14 @@ function changed(before, after) {
   return key(before) !== key(after);
 }
 
-function runSummary(run) {
+/** The run picker's line: replicas (workers under ParameterServerStrategy, `strategy` once the
+ * run's `/inputs` told it), steps, source, state. */
+function runSummary(run, strategy) {
   const n = run.replicas.length;
   const steps = run.first_step == null ? 'no steps' : `steps ${run.first_step}–${run.last_step}`;
   const workers = run.workers.length ? `${run.workers.length} workers (multi-worker job)` : null;
-  return [`${n} replica${n === 1 ? '' : 's'}`, workers, steps, run.source && `source: ${run.source}`, run.status.state].filter(Boolean).join(' · ');
+  const replicas = isPss(strategy) ? `${n} worker${n === 1 ? '' : 's'} (ParameterServerStrategy)` : `${n} replica${n === 1 ? '' : 's'}`;
+  return [replicas, workers, steps, run.source && `source: ${run.source}`, run.status.state].filter(Boolean).join(' · ');
 }
 
 function showError(where, e) {

@@ -1,7 +1,8 @@
 // The tab's sections, in page order: the one list to extend when a stat family is added.
 //
 // Each section: `name` (its <section data-view>), `route` (the plugin route whose body it draws;
-// index.js loads each route once, with the `load` of the first section naming it), `title`,
+// index.js loads each route once, with the `load` of the first section naming it), `title` (text,
+// or a function returning it: "per replica" or "per worker"),
 // `description(ctx)`, `show(ctx)` (whether this run has it; default: its route answered) and
 // `frame(body, ctx, el)` (optional: static content, added before any view is drawn),
 // `view(body, ctx, el)` (draws it and returns its view object: `{resize?, destroy?, update?}`)
@@ -24,6 +25,8 @@ import { createStepTime } from './views/step_time.js';
 import { createReadyTimes } from './views/ready_times.js';
 import { createDriftChart, createDeviationChart } from './views/drift_charts.js';
 import { createPlacementTable } from './views/placement_table.js';
+import { createPsTable } from './views/ps_table.js';
+import { replicaNoun } from './names.js';
 import { createWatchView } from './views/watch_view.js';
 
 /** Steps asked of every route: exact up to this many, bucketed (with min/max) beyond. */
@@ -78,6 +81,9 @@ export function timed(name, make) {
 const hasSteps = (ctx) => ctx.steps.length && ctx.data.inputs.replicas.length;
 const noSteps = (body) => body.append(h('p', { class: 'muted' }, 'No steps recorded for this run yet.'));
 const hasVariables = (ctx) => Boolean(ctx.data.variables?.variables.length);
+/** ParameterServerStrategy: one copy of each variable (no drift); its parameter servers' bytes. */
+const psHeld = (ctx) => ctx.data.variables?.parameter_servers ?? null;
+const hasDrift = (ctx) => hasVariables(ctx) && !psHeld(ctx);
 const drift = (ctx) => ({
   variables: ctx.data.variables,
   zoom: ctx.zoom,
@@ -156,7 +162,7 @@ export const SECTIONS = [
     name: 'batch',
     route: 'inputs',
     load: (run, opts) => fetchInputs(run.run, maxPoints(run), opts, REPLICA_BLOCKS),
-    title: 'Batch size per replica',
+    title: () => `Batch size per ${replicaNoun()}`,
     description: (ctx) =>
       ctx.data.inputs.downsampled
         ? `Downsampled to ${ctx.steps.length} buckets: each line shows the smallest batch of its bucket. Drag to zoom, double-click to reset; click a legend entry to hide a replica.`
@@ -208,7 +214,7 @@ export const SECTIONS = [
     name: 'gradients',
     route: 'gradients',
     load: (run, opts) => (run.families.includes('gradients') ? loadGradients(run, null, opts) : null),
-    title: 'Gradients per replica',
+    title: () => `Gradients per ${replicaNoun()}`,
     description: (ctx) => {
       const grads = ctx.data.gradients;
       return `Local gradients of every replica before the optimizer's all-reduce, at ${grads.steps.length} logged step${grads.steps.length === 1 ? '' : 's'}${grads.downsampled ? ' (downsampled: bucket maxima)' : ''}; NaN/Inf are checked at every step. Drag to zoom, double-click to reset.`;
@@ -258,13 +264,22 @@ export const SECTIONS = [
     view: (body, ctx) => timed('data', () => createDataView(body, { data: ctx.data.data, deviceName: ctx.deviceName, workerOf: ctx.workerOf })),
   },
   {
+    name: 'parameter_servers',
+    route: 'variables',
+    title: 'Parameter servers',
+    description: (ctx) =>
+      `ParameterServerStrategy: each variable (or shard of a partitioned one) has one copy, on one parameter server, so weight drift does not apply. The bytes of the observed variables each parameter server holds, its share and its largest variable; highlighted: a server of a ps_imbalance finding (more than ${(psHeld(ctx).share_threshold * 100).toFixed(1)} % of them, when they are large enough to matter; a variable_partitioner spreads a large variable).`,
+    show: (ctx) => psHeld(ctx) != null,
+    view: (body, ctx) => timed('parameter_servers', () => createPsTable(body, { servers: psHeld(ctx), findings: ctx.findings })),
+  },
+  {
     name: 'drift',
     route: 'variables',
     load: (run, opts) => fetchVariables(run.run, maxPoints(run), TOP_VARIABLES, opts, REPLICA_BLOCKS),
     title: 'Weight drift',
     description: () =>
       "How far each variable's copies are from replica 0's: relative L2 distance ||copy_r − copy_0|| / ||copy_0|| at each logged step, for the most divergent variables (worst replica). Estimated from small per-copy fingerprints unless the exact check ran; 0 means bit-identical.",
-    show: hasVariables,
+    show: hasDrift,
     view: (body, ctx) => timed('drift', () => createDriftChart(body, drift(ctx))),
   },
   {
@@ -272,15 +287,17 @@ export const SECTIONS = [
     route: 'variables',
     title: 'Deviation from replica 0, per replica',
     description: () => 'One variable, one line per replica.',
-    show: hasVariables,
+    show: hasDrift,
     view: (body, ctx) => timed('deviation', () => createDeviationChart(body, drift(ctx))),
   },
   {
     name: 'placement',
     route: 'variables',
     title: 'Variable placement',
-    description: () =>
-      'Every variable, and which replica devices hold a copy of it. Highlighted: variables not mirrored on every replica, and variables whose copies drift beyond the tolerance.',
+    description: (ctx) =>
+      psHeld(ctx)
+        ? 'Every observed variable (or shard), the parameter server holding its one copy, and its bytes.'
+        : 'Every variable, and which replica devices hold a copy of it. Highlighted: variables not mirrored on every replica, and variables whose copies drift beyond the tolerance.',
     show: hasVariables,
     view: (body, ctx) => timed('placement', () => createPlacementTable(body, drift(ctx))),
   },

@@ -3,6 +3,7 @@ import { h, fmt, shortList } from '../dom.js';
 import { replicaColor } from '../colors.js';
 import { replicaColumns } from './match_matrix.js';
 import { valueAxis, mountStepChart, steppedOrDense } from './uplot_common.js';
+import { replicaNoun } from '../names.js';
 
 const HEIGHT = 280;
 const finiteOrNull = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
@@ -32,7 +33,7 @@ export function createBatchChart(target, { inputs, zoom, width, workerOf = () =>
     width,
     height: HEIGHT,
     yScale: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] },
-    yAxis: valueAxis(downsampled ? 'examples (bucket min)' : 'examples per replica'),
+    yAxis: valueAxis(downsampled ? 'examples (bucket min)' : `examples per ${replicaNoun()}`),
     series: lines.map((line, r) => ({
       label: line.label,
       stroke: replicaColor(r),

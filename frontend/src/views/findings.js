@@ -1,6 +1,7 @@
 // The findings panel: each finding of the run, most severe first; click one to see it.
 // A finding grouping several of one cause (`items`) shows their count and expands to them.
 import { h, shortList, fmt } from '../dom.js';
+import { replicaName, replicasName } from '../names.js';
 
 function stepsText({ first_step: a, last_step: b, count }) {
   if (a == null || Number.isNaN(a)) return null;
@@ -10,7 +11,7 @@ function stepsText({ first_step: a, last_step: b, count }) {
 
 function replicasText(replicas, workerOf) {
   if (!replicas.length) return null;
-  const text = replicas.length === 1 ? `replica ${replicas[0]}` : `replicas ${shortList(replicas, 10)}`;
+  const text = replicas.length === 1 ? replicaName(replicas[0]) : replicasName(shortList(replicas, 10));
   const workers = [...new Set(replicas.map(workerOf).filter(Boolean))];
   return workers.length ? `${text} on ${shortList(workers, 4)}` : text;
 }

@@ -4,6 +4,7 @@ import { h, fmt } from '../dom.js';
 import { replicaColor, scaleRgb, rgbCss, scaleGradient } from '../colors.js';
 import { replicaColumns, replicaText } from './match_matrix.js';
 import { valueAxis, mountStepChart } from './uplot_common.js';
+import { replicaName } from '../names.js';
 
 const HEIGHT = 220;
 const NAN_COLOR = '#e53935';
@@ -43,7 +44,7 @@ export function gradientColumns(grads, workerOf = () => null) {
 function columnText(id, colW, workerOf) {
   const worker = workerOf?.(id);
   if (worker) return colW >= 60 ? `${worker.replace(/^worker_/, 'w')} r${id}` : String(id);
-  return colW >= 60 ? `replica ${id}` : String(id);
+  return colW >= 60 ? replicaName(id) : String(id);
 }
 
 /** Draw hook: a red dashed vertical line at every step with a NaN/Inf event. */

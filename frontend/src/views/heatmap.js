@@ -5,6 +5,7 @@ import { h, fmt } from '../dom.js';
 import { PLOT_LEFT as GUTTER_LEFT, PLOT_RIGHT } from './uplot_common.js';
 import { scaleRgb, rgbCss, scaleGradient, EMPTY_RGB, MISSING_RGB } from '../colors.js';
 import { replicaColumns } from './match_matrix.js';
+import { replicaName, replicasName } from '../names.js';
 
 const GUTTER_BOTTOM = 20;
 const FONT = '11px Roboto, sans-serif';
@@ -146,7 +147,7 @@ export function createHeatmap(target, { inputs, zoom, width, lastStep, deviceNam
       const { replica, short } = rows[r];
       const worker = replica == null ? null : workerOf(replica);
       // A job's rows are grouped by worker: "w1 r3" is replica 3 on worker_1.
-      const text = replica == null ? `replicas ${short}` : worker ? `${worker.replace(/^worker_/, 'w')} r${replica}` : `replica ${replica}`;
+      const text = replica == null ? replicasName(short) : worker ? `${worker.replace(/^worker_/, 'w')} r${replica}` : replicaName(replica);
       ctx.fillText(text, GUTTER_LEFT - 6, y);
     }
     ctx.textBaseline = 'top';
@@ -195,7 +196,7 @@ export function createHeatmap(target, { inputs, zoom, width, lastStep, deviceNam
     const value = lo === Infinity ? '—' : lo === hi ? fmt(lo) : `${fmt(lo)}–${fmt(hi)}`;
     tooltip.replaceChildren(
       h('div', { class: 'tt-title' }, first === last ? `step ${first}` : `steps ${first}–${last}`),
-      h('div', {}, inputs.pooled ? rows[r].label : `replica ${rows[r].replica}${deviceName(r) ? ` (${deviceName(r)})` : ''}`),
+      h('div', {}, inputs.pooled ? rows[r].label : `${replicaName(rows[r].replica)}${deviceName(r) ? ` (${deviceName(r)})` : ''}`),
       h('div', {}, [h('b', {}, 'batch size: '), value]),
     );
     tooltip.hidden = false;

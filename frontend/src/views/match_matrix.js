@@ -1,10 +1,11 @@
 // A replica × replica match matrix: one cell per pair, shaded by a share in [0, 1].
 import { h } from '../dom.js';
+import { replicaName, replicasName } from '../names.js';
 
 /** "replica 3 · worker_1" for a replica of a multi-worker job, "replica 3" otherwise. */
 export function replicaText(id, workerOf) {
   const worker = workerOf?.(id);
-  return worker ? `replica ${id} · ${worker}` : `replica ${id}`;
+  return worker ? `${replicaName(id)} · ${worker}` : replicaName(id);
 }
 
 /**
@@ -15,7 +16,7 @@ export function spanText(replicas, first, last, workerOf) {
   if (first === last) return replicaText(replicas[first], workerOf);
   const [a, b] = [workerOf?.(replicas[first]), workerOf?.(replicas[last])];
   const workers = a && b ? ` · ${a === b ? a : `${a}–${b}`}` : '';
-  return `replicas ${replicas[first]}–${replicas[last]}${workers}`;
+  return `${replicasName(`${replicas[first]}–${replicas[last]}`)}${workers}`;
 }
 
 /**

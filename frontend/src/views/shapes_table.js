@@ -1,5 +1,6 @@
 // Input shapes and dtypes per replica at each shape event; mismatching inputs highlighted.
 import { h } from '../dom.js';
+import { replicaName } from '../names.js';
 
 const MAX_TABLES = 200;
 
@@ -58,7 +59,7 @@ export function createShapesTable(target, { inputs, deviceName }) {
   const workers = workerRow(inputs);
   const header = h('tr', {}, [
     h('th', {}, 'input'),
-    ...inputs.replicas.map((id, r) => h('th', {}, deviceName(r) ? `replica ${id} (${deviceName(r)})` : `replica ${id}`)),
+    ...inputs.replicas.map((id, r) => h('th', {}, deviceName(r) ? `${replicaName(id)} (${deviceName(r)})` : replicaName(id))),
   ]);
   if (events.length > MAX_TABLES) {
     target.append(h('p', { class: 'muted' }, `Showing the first ${MAX_TABLES} of ${events.length} shape changes.`));

@@ -4,13 +4,14 @@
 // a status changes with time even when nothing else does).
 import { h, shortList } from '../dom.js';
 import { agoText, durationText, heartbeatAge, stateBadge, stateTone } from './status_badge.js';
+import { replicaName, replicasName } from '../names.js';
 
 const COLUMNS = ['worker', 'replicas', 'state', 'last step entered', 'last step completed', 'inside a step', 'last heartbeat', 'stalled for'];
 const stepText = (step) => (step == null ? '—' : String(step));
 const baseName = (file) => file.split(/[\\/]/).pop();
 /** "train.py:9 in call" (`full`: the whole path). */
 const place = (frame, full = false) => `${full ? frame.file : baseName(frame.file)}:${frame.line ?? '?'} in ${frame.function}`;
-const replicasText = (replicas) => (replicas.length === 1 ? `replica ${replicas[0]}` : `replicas ${shortList(replicas, 10)}`);
+const replicasText = (replicas) => (replicas.length === 1 ? replicaName(replicas[0]) : replicasName(shortList(replicas, 10)));
 
 function headline(body, multiWorker) {
   const parts = [stateBadge(body.state), heartbeatAge(body.state, body.age_s, 'last heartbeat ')];

@@ -2,6 +2,7 @@
 // and the stats of every leaf per replica at the latest sampled step.
 import { h, fmt } from '../dom.js';
 import { createShapesTable } from './shapes_table.js';
+import { replicaName } from '../names.js';
 
 const MAX_LISTED_STEPS = 20;
 
@@ -13,7 +14,7 @@ function statsTable(value, watch, deviceName) {
   const header = h('tr', {}, [
     h('th', {}, 'leaf'),
     h('th', {}, 'stat'),
-    ...watch.replicas.map((id, r) => h('th', {}, deviceName(r) ? `replica ${id} (${deviceName(r)})` : `replica ${id}`)),
+    ...watch.replicas.map((id, r) => h('th', {}, deviceName(r) ? `${replicaName(id)} (${deviceName(r)})` : replicaName(id))),
   ]);
   const rows = [];
   value.stats.values[last].forEach((leaf, l) => {
