@@ -100,29 +100,26 @@ class Shipping:
                 del self._scopes[key]
             self._deliver(scope.transfer)
 
-        context = tf.distribute.get_replica_context()
-        try:
-            if context is not None:
-                context.merge_call(close)
-            else:
-                close()
-        except Exception as error:  # noqa: BLE001 - never break the training it watches
-            self.warn_failed("step", error, "the step")
+        self._once_per_step(close)
 
     def _advance_axis(self):
-        """The plain step's one op on the host: the step axis's `assign_add`, once per step (a
-        `merge_call` in replica context)."""
+        """The plain step's one op on the host: the step axis's `assign_add`, once per step."""
 
         def advance(strategy=None):
             del strategy
             self._axis.variable.assign_add(1, read_value=False)
 
+        self._once_per_step(advance)
+
+    def _once_per_step(self, fn):
+        """Runs `fn(strategy=None)` once for the step: through a `merge_call` in replica context
+        (after every replica reached it), directly across replicas; a failure warns once."""
         context = tf.distribute.get_replica_context()
         try:
             if context is not None:
-                context.merge_call(advance)
+                context.merge_call(fn)
             else:
-                advance()
+                fn()
         except Exception as error:  # noqa: BLE001 - never break the training it watches
             self.warn_failed("step", error, "the step")
 
