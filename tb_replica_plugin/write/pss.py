@@ -19,6 +19,7 @@ import collections
 import itertools
 import threading
 
+import numpy as np
 import tensorflow as tf
 
 STRATEGY = "ParameterServerStrategy"
@@ -62,7 +63,7 @@ class _State:
         self.traces = {}  # trace id -> {family: meta}
         self.trace_ids = itertools.count(1)
         self.pending = collections.deque()  # RemoteValues of steps not harvested yet
-        self.per_worker = collections.defaultdict(collections.deque)  # worker -> [(trace, values)]
+        self.per_worker = collections.defaultdict(collections.deque)  # worker -> [StepRecord]
         self.next_step = 0
         self.failed = 0  # closures that failed (the coordinator raises them to the caller)
         self.watched = []  # variables observed in steps traced since handed on
@@ -209,28 +210,48 @@ class ParameterServer:
         python_fn = getattr(fn, "python_function", fn)
 
         def scheduled(*args, **kwargs):
-            trace = next(state.trace_ids)
-            state.capturing = {}
-            try:
-                result = python_fn(*args, **kwargs)
-                capture = state.capturing
-            finally:
-                state.capturing = None
-            state.traces[trace] = _layout(capture)
-            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            # One int64 vector per step (one copy to the coordinator): trace, worker, then each
-            # value's length and words.
-            pieces = [tf.constant([trace], tf.int64), tf.reshape(tf.cast(worker, tf.int64), [1])]
-            for _, (_, values) in sorted(capture.items()):
-                for key in sorted(values):
-                    value = tf.reshape(tf.cast(values[key], tf.int64), [-1])
-                    pieces += [tf.reshape(tf.size(value, out_type=tf.int64), [1]), value]
-            record = tf.concat(pieces, axis=0)
-            return result, record
+            return self.pss_recorded(python_fn, *args, **kwargs)
 
         wrapped = tf.function(scheduled)
         state.functions[id(fn)] = (fn, wrapped)
         return wrapped
+
+    def pss_recorded(self, python_fn, *args, **kwargs):
+        """Inside a function being traced for a worker: runs `python_fn(*args, **kwargs)` (one
+        step) with the families' `observe_*` calls captured, and returns `(result, record)`:
+        the step's record, one int64 vector (one copy to the coordinator).
+
+        The record: a header (`HEADER` words: the trace's id, the worker, the step's start and
+        end on the worker's clock, float64 seconds bit-cast), then each captured value's length
+        and words. Records of several steps may be concatenated (`_records`).
+        """
+        state = self._pss()
+        trace = next(state.trace_ids)
+        start = tf.timestamp()
+        state.capturing = {}
+        try:
+            with tf.control_dependencies([start]):
+                result = python_fn(*args, **kwargs)
+            capture = state.capturing
+        finally:
+            state.capturing = None
+        state.traces[trace] = _layout(capture)
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        pieces = []
+        for _, (_, values) in sorted(capture.items()):
+            for key in sorted(values):
+                value = tf.reshape(tf.cast(values[key], tf.int64), [-1])
+                pieces += [tf.reshape(tf.size(value, out_type=tf.int64), [1]), value]
+        outputs = [t for t in tf.nest.flatten(result) if isinstance(t, tf.Tensor)]
+        with tf.control_dependencies(outputs + pieces):
+            end = tf.timestamp()
+        header = [
+            tf.constant([trace], tf.int64),
+            tf.reshape(tf.cast(worker, tf.int64), [1]),
+            tf.bitcast(tf.reshape(start, [1]), tf.int64),
+            tf.bitcast(tf.reshape(end, [1]), tf.int64),
+        ]
+        return result, tf.concat(header + pieces, axis=0)
 
     def pss_harvest(self, block):
         """Coordinator side: reads the records of finished steps and writes every step all
@@ -261,8 +282,8 @@ class ParameterServer:
             except Exception:  # noqa: BLE001 - the closure failed: the coordinator raises it
                 state.failed += 1
                 continue
-            trace, worker = int(record[0]), int(record[1])
-            state.per_worker[worker].append((trace, _unpack(state.traces.get(trace), record)))
+            for step in _records(state.traces, record):
+                state.per_worker[step.worker].append(step)
         state.pending = kept
 
     def _pss_write(self, state):
@@ -271,8 +292,8 @@ class ParameterServer:
             step = state.next_step
             rows = [state.per_worker[w].popleft() for w in range(workers)]
             families = {}
-            for worker, (_, values) in enumerate(rows):
-                for name, item in values.items():
+            for worker, row in enumerate(rows):
+                for name, item in row.values.items():
                     families.setdefault(name, [None] * workers)[worker] = item
             for name, per_worker in families.items():
                 if any(item is None for item in per_worker):
@@ -289,11 +310,32 @@ def _layout(capture):
     return {name: (meta, sorted(values)) for name, (meta, values) in capture.items()}
 
 
-def _unpack(layout, record):
-    """`{family: (meta, {key: int64 array})}` of one step's record vector (numpy)."""
-    if layout is None:
-        return {}
-    unpacked, offset = {}, 2
+HEADER = 4  # trace, worker, start, end (`pss_recorded`)
+
+StepRecord = collections.namedtuple("StepRecord", "trace worker start end values")
+StepRecord.__doc__ = """One worker's step, read on the coordinator: its trace and worker, its start
+and end (seconds on the worker's clock) and `{family: (meta, {key: int64 array})}`."""
+
+
+def _records(traces, record):
+    """The `StepRecord`s of one fetched record vector (one step, or an execution's steps one
+    after another); a record of an unknown trace ends the reading."""
+    steps, offset = [], 0
+    while offset < len(record):
+        trace, worker = int(record[offset]), int(record[offset + 1])
+        start, end = record[offset + 2 : offset + 4].view(np.float64)
+        layout = traces.get(trace)
+        if layout is None:
+            break
+        values, offset = _unpack(layout, record, offset + HEADER)
+        steps.append(StepRecord(trace, worker, float(start), float(end), values))
+    return steps
+
+
+def _unpack(layout, record, offset):
+    """`({family: (meta, {key: int64 array})}, end offset)` of one step's values in `record`
+    from `offset` (numpy)."""
+    unpacked = {}
     for name, (meta, keys) in sorted(layout.items()):
         values = {}
         for key in keys:
@@ -301,7 +343,7 @@ def _unpack(layout, record):
             values[key] = record[offset + 1 : offset + 1 + size]
             offset += 1 + size
         unpacked[name] = (meta, values)
-    return unpacked
+    return unpacked, offset
 
 
 class _Plain:
