@@ -381,8 +381,9 @@ def _free_ports(count):
 def parameter_server(keras, tf, strategy, logdir):
     """`ParameterServerStrategy` on an in-process cluster (1 ps, 2 workers, gRPC on localhost).
 
-    The callback refuses it with one warning at `on_train_begin`; fit trains 4 steps anyway.
-    Connecting to the cluster changes this process's eager context: run it last.
+    tf_keras `fit` with a `tf.data.Dataset` (each worker iterates all of it: batches of 8 on
+    both) records each worker as a replica (`keras.pss_fit`). Connecting to the cluster changes
+    this process's eager context: run it last.
     """
     ports = _free_ports(3)
     cluster = tf.train.ClusterSpec(

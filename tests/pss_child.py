@@ -176,9 +176,49 @@ def nan_gradients(ctx, logdir):
     return {"losses": len(losses), "nan_losses": sum(v != v for v in losses)}
 
 
+def xy_uneven_fn(input_context):
+    """`(x, y)` batches: worker 0's pipeline batches 8 rows of 3 floats, worker 1's 2; y = 1."""
+    del input_context
+    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+    batch = tf.where(tf.equal(worker, 0), tf.constant(8, tf.int64), tf.constant(2, tf.int64))
+    rows = tf.data.Dataset.range(10_000).map(
+        lambda i: (tf.fill([3], tf.cast(i % 5, tf.float32)), tf.ones([1]))
+    )
+    return rows.batch(batch).repeat()
+
+
+def fit_tf_keras(ctx, logdir):
+    """tf_keras `fit` with a `DatasetCreator` (batches of 8 on worker 0, 2 on worker 1),
+    `steps_per_execution=2`, 2 epochs of 6 steps, then a second fit of 1 epoch."""
+    import tf_keras
+
+    strategy = ctx["strategy"]
+    with strategy.scope():
+        model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(3,), name="head")])
+        model.compile(tf_keras.optimizers.legacy.SGD(0.01), loss="mse", steps_per_execution=2)
+    data = tf_keras.utils.experimental.DatasetCreator(xy_uneven_fn)
+    callback = tb_replica_plugin.ReplicaCallback(logdir, update_freq=1)
+    first = model.fit(data, epochs=2, steps_per_epoch=6, callbacks=[callback], verbose=0)
+    second = model.fit(data, epochs=1, steps_per_epoch=4, callbacks=[callback], verbose=0)
+    return {
+        "losses": [len(first.history["loss"]), len(second.history["loss"])],
+        "finite": all(v == v for v in first.history["loss"] + second.history["loss"]),
+        "keys": sorted(first.history),
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "train_step_restored": "train_step" not in model.__dict__,
+    }
+
+
 SCENARIOS = {
     f.__name__: f
-    for f in (uneven_inputs, direct_schedule, ps_unbalanced, ps_partitioned, nan_gradients)
+    for f in (
+        uneven_inputs,
+        direct_schedule,
+        ps_unbalanced,
+        ps_partitioned,
+        nan_gradients,
+        fit_tf_keras,
+    )
 }
 
 

@@ -168,3 +168,36 @@ def test_nan_on_one_worker_s_gradients_names_that_worker_and_its_step(cluster_ru
         "at step 1 while the other workers stayed finite"
     )
     assert "parameter servers" in finding.message
+
+
+def test_tf_keras_fit_records_each_worker(cluster_runs):
+    """tf_keras `fit` with a `DatasetCreator` and `steps_per_execution=2`: two fits (16 steps
+    in all), each worker's batches and gradients recorded, steps continued by the second fit."""
+    run_dir, outcome = _scenario(cluster_runs, "fit_tf_keras")
+    assert outcome["warnings"] == []
+    assert outcome["facts"] == {
+        "losses": [2, 1],
+        "finite": True,
+        "keys": ["loss"],  # the record does not reach fit's logs
+        "iterations": 16,
+        "train_step_restored": True,
+    }
+    report = tb_replica_plugin.load(run_dir)
+    (run,) = report.runs
+    data = report.runs[run]
+    assert data.inputs.source == "fit" and data.inputs.strategy == "ParameterServerStrategy"
+    steps = data.inputs.steps.tolist()
+    # Each worker ran whole executions of 2 steps; step k is written once both ran their k-th.
+    assert steps == list(range(len(steps))) and len(steps) % 2 == 0 and 2 <= len(steps) <= 8
+    assert data.inputs.batch_size.tolist() == [[8, 2]] * len(steps)
+    assert data.inputs.shape_events[0]["inputs"][1]["shapes"] == [[8, 1], [2, 1]]  # y
+    gradients = data.gradients
+    assert gradients.variables == ["head/kernel", "head/bias"]
+    assert gradients.steps.tolist() == steps
+    assert (gradients.global_norm > 0).all() and np.isfinite(gradients.loss).all()
+    placement = ps_balance.balance(data.variables)
+    names = sorted(v["name"] for v in placement["variables"])
+    assert names == ["SGD/iter", "head/bias", "head/kernel"]  # written once, after epoch 1
+    assert len(data.variables.placement_events) == 1
+    assert [f.kind for f in report.findings[run]] == ["uneven_batch"]
+    assert report.findings[run][0].replicas == [1]

@@ -210,6 +210,16 @@ class Recorder:
         """
         return None, None
 
+    def pss_fit_step(self, fit):
+        """tf_keras `fit` under `ParameterServerStrategy` (`keras.pss_fit`): as `fit_step`, in
+        a step run on a worker, where a family records only what it `pss_capture`s (and
+        `pss_deliver`s on the coordinator). Default: `(None, None)`, nothing recorded."""
+        return None, None
+
+    def pss_fit_epoch_end(self, fit, final=False):
+        """tf_keras `fit` under `ParameterServerStrategy`, host side (the coordinator): an epoch
+        ended (`final`: training ended). Default: nothing."""
+
     def fit_begin(self, fit):
         """Keras `fit`, host side: training begins (the probe's step axis is at the step before
         the first). Default: nothing."""

@@ -36,7 +36,7 @@ import warnings
 import tensorflow as tf
 
 from tb_replica_plugin.core import nest
-from tb_replica_plugin.keras import compat
+from tb_replica_plugin.keras import compat, pss_fit
 from tb_replica_plugin.keras.hooks import Fit, LossCapture
 from tb_replica_plugin.probe import (
     DEFAULT_BUDGET,
@@ -72,9 +72,11 @@ class ReplicaCallback(*compat.callback_bases()):
     gradient of the replica's own loss, the loss, and NaN/Inf at every step), to the TensorBoard
     run `log_dir/run_name`, shown by the "Replicas" tab.
 
-    Works with Keras 3 and tf_keras models alike (docs/compatibility.md). Under a strategy it
-    cannot instrument (`ParameterServerStrategy`, `TPUStrategy`) it warns once at
-    `on_train_begin` and records nothing; training goes on.
+    Works with Keras 3 and tf_keras models alike (docs/compatibility.md). Under
+    `ParameterServerStrategy` (tf_keras `fit`) each worker is a replica of the run and only the
+    inputs, gradients and variable placement are recorded (`keras.pss_fit`). Under a strategy
+    it cannot instrument (`TPUStrategy`; Keras 3 under `ParameterServerStrategy`) it warns once
+    at `on_train_begin` and records nothing; training goes on.
 
     Args:
       log_dir: the log directory, as for `keras.callbacks.TensorBoard` (the same one may be
@@ -227,6 +229,7 @@ class ReplicaCallback(*compat.callback_bases()):
         self._batches = LossCapture()  # the step's named batch, for the culprit capture
         self.stopped_by = []  # the findings that stopped the last fit (halt_on)
         self._steps_per_call = 1
+        self._pss = False  # tf_keras fit under ParameterServerStrategy (`keras.pss_fit`)
 
     @property
     def probe(self):
@@ -245,7 +248,7 @@ class ReplicaCallback(*compat.callback_bases()):
         super().set_model(model)
         self._new_callbacks = True
         try:
-            if compat.strategy_refusal(model.distribute_strategy):
+            if compat.strategy_refusal(model.distribute_strategy, model):
                 return  # warned at on_train_begin, where fit is known to train
             self._install(model)
         except Exception as error:  # noqa: BLE001 - never break the training it watches
@@ -259,7 +262,7 @@ class ReplicaCallback(*compat.callback_bases()):
 
     def on_train_begin(self, logs=None):
         strategy = self.model.distribute_strategy
-        refusal = compat.strategy_refusal(strategy)
+        refusal = compat.strategy_refusal(strategy, self.model)
         if refusal:
             warnings.warn(
                 f"tb_replica_plugin: ReplicaCallback records nothing in this fit, {refusal}.",
@@ -273,9 +276,11 @@ class ReplicaCallback(*compat.callback_bases()):
         self._training = True
         self.stopped_by = []
         try:
-            first_step = self._initial_step()
-            self._probe.set_step(first_step)
-            self.model.__dict__[STEP_AXIS_ATTR] = self._probe.step_axis
+            if self._pss:
+                pss_fit.begin(self._probe, self.model)
+            else:
+                self._probe.set_step(self._initial_step())
+                self.model.__dict__[STEP_AXIS_ATTR] = self._probe.step_axis
             self._probe.begin_run("fit")
             self._steps_per_call = compat.steps_per_execution(self.model)
             self._fit_hooks("fit_begin")
@@ -290,7 +295,7 @@ class ReplicaCallback(*compat.callback_bases()):
 
     def on_epoch_begin(self, epoch, logs=None):
         steps = (self.params or {}).get("steps")
-        if steps and self._probe is not None and self._patched is not None:
+        if steps and self._probe is not None and self._patched is not None and not self._pss:
             # The last step of each epoch is sampled (its partial batch, the window's end).
             self._probe.sample_last_of(steps)
         self._fit_hooks("fit_epoch_begin")
@@ -373,6 +378,8 @@ class ReplicaCallback(*compat.callback_bases()):
                 self._probe.end_run(
                     how, error, step, self.stopped_by, context, unreturned=unreturned
                 )
+                if self._pss:
+                    pss_fit.end(self._probe, model)
 
     # ------------------------------------------------------------------ helpers
 
@@ -381,6 +388,10 @@ class ReplicaCallback(*compat.callback_bases()):
         family's recorder while the model is instrumented; one that raises warns once."""
         if self._probe is None or self._patched is None:
             return
+        if self._pss:  # only the families' own hook for this strategy (`keras.pss_fit`)
+            if hook != "fit_epoch_end":
+                return
+            hook = "pss_fit_epoch_end"
         for recorder in self._probe.recorders():
             try:
                 getattr(recorder, hook)(self._fit, **kwargs)
@@ -423,10 +434,13 @@ class ReplicaCallback(*compat.callback_bases()):
             owner._finish(model)  # another ReplicaCallback left its hooks (its fit failed)
         if self._probe is None:
             self._probe = self._make_probe(model)
+        self._pss = pss_fit.applies(model)
         self._build_before_trace(model)
         self._patch_step(model)
         self._armed = True
         traced = self._traced
+        if self._pss:  # the kept execution is reused by `make_train_function` (`pss_fit`)
+            traced = None
         # Keras reuses `model.train_function` when set: ours if this model was traced with this
         # callback before, else none (a train function built without the probe is not reused).
         if traced is not None and traced[0] == self._traced_key(model):
@@ -454,7 +468,10 @@ class ReplicaCallback(*compat.callback_bases()):
     def _build_before_trace(self, model):
         """The probe's state (and a tf_keras optimizer's slots) exist before Keras traces the
         step: variables created during a first trace would make TensorFlow trace it twice."""
-        self._probe.build()
+        if self._pss:
+            self._probe.pss_build()  # no refusal: the probe records in the workers' steps
+        else:
+            self._probe.build()
         try:
             compat.build_optimizer_before_trace(model)
         except Exception as error:  # noqa: BLE001 - the optimizer then builds in the step
@@ -479,6 +496,13 @@ class ReplicaCallback(*compat.callback_bases()):
             )
             model.jit_compile = False
         self._fit = Fit(self, model, self._undo_hooks)
+        if self._pss:
+            # tf_keras hands callbacks RemoteValues (and refuses batch hooks without this).
+            self._supports_tf_logs = True
+            steps = [recorder.pss_fit_step(self._fit) for recorder in self._probe.recorders()]
+            befores = [before for before, _ in steps if before is not None]
+            model.train_step = pss_fit.instrumented_step(self, model.train_step, befores)
+            return
         steps = [recorder.fit_step(self._fit) for recorder in self._probe.recorders()]
         model.train_step = self._instrumented_step(model.train_step, steps)
 
@@ -494,6 +518,9 @@ class ReplicaCallback(*compat.callback_bases()):
                 self._finish(model)
                 return model.make_train_function(force=force)
             self._armed = False
+            if self._pss:  # tf_keras under ParameterServerStrategy: its own train function
+                model.train_function = pss_fit.train_function(self, model, self._traced_key(model))
+                return model.train_function
             kept = self._traced
             if not force and kept is not None and kept[0] == self._traced_key(model):
                 model.train_function = self._guarded(model, kept[1])
@@ -576,6 +603,8 @@ class ReplicaCallback(*compat.callback_bases()):
             return
         had_own, own_step, jit_compile = self._patched
         self._patched = None
+        if self._pss:
+            self._supports_tf_logs = False
         if model.__dict__.get(INSTALLED_ATTR) is self:
             model.__dict__.pop(INSTALLED_ATTR, None)
         model.__dict__.pop("make_train_function", None)

@@ -311,20 +311,23 @@ def wrap_apply_gradients(optimizer, hook):
 # ----------------------------------------------------------------------------- strategies
 
 
-def strategy_refusal(strategy):
+def strategy_refusal(strategy, model=None):
     """Why `fit` under `strategy` cannot be instrumented, or None when it can.
 
     Args:
       strategy: the model's `tf.distribute.Strategy`.
+      model: the model (under `ParameterServerStrategy`, a tf_keras model is instrumented:
+        `keras.pss_fit`).
 
     Returns:
       A one-sentence reason for the user, or None.
     """
     name = type(strategy).__name__
-    if name.startswith("ParameterServerStrategy"):
+    if name.startswith("ParameterServerStrategy") and flavour_of(model) != TF_KERAS:
         return (
-            f"{name} is not supported: fit runs each step as a remote function on the "
-            "workers (ClusterCoordinator), where this process's summary writer does not exist"
+            f"{name} is not supported in Keras 3's fit (Keras 3 has no fit under this "
+            "strategy): use tf_keras (pip install tf-keras, TF_USE_LEGACY_KERAS=1) with a "
+            "DatasetCreator, or a custom loop with probe.schedule (docs/parameter-server.md)"
         )
     if name.startswith("TPUStrategy"):
         return (

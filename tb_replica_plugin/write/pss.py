@@ -94,6 +94,30 @@ class ParameterServer:
         self.warn_once("pss", _REFUSAL.format(what=what))
         return True
 
+    def pss_build(self):
+        """`build()` for the probe's own use under this strategy (no refusal): False when the
+        probe cannot record."""
+        state = self._pss()
+        state.building = True
+        try:
+            return self.build()
+        finally:
+            state.building = False
+
+    def pss_continue_from(self, step):
+        """The first step a probe that has written none yet writes (a new callback's probe
+        continuing a model's steps)."""
+        state = self._pss()
+        with state.lock:
+            if state.next_step == 0 and not any(state.per_worker.values()):
+                state.next_step = int(step)
+
+    def pss_next_step(self):
+        """The step after every step a worker ran so far (written or not)."""
+        state = self._pss()
+        with state.lock:
+            return state.next_step + max((len(q) for q in state.per_worker.values()), default=0)
+
     def pss_capturing(self):
         """True while a function given to `schedule` is traced (a family then `capture`s)."""
         return self.__dict__.get("_pss_state") is not None and self._pss().capturing is not None
@@ -123,11 +147,7 @@ class ParameterServer:
         state = self._pss()
         if not state.watched:
             return
-        state.building = True
-        try:
-            built = self.build()
-        finally:
-            state.building = False
+        built = self.pss_build()
         variables, state.watched = state.watched, []
         if not built:
             return
@@ -188,11 +208,7 @@ class ParameterServer:
                 "the probe that strategy"
             )
         state = self._pss()
-        state.building = True
-        try:
-            built = self.build()
-        finally:
-            state.building = False
+        built = self.pss_build()
         if not built:
             return ScheduledValue(_Plain(coordinator.schedule(fn, args=args, kwargs=kwargs)))
         remote = coordinator.schedule(self._pss_wrapped(fn), args=args, kwargs=kwargs)
@@ -252,6 +268,42 @@ class ParameterServer:
             tf.bitcast(tf.reshape(end, [1]), tf.int64),
         ]
         return result, tf.concat(header + pieces, axis=0)
+
+    def pss_execution(self, step_fn, steps):
+        """A `tf.function(*args)` running `step_fn(*args)` (one step, a Python function) `steps`
+        times on a worker, each step recorded (`pss_recorded`): returns `(the last step's result,
+        the steps' records one after another)`. For a trainer that schedules it itself (tf_keras
+        `fit`, `keras.pss_fit`); its `RemoteValue`s go to `pss_submit`.
+
+        Args:
+          step_fn: one training step.
+          steps: steps per call (an int >= 1; a `tf.while_loop` beyond the first).
+        """
+
+        def execution(*args):
+            result, record = self.pss_recorded(step_fn, *args)
+            if steps == 1:
+                return result, record
+            records = tf.TensorArray(tf.int64, size=steps, infer_shape=False).write(0, record)
+
+            def body(index, result, records):
+                result, record = self.pss_recorded(step_fn, *args)
+                return index + 1, result, records.write(index, record)
+
+            _, result, records = tf.while_loop(
+                lambda index, *_: index < steps, body, (tf.constant(1), result, records)
+            )
+            return result, records.concat()
+
+        return tf.function(execution)
+
+    def pss_submit(self, remote):
+        """Coordinator side: the `RemoteValue` of a scheduled `pss_execution` call, whose records
+        are read once it ran (and the finished ones now)."""
+        state = self._pss()
+        with state.lock:
+            state.pending.append(remote)
+        self.pss_harvest(block=False)
 
     def pss_harvest(self, block):
         """Coordinator side: reads the records of finished steps and writes every step all

@@ -7,7 +7,7 @@ counts of the gradients and the loss, computed only where a sum or the loss is n
 `tf.cond`: a clean step pays one reduction per gradient). On the coordinator, step k of every
 worker (replica r: worker r) is written in the family's tags and layouts: `gradients/variables`
 once per variable list, `gradients/nonfinite` at every step where a worker's counts are not all
-zero, `gradients/norms` at logged steps.
+zero, `gradients/norms` at logged steps and of the last step at each window write.
 """
 
 import json
@@ -18,7 +18,7 @@ import tensorflow as tf
 from tb_replica_plugin.families.gradients import schema
 
 
-def observe(probe, grads, variables, loss, scale, names_of, shape_of):
+def observe(probe, grads, variables, loss, scale, names_of, shape_of, loss_scale=None):
     """In the scheduled step: puts this worker's gradient health in its record.
 
     Args:
@@ -26,26 +26,28 @@ def observe(probe, grads, variables, loss, scale, names_of, shape_of):
       grads: the worker's gradients (tensors, `tf.IndexedSlices`, None: skipped).
       variables: the variables, in the same order.
       loss: the worker's loss (scalar) or None.
-      scale: the gradients and loss are divided by this (float or scalar tensor).
+      scale: the gradients are divided by this (float or scalar tensor).
       names_of, shape_of: the family's `variable_names` and `variable_shape`.
+      loss_scale: the loss is divided by this (None: `scale`).
     """
     try:
-        _observe(probe, grads, variables, loss, scale, names_of, shape_of)
+        _observe(probe, grads, variables, loss, scale, names_of, shape_of, loss_scale)
     except Exception as error:  # noqa: BLE001 - must never break training
         probe.warn_failed("gradients", error)
 
 
-def _observe(probe, grads, variables, loss, scale, names_of, shape_of):
+def _observe(probe, grads, variables, loss, scale, names_of, shape_of, loss_scale):
     pairs = [(_local(probe, g), v) for g, v in zip(grads, variables, strict=True) if g is not None]
     if not pairs:
         probe.warn_once("no_gradients", "tb_replica_plugin: observe_gradients got no gradients.")
         return
     values = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs]
+    loss_scale = tf.cast(scale if loss_scale is None else loss_scale, tf.float64)
     scale = tf.cast(scale, tf.float64)
     sq = tf.stack([tf.cast(2.0 * tf.nn.l2_loss(v), tf.float64) for v in values]) / scale**2
     has_loss = loss is not None
     if has_loss:
-        loss = tf.reshape(tf.cast(_local(probe, loss), tf.float64), [1]) / scale
+        loss = tf.reshape(tf.cast(_local(probe, loss), tf.float64), [1]) / loss_scale
     else:
         loss = tf.constant([np.nan], tf.float64)
     finite = tf.reduce_all(tf.math.is_finite(sq))
@@ -127,11 +129,23 @@ def deliver(recorder, per_worker, step):
         probe.write_now(
             schema.TAG_GRAD_NONFINITE, lambda: tf.constant(value), step, schema.KIND_GRAD_NONFINITE
         )
+    recorder.pss_last = (step, per_worker)
     if probe.update_freq is not None and step % probe.update_freq == 0:
-        sq = np.stack([values["sq"].view(np.float64) for _, values in per_worker], axis=1)
-        loss = np.concatenate([values["loss"].view(np.float64) for _, values in per_worker])
-        rows = np.concatenate([np.sqrt(sq.sum(axis=0))[None], loss[None], np.sqrt(sq)])
-        norms = rows.astype(np.float32)
-        probe.write_now(
-            schema.TAG_GRAD_NORMS, lambda: tf.constant(norms), step, schema.KIND_GRAD_NORMS
-        )
+        write_last(recorder)
+
+
+def write_last(recorder):
+    """Writes the norms and loss of the last step delivered, unless written: at logged steps,
+    and at each window write (epoch ends, `flush`, `close`)."""
+    last = getattr(recorder, "pss_last", None)
+    if last is None:
+        return
+    recorder.pss_last = None
+    step, per_worker = last
+    sq = np.stack([values["sq"].view(np.float64) for _, values in per_worker], axis=1)
+    loss = np.concatenate([values["loss"].view(np.float64) for _, values in per_worker])
+    rows = np.concatenate([np.sqrt(sq.sum(axis=0))[None], loss[None], np.sqrt(sq)])
+    norms = rows.astype(np.float32)
+    recorder.probe.write_now(
+        schema.TAG_GRAD_NORMS, lambda: tf.constant(norms), step, schema.KIND_GRAD_NORMS
+    )

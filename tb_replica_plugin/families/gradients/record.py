@@ -236,6 +236,12 @@ class Recorder(RecorderBase):
         fit_install(self, fit)
         return None, None
 
+    def pss_fit_step(self, fit):
+        """tf_keras `fit` under `ParameterServerStrategy`: the same optimizer hook; in a step
+        run on a worker it puts the worker's gradients in the step's record (`pss.observe`)."""
+        fit_install(self, fit)
+        return None, None
+
     # ------------------------------------------------------------ replica side
 
     def observe(
@@ -259,6 +265,20 @@ class Recorder(RecorderBase):
         loss was multiplied by in the step, the host's to apply (`replica.constant_factor`).
         """
         probe = self.probe
+        if probe.pss_capturing():  # tf_keras fit under ParameterServerStrategy (`pss_fit_step`)
+            if loss is not None and loss_factor is not None:
+                loss = loss * loss_factor
+            pss.observe(
+                probe,
+                grads,
+                variables,
+                loss,
+                grad_scale,
+                variable_names,
+                variable_shape,
+                loss_scale=loss_scale,
+            )
+            return
         if not probe.build():
             return
         try:
@@ -623,6 +643,7 @@ class Recorder(RecorderBase):
         pss.deliver(self, per_worker, step)
 
     def write_window(self):
+        pss.write_last(self)  # ParameterServerStrategy: the last step's norms, if not written
         if self.state:
             self.device_faults.write_new(self.probe)
         pending = self.state.get("pending")

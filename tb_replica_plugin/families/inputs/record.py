@@ -169,6 +169,10 @@ class Recorder(RecorderBase):
         """Keras `fit`: every step's batch is observed, before the model's step."""
         return self.probe.observe_inputs, None
 
+    def pss_fit_step(self, fit):
+        """tf_keras `fit` under `ParameterServerStrategy`: each worker's batch, in its step."""
+        return self.probe.observe_inputs, None
+
     def last_step(self):
         if self.pss_window is not None:
             return None if self.pss_window.last_step < 0 else self.pss_window.last_step

@@ -146,6 +146,19 @@ class Recorder(RecorderBase):
         """Keras `fit`: no full check in this fit yet (the step axis is at its step before)."""
         self.whole_checked_at = self.probe.step_axis.current()
 
+    def pss_fit_epoch_end(self, fit, final=False):
+        """tf_keras `fit` under `ParameterServerStrategy`: where the model's and its optimizer's
+        variables live (which parameter server holds each, `pss.add`), once the first epoch
+        created the optimizer's (written when any is new)."""
+        if not fit.options.variables:
+            return
+        variables = list(fit.model.variables)
+        optimizer = fit.optimizer()
+        if optimizer is not None:
+            known = {id(v) for v in variables}
+            variables += [v for v in optimizer.variables() if id(v) not in known]
+        self.probe.observe_variables(variables)
+
     def fit_epoch_end(self, fit, final=False):
         """Keras `fit`: the full check at epoch ends and at the end of training (`fit.py`)."""
         fit_side.check_whole(self, fit, final)
