@@ -35,7 +35,12 @@ class Thresholds:
       straggler_factor: a worker of a multi-worker job is a `straggler` when its median busy
         seconds per step exceed the median over workers times this...
       straggler_min_seconds: ...and exceed it by at least this many seconds (timer noise on
-        millisecond steps is not a straggler).
+        millisecond steps is not a straggler; under ParameterServerStrategy, how much longer a
+        `pss_straggler`'s steps take than the others' median, each on its worker's clock).
+      pss_straggler_factor: under ParameterServerStrategy a worker is a `pss_straggler` when
+        the median steps per second of the other workers is at least this many times its own...
+      pss_straggler_min_steps: ...the others ran (median) at least this many more steps than
+        it (a few steps of a short run go to whichever worker is free first)...
       slow_replica_factor: a replica is a `slow_replica` when its median ready time per step
         (from the step's start until its local gradients reach the host) is at least this many
         times the median of the other replicas of its worker...
@@ -73,6 +78,8 @@ class Thresholds:
     max_duplicate_share: float = 0.01
     straggler_factor: float = 1.25
     straggler_min_seconds: float = 0.01
+    pss_straggler_factor: float = 1.5
+    pss_straggler_min_steps: int = 5
     slow_replica_factor: float = 1.25
     slow_replica_min_seconds: float = 0.005
     variable_drift_rel_l2: float = 1e-6

@@ -151,16 +151,18 @@ def _header_lines(name, run_data):
     steps = seen["steps"]
     span = f"steps {int(steps[0])}–{int(steps[-1])} ({steps.size})" if steps.size else "no steps"
     replicas, devices = seen["replicas"], seen["devices"]
+    pss = getattr(getattr(run_data, "inputs", None), "strategy", "") == "ParameterServerStrategy"
+    unit = "worker" if pss else "replica"  # under ParameterServerStrategy replica r is worker r
     lines = [
         f"run {name}  [{seen['source'] or 'unknown source'}]",
-        f"  replicas: {len(replicas)}   {span}",
+        f"  {unit}s: {len(replicas)}   {span}",
     ]
     if run_data.workers:
         lines.append(f"  multi-worker job: {len(run_data.workers)} workers")
-    if getattr(getattr(run_data, "inputs", None), "strategy", "") == "ParameterServerStrategy":
-        lines.append("  ParameterServerStrategy: replica r is worker r, step k each worker's k-th")
+    if pss:
+        lines.append("  ParameterServerStrategy: worker r is replica r, step k each worker's k-th")
     for replica, device in zip(replicas, devices, strict=False):
-        lines.append(f"    replica {replica}: {device}")
+        lines.append(f"    {unit} {replica}: {device}")
     return lines
 
 

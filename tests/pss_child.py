@@ -209,6 +209,49 @@ def fit_tf_keras(ctx, logdir):
     }
 
 
+SLOW_SECONDS = 0.06  # worker 1's pipeline sleeps this long per batch
+SLOW_STEPS = 40
+
+
+def slow_dataset_fn(input_context):
+    """Batches of 4 rows of 3 floats; worker 1's pipeline sleeps `SLOW_SECONDS` per batch (in
+    its step: the step's `next(iterator)` waits for it)."""
+    import time
+
+    del input_context
+    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+
+    def nap(batch, index):
+        if int(index) == 1:
+            time.sleep(SLOW_SECONDS)
+        return batch
+
+    def slowed(batch):
+        batch = tf.numpy_function(nap, [batch, worker], tf.float32, stateful=True)
+        return tf.ensure_shape(batch, [4, 3])
+
+    rows = tf.data.Dataset.range(10_000).map(lambda i: tf.fill([3], tf.cast(i % 7, tf.float32)))
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False  # the sleep stays in the step
+    return rows.batch(4).map(slowed).repeat().with_options(options)
+
+
+def slow_worker(ctx, logdir):
+    """`SLOW_STEPS` steps scheduled on 2 workers, worker 1 slowed by its input pipeline: it runs
+    fewer of them (the coordinator gives each step to a free worker)."""
+    strategy, coordinator = ctx["strategy"], ctx["coordinator"]
+    with strategy.scope():
+        weights = tf.Variable(tf.ones([3]))
+    iterator = per_worker_iterator(strategy, coordinator, slow_dataset_fn)
+    probe = tb_replica_plugin.ReplicaProbe(logdir, strategy, update_freq=1)
+    step = sum_step(strategy, weights, probe)
+    results = [probe.schedule(step, args=(iterator,)) for _ in range(SLOW_STEPS)]
+    coordinator.join()
+    fetched = [float(r.fetch()) for r in results]
+    probe.close()
+    return {"results": len(fetched)}
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
@@ -218,6 +261,7 @@ SCENARIOS = {
         ps_partitioned,
         nan_gradients,
         fit_tf_keras,
+        slow_worker,
     )
 }
 

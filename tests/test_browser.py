@@ -728,9 +728,25 @@ def test_parameter_server_run_names_workers_and_its_servers(browser, tmp_path):
         )
         titles = page.eval_on_selector_all("section h2", "els => els.map(e => e.firstChild.data)")
         assert titles == [
-            "Status", "Findings", "Batch size per worker", "Imbalance", "Batch size heatmap",
-            "Input shapes", "Parameter servers", "Variable placement",
+            "Status", "Findings", "Step time", "Batch size per worker", "Imbalance",
+            "Batch size heatmap", "Input shapes", "Parameter servers", "Variable placement",
         ]  # fmt: skip
+        # Step time: each worker's totals over the steps it ran (4 scheduled in all).
+        totals = page.eval_on_selector_all(
+            '[data-view="step_time"] [data-part="pss-workers"] tbody tr',
+            "els => els.map(e => [...e.children].map(c => c.textContent))",
+        )
+        assert [row[0] for row in totals] == ["worker 0", "worker 1"], page.inner_text(
+            '[data-view="step_time"]'
+        )
+        assert sum(int(row[1]) for row in totals) == 4
+        assert all(row[3].endswith(" s") and row[4].endswith("/s") for row in totals), totals
+        heads = page.eval_on_selector_all(
+            '[data-view="step_time"] h3', "els => els.map(e => e.textContent)"
+        )
+        assert heads == ["Steps each worker ran", "Step time per worker"]
+        first = page.inner_text('[data-view="step_time"] [data-part="replicas"] tbody th')
+        assert first == "worker 0"
         heads = page.eval_on_selector_all(
             '[data-view="shapes"] th', "els => els.map(e => e.textContent)"
         )

@@ -201,3 +201,42 @@ def test_tf_keras_fit_records_each_worker(cluster_runs):
     assert len(data.variables.placement_events) == 1
     assert [f.kind for f in report.findings[run]] == ["uneven_batch"]
     assert report.findings[run][0].replicas == [1]
+
+
+def test_slow_worker_runs_fewer_steps_and_is_named_a_straggler(cluster_runs):
+    run_dir, outcome = _scenario(cluster_runs, "slow_worker")
+    assert outcome["warnings"] == []
+    assert outcome["facts"] == {"results": 40}
+    report = tb_replica_plugin.load(run_dir)
+    (run,) = report.runs
+    data = report.runs[run]
+    totals = data.step_time.pss
+    assert totals is not None and totals.steps_run.shape == (2,)
+    fast, slow = totals.steps_run.tolist()
+    # Every scheduled step ran once, counted also beyond the slowest worker's last step.
+    assert fast + slow == 40 and fast >= slow + 5 and slow >= 1, (fast, slow)
+    seconds = totals.step_seconds()
+    # Worker 1's pipeline sleeps 0.06 s a batch (in its step, but for what the distributed
+    # iterator's prefetch of one batch did while the worker waited for its next step).
+    assert seconds[1] >= 0.03 and seconds[1] > seconds[0] + 0.02, seconds
+    assert totals.rate[0] > 1.5 * totals.rate[1]
+    np.testing.assert_allclose(totals.busy, seconds * totals.steps_run)
+    assert np.all(totals.span >= totals.busy - 1e-6)
+    # Written steps: those both workers ran; their windows' step seconds per worker.
+    assert data.inputs.steps.tolist() == list(range(slow))
+    ready = data.step_time.ready
+    assert ready.strategy == "ParameterServerStrategy" and ready.replicas == [0, 1]
+    assert ready.steps.tolist() == list(range(slow))
+    assert np.all(ready.ready_median[:, 1] >= 0.03), ready.ready_median
+    assert np.all(ready.ready_median[:, 1] > ready.ready_median[:, 0] + 0.02)
+    assert np.all(ready.wait_median == 0)  # no all-reduce: the workers do not wait
+    assert np.all(ready.window_steps == 1)  # update_freq=1: a window per step
+    kinds = [f.kind for f in report.findings[run]]
+    assert kinds == ["pss_straggler"]  # its slow_replica finding is said in this one
+    (finding,) = report.findings[run]
+    assert finding.replicas == [1] and finding.count == slow
+    assert finding.message.startswith(f"Worker 1 ran {slow} step")
+    assert f"while the others ran {fast} at" in finding.message
+    assert "asynchronous training its updates fall behind" in finding.message
+    text = report.to_text()
+    assert "worker 1: ran" in text and "<- pss_straggler" in text

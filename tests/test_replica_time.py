@@ -204,9 +204,14 @@ def test_runs_without_the_tag_are_unchanged():
         "median_lateness": [],
         "downsampled": False,
         "ready": None,
+        "pss_workers": None,
     }
     thresholds = analysis.Thresholds()
-    assert present.report_json(data, thresholds) == {"step_time": None, "replica_time": None}
+    assert present.report_json(data, thresholds) == {
+        "step_time": None,
+        "replica_time": None,
+        "pss_workers": None,
+    }
     assert present.report_text(data, thresholds) == []
 
 

@@ -164,6 +164,21 @@ export async function fetchStepTime(run, maxPoints, opts, replicaBlocks) {
     median_lateness: numbers(body.median_lateness),
     downsampled: Boolean(body.downsampled),
     ready: readyTimes(body.ready),
+    pss_workers: pssWorkers(body.pss_workers),
+  };
+}
+
+/** `/step_time`'s `pss_workers`: each worker's totals under ParameterServerStrategy, or null. */
+function pssWorkers(p) {
+  if (!p || typeof p !== 'object') return null;
+  return {
+    step: toNumber(p.step),
+    steps_run: numbers(p.steps_run),
+    busy: numbers(p.busy),
+    span: numbers(p.span),
+    rate: numbers(p.rate),
+    step_seconds: numbers(p.step_seconds),
+    stragglers: list(p.stragglers).map(toNumber),
   };
 }
 

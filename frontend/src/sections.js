@@ -23,6 +23,7 @@ import { createDataView } from './views/data_view.js';
 import { createGradients } from './views/gradients.js';
 import { createStepTime } from './views/step_time.js';
 import { createReadyTimes } from './views/ready_times.js';
+import { createPssWorkers } from './views/pss_workers.js';
 import { createDriftChart, createDeviationChart } from './views/drift_charts.js';
 import { createPlacementTable } from './views/placement_table.js';
 import { createPsTable } from './views/ps_table.js';
@@ -104,9 +105,14 @@ function createStepTimeSection(body, ctx) {
     const stragglers = new Set(named('straggler').map((f) => f.name));
     views.push(createStepTime(box, { data, zoom: ctx.zoom, width: ctx.width, stragglers }));
   }
+  if (data.pss_workers) {
+    const box = h('div', { dataset: { part: 'pss-workers' } });
+    body.append(h('h3', {}, 'Steps each worker ran'), box);
+    views.push(createPssWorkers(box, { totals: data.pss_workers }));
+  }
   if (data.ready) {
     const box = h('div', { dataset: { part: 'replicas' } });
-    body.append(h('h3', {}, 'Ready time per replica'), box);
+    body.append(h('h3', {}, data.pss_workers ? 'Step time per worker' : 'Ready time per replica'), box);
     const slow = new Set(named('slow_replica').flatMap((f) => f.replicas));
     views.push(createReadyTimes(box, { ready: data.ready, zoom: ctx.zoom, width: ctx.width, slow, workerOf: ctx.workerOf }));
   }
@@ -150,7 +156,10 @@ export const SECTIONS = [
         ctx.run.workers.length
           ? 'Per worker: busy time per step of each worker of this multi-worker job, its step period minus the time it waited for the last worker to arrive (taken when its step inputs were ready). The workers wait for a straggler at every all-reduce.'
           : null,
-        ctx.data.step_time?.ready
+        ctx.data.step_time?.pss_workers
+          ? "ParameterServerStrategy: each worker runs the steps the coordinator gives it, without waiting for the others. Per worker: the steps it ran (also those past the slowest worker's last step, which are not recorded as steps), its seconds busy and its steps per second; below, its step seconds (the scheduled step's start to end, on its clock) at the steps every worker ran. A worker far behind the others is a straggler: its updates fall behind."
+          : null,
+        ctx.data.step_time?.ready && !ctx.data.step_time?.pss_workers
           ? "Per replica: its ready time, from the step's start until its local gradients reached the host. The other replicas of its worker wait for the slowest at every all-reduce; a replica slower than the others (a throttled or busier GPU, more work) is a slow replica."
           : null,
       ]

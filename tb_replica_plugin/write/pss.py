@@ -9,7 +9,8 @@ call put in it while `fn` was traced (`capture`; tensors of the step, a few int6
 coordinator fetches the records of finished steps (at each `schedule` and at `flush`/`close`),
 keeps each worker's in the order it ran them, and once every worker ran its k-th step, hands them
 to the families' `pss_deliver` at step k: the run's replica r is worker r. A step some worker did
-not reach is not written (stragglers).
+not reach is not written (stragglers); the step_time family counts every step each worker ran and
+times them by their start and end (`pss_ran`, `pss_steps`).
 
 Outside a step scheduled through the probe, a probe under this strategy records nothing and says
 so once (`refuses`). Families without a `pss_deliver` are refused the same way.
@@ -334,8 +335,10 @@ class ParameterServer:
             except Exception:  # noqa: BLE001 - the closure failed: the coordinator raises it
                 state.failed += 1
                 continue
-            for step in _records(state.traces, record):
+            steps = _records(state.traces, record)
+            for step in steps:
                 state.per_worker[step.worker].append(step)
+            self._pss_step_time("pss_ran", steps)
         state.pending = kept
 
     def _pss_write(self, state):
@@ -343,6 +346,7 @@ class ParameterServer:
         while all(state.per_worker[w] for w in range(workers)):
             step = state.next_step
             rows = [state.per_worker[w].popleft() for w in range(workers)]
+            self._pss_step_time("pss_steps", rows, step)
             families = {}
             for worker, row in enumerate(rows):
                 for name, item in row.values.items():
@@ -355,6 +359,17 @@ class ParameterServer:
                 except Exception as error:  # noqa: BLE001 - the other families go on
                     self.warn_failed(name, error)
             state.next_step = step + 1
+
+    def _pss_step_time(self, method, *args):
+        """The step_time family's `method` (each step's start and end: `families/step_time/
+        pss.py`); a failure warns once, the other families go on."""
+        recorder = self._recorders.get("step_time")
+        if recorder is None:
+            return
+        try:
+            getattr(recorder, method)(*args)
+        except Exception as error:  # noqa: BLE001 - the other families go on
+            self.warn_failed("step_time", error)
 
 
 def _layout(capture):

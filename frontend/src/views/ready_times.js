@@ -5,6 +5,7 @@ import { h, fmt } from '../dom.js';
 import { replicaColor } from '../colors.js';
 import { replicaColumns } from './match_matrix.js';
 import { valueAxis, mountStepChart } from './uplot_common.js';
+import { replicaName, replicaNoun } from '../names.js';
 
 const HEIGHT = 240;
 /** The table lists every replica up to this many, else the slowest this many. */
@@ -57,7 +58,7 @@ function readyTable(ready, slow, workerOf) {
     const id = ready.replicas[p];
     const isSlow = slow.has(id);
     return h('tr', { class: isSlow ? 'slow' : null, dataset: { replica: String(id) } }, [
-      h('th', { scope: 'row' }, `replica ${id}`),
+      h('th', { scope: 'row' }, replicaName(id)),
       h('td', {}, [shortDevice(ready.devices[p]), workerOf(id)].filter(Boolean).join(' · ')),
       h('td', { class: 'num' }, msText(ready.median_ready[p])),
       h('td', { class: 'num' }, msText(ready.max_ready[p])),
@@ -65,7 +66,7 @@ function readyTable(ready, slow, workerOf) {
       h('td', {}, isSlow ? 'slow replica' : ''),
     ]);
   });
-  const head = ['replica', 'device', 'ready (median)', 'ready (max)', 'waits for the slowest (median)', ''];
+  const head = [replicaNoun(), 'device', 'ready (median)', 'ready (max)', 'waits for the slowest (median)', ''];
   return h('div', { class: 'table-scroll' }, h('table', { class: 'ready-times' }, [
     h('thead', {}, h('tr', {}, head.map((t) => h('th', {}, t)))),
     h('tbody', {}, rows),
@@ -84,7 +85,11 @@ export function createReadyTimes(target, { ready, zoom, width, slow = new Set(),
   const sentences = slowText(ready, slow);
   target.append(
     h('p', { class: 'ready-summary', dataset: { part: 'ready-summary' } }, [
-      sentences.length ? sentences.join(' ') : 'No replica is slower than the others of its worker.',
+      sentences.length
+        ? sentences.join(' ')
+        : replicaNoun() === 'worker'
+          ? "No worker's steps are slower than the others'."
+          : 'No replica is slower than the others of its worker.',
       ready.pooled ? ` ${ready.replicas.length} replicas in ${lines.length} blocks: each line the slowest of its replicas.` : '',
     ]),
     readyTable(ready, slow, workerOf),

@@ -134,7 +134,8 @@ def report_text(run_data, thresholds):
     series = run_data.inputs
     lines = []
     if series.shape_events:
-        lines.append("  batch size per replica (step: sizes), at every change:")
+        unit = "worker" if series.strategy == "ParameterServerStrategy" else "replica"
+        lines.append(f"  batch size per {unit} (step: sizes), at every change:")
     for event in series.shape_events[:20]:
         sizes = read.event_batch_sizes(event)
         lines.append(f"    step {event['step']}: {sizes}")

@@ -37,7 +37,60 @@ def step_time_body(run_data, max_points, replica_blocks=None):
     ready = getattr(series, "ready", None)
     body = _worker_body(run_data, series, max_points)
     body["ready"] = None if ready is None else ready_body(ready, max_points, replica_blocks)
+    body["pss_workers"] = pss_workers_json(series)
     return body
+
+
+def pss_workers_json(series, thresholds=None):
+    """The `pss_workers` block (`/step_time`, the JSON report): each worker's totals under
+    ParameterServerStrategy, None for a run of another strategy.
+
+    Returns:
+      `{"step", "steps_run", "busy", "span", "rate", "step_seconds", "stragglers"}`: per worker
+      (worker w: replica w) the steps it ran, its seconds busy, from its first step's start to
+      its last one's end, its steps per second, its mean seconds per step (None without a step),
+      and the workers `pss_straggler` names.
+
+    Example:
+      >>> pss_workers_json(series)["steps_run"]
+      [30, 12]
+    """
+    totals = getattr(series, "pss", None)
+    if totals is None:
+        return None
+    found = rules.find_pss_stragglers(series, *([thresholds] if thresholds else []))
+    return {
+        "step": int(totals.step),
+        "steps_run": totals.steps_run.tolist(),
+        "busy": [_finite(v) for v in totals.busy.tolist()],
+        "span": [_finite(v) for v in totals.span.tolist()],
+        "rate": [_finite(v) for v in totals.rate.tolist()],
+        "step_seconds": [_finite(v) for v in totals.step_seconds().tolist()],
+        "stragglers": [r for f in found for r in f.replicas],
+    }
+
+
+def pss_workers_lines(series, thresholds):
+    """The text report's lines of a ParameterServerStrategy run's worker totals ([] for
+    another strategy).
+
+    Example:
+      >>> pss_workers_lines(series, Thresholds())[2]
+      '    worker 1: ran 12 steps, 13.2 s busy (1.100 s/step), 0.90 steps/s  <- pss_straggler'
+    """
+    block = pss_workers_json(series, thresholds)
+    if block is None:
+        return []
+    lines = ["  steps each worker ran (also those past the slowest worker's last written step):"]
+    for w, steps in enumerate(block["steps_run"]):
+        per_step = block["step_seconds"][w]
+        each = "" if per_step is None else f" ({per_step:.3f} s/step)"
+        mark = "  <- pss_straggler" if w in block["stragglers"] else ""
+        lines.append(
+            f"    worker {w}: ran {steps} step{'s' if steps != 1 else ''}, "
+            f"{block['busy'][w]:.3g} s busy{each}, {block['rate'][w]:.2f} steps/s{mark}"
+        )
+    return lines
 
 
 def _worker_body(run_data, series, max_points):
@@ -133,7 +186,7 @@ def body(run, run_data, parsed):
 def listed(run_data):
     """Whether `/runs` names step_time: when the run has replica ready times (a job's tab shows
     its per-worker step time from `workers` whatever this says)."""
-    return _ready(run_data) is not None
+    return _ready(run_data) is not None or getattr(run_data.step_time, "pss", None) is not None
 
 
 def _ready(run_data):
@@ -150,6 +203,7 @@ def report_json(run_data, thresholds):
     return {
         "step_time": _step_time_json(run_data),
         "replica_time": None if ready is None else replica_time_json(ready, thresholds),
+        "pss_workers": pss_workers_json(run_data.step_time, thresholds),
     }
 
 
@@ -157,7 +211,7 @@ def report_text(run_data, thresholds):
     """The step-time lines of a run in the text report: each worker's of a job, then the
     replicas' ready times (`replica_time_lines`)."""
     ready = _ready(run_data)
-    lines = _step_time_lines(run_data)
+    lines = _step_time_lines(run_data) + pss_workers_lines(run_data.step_time, thresholds)
     return lines + ([] if ready is None else replica_time_lines(ready, thresholds))
 
 
@@ -192,6 +246,8 @@ def replica_time_lines(ready, thresholds):
     median_ready, median_wait, max_ready = rules.ready_medians(ready)
     slow = set(rules.slow_replicas(ready, thresholds))
     windows = int(np.count_nonzero(rules.timed_windows(ready)))
+    if ready.strategy == rules.PSS:
+        return _pss_step_lines(ready, median_ready, max_ready, slow, windows)
     lines = [
         f"  replica ready time per step (medians over {windows} logged window(s); waits: for "
         "the slowest replica of its worker):"
@@ -211,6 +267,21 @@ def replica_time_lines(ready, thresholds):
         )
     if count > TEXT_REPLICAS:
         lines.append(f"    … {count - TEXT_REPLICAS} faster replicas (see --json)")
+    return lines
+
+
+def _pss_step_lines(ready, median_ready, max_ready, slow, windows):
+    """The replica-time lines of a ParameterServerStrategy run: each worker's step seconds."""
+    lines = [
+        f"  step seconds per worker, on its clock (medians over {windows} logged window(s) of "
+        "the written steps):"
+    ]
+    for p, worker in enumerate(ready.replicas):
+        mark = "  <- slow_replica" if worker in slow else ""
+        lines.append(
+            f"    worker {worker}: step {_seconds(median_ready[p])}, max "
+            f"{_seconds(max_ready[p])}{mark}"
+        )
     return lines
 
 

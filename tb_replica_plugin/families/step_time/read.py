@@ -35,6 +35,8 @@ class ReplicaTimeSeries:
       wait_median: float64 [S, R], the median over the window of the seconds each replica
         waited for the slowest replica of its worker.
       window_steps: int64 [S, R], the steps the window held (one value per worker).
+      strategy: `"ParameterServerStrategy"` for a run of that strategy (replica r: worker r,
+        times are each worker's step seconds, waits 0), else "".
     """
 
     run: str
@@ -46,8 +48,35 @@ class ReplicaTimeSeries:
     ready_max: np.ndarray
     wait_median: np.ndarray
     window_steps: np.ndarray
+    strategy: str = ""
     # `rules.ready_medians`' `(ready_median, its medians)`: computed once per series.
     medians_cache: tuple = dataclasses.field(default=None, init=False, repr=False, compare=False)
+
+
+@dataclasses.dataclass
+class PssWorkerTotals:
+    """Each worker's totals of a `ParameterServerStrategy` run (`step_time/pss_workers`): every
+    step it ran, also those beyond the slowest worker that were never written as steps.
+
+    Attributes:
+      step: the step of the sample read (the last written).
+      steps_run: int64 [W], the steps each worker ran (worker w: replica w).
+      busy: float64 [W], the sum of its steps' seconds (start to end on its clock).
+      span: float64 [W], seconds from its first step's start to its last step's end.
+      rate: float64 [W], its steps per second (`steps_run / span`; 0 when span is 0).
+    """
+
+    step: int
+    steps_run: np.ndarray
+    busy: np.ndarray
+    span: np.ndarray
+    rate: np.ndarray
+
+    def step_seconds(self):
+        """float64 [W]: each worker's mean seconds per step (`busy / steps_run`; NaN for a
+        worker that ran none)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(self.steps_run > 0, self.busy / np.maximum(self.steps_run, 1), np.nan)
 
 
 @dataclasses.dataclass
@@ -81,6 +110,7 @@ class StepTimeSeries:
     lateness: np.ndarray
     busy: np.ndarray
     ready: ReplicaTimeSeries | None = None
+    pss: PssWorkerTotals | None = None
 
     @classmethod
     def of_replicas(cls, run, ready):
@@ -125,10 +155,59 @@ def from_samples(run, samples, notes, needed=None):
       ReplicaTimeSeries(run='run', replicas=[0, 1], ...)
     """
     points = samples.get(schema.TAG_REPLICA_TIME, [])
-    if not points:
+    ready = None
+    if points:
+        ready = read_replica_times(run, points, (needed or {}).get("inputs"), notes)
+    totals = read_pss_totals(samples.get(schema.TAG_PSS_WORKERS, []), notes)
+    if ready is None and totals is None:
         return None
-    ready = read_replica_times(run, points, (needed or {}).get("inputs"), notes)
-    return None if ready is None else StepTimeSeries.of_replicas(run, ready)
+    series = StepTimeSeries.of_replicas(run, ready)
+    series.pss = totals
+    return series
+
+
+def read_pss_totals(points, notes):
+    """The workers' totals of the last readable `step_time/pss_workers` sample, or None.
+
+    A sample is readable when it is a float array [4, W] (W >= 1) of finite values, none
+    negative; others are skipped with a note.
+
+    Args:
+      points: `[(step, numpy value)]` sorted by step.
+      notes: the run's notes list (appended to).
+
+    Returns:
+      A `PssWorkerTotals`, or None.
+
+    Example:
+      >>> read_pss_totals([(5, np.array([[6, 2], [0.6, 0.8], [1.2, 1.0], [5, 2]]))], []).rate
+      array([5., 2.])
+    """
+    kept, bad = None, 0
+    for step, value in points:
+        value = np.asarray(value)
+        ok = value.ndim == 2 and value.shape[0] == schema.PSS_WORKERS_ROWS and value.shape[1]
+        ok = ok and value.dtype.kind in "fiu" and bool(np.all(np.isfinite(value)))
+        if not ok or np.any(value < 0):
+            bad += 1
+            continue
+        kept = (int(step), value.astype(np.float64))
+    if bad:
+        notes.append(
+            f"{bad} worker totals sample(s) skipped: each should be {schema.PSS_WORKERS_ROWS} "
+            f"rows of finite, non-negative values per worker ({schema.TAG_PSS_WORKERS}, "
+            "docs/data-format.md)."
+        )
+    if kept is None:
+        return None
+    step, value = kept
+    return PssWorkerTotals(
+        step=step,
+        steps_run=value[schema.PSS_STEPS_RUN].astype(np.int64),
+        busy=value[schema.PSS_BUSY],
+        span=value[schema.PSS_SPAN],
+        rate=value[schema.PSS_RATE],
+    )
 
 
 def read_replica_times(run, points, inputs, notes):
@@ -168,6 +247,7 @@ def read_replica_times(run, points, inputs, notes):
     if not len(steps):
         return None
     return ReplicaTimeSeries(
+        strategy=str(getattr(inputs, "strategy", "") or ""),
         run=run,
         replicas=[int(r) for r in replicas],
         devices=[str(d) for d in devices] + [""] * (len(replicas) - len(devices)),

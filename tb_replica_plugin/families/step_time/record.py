@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from tb_replica_plugin.core import transfer as transfer_lib
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
-from tb_replica_plugin.families.step_time import schema
+from tb_replica_plugin.families.step_time import pss, schema
 
 # Timed steps kept for the window statistics (per replica: a step's start and arrival).
 RING_STEPS = 256
@@ -85,6 +85,15 @@ class Recorder(RecorderBase):
     """State and writes of the step-time family."""
 
     name = "step_time"
+    pss_totals = None  # `pss.Totals` under ParameterServerStrategy
+
+    def pss_ran(self, records):
+        """`ParameterServerStrategy`: steps the workers ran, as fetched (see `pss.ran`)."""
+        pss.ran(self, records)
+
+    def pss_steps(self, rows, step):
+        """`ParameterServerStrategy`: every worker's `step`-th step (see `pss.deliver`)."""
+        pss.deliver(self, rows, step)
 
     def create_state(self):
         width = 2 + self.probe.num_replicas
@@ -168,6 +177,9 @@ class Recorder(RecorderBase):
         )
 
     def write_window(self):
+        if self.pss_totals is not None:  # ParameterServerStrategy: the coordinator's totals
+            pss.write_window(self)
+            return
         ring = self.state.get("ring")
         if ring is None:
             return

@@ -4,14 +4,22 @@
   period minus the time it waited for the last worker) exceeds the median over workers by
   `Thresholds.straggler_factor` and by at least `Thresholds.straggler_min_seconds` (the first
   timed step, a warm-up, is left out).
+- `pss_straggler` (warning, ParameterServerStrategy): a worker's steps per second are at most
+  the other workers' median over `Thresholds.pss_straggler_factor`, it ran at least
+  `Thresholds.pss_straggler_min_steps` fewer steps than their median, and its steps take at least
+  `Thresholds.straggler_min_seconds` longer (each timed on its worker's clock), from the totals
+  the coordinator wrote (`step_time/pss_workers`).
 - `slow_replica` (warning): a replica's median ready time per step is at least
   `Thresholds.slow_replica_factor` times the median of the other replicas of its worker and at
   least `Thresholds.slow_replica_min_seconds` above it (replicas of different workers are
-  compared through `straggler`).
+  compared through `straggler`). Under ParameterServerStrategy the workers' step seconds are
+  compared, with a floor of `Thresholds.straggler_min_seconds`, once the timed windows hold
+  `Thresholds.pss_straggler_min_steps` steps.
 
 Pure Python and numpy.
 """
 
+import dataclasses
 import re
 
 import numpy as np
@@ -31,15 +39,32 @@ FINDING_KINDS = {
             "waits for it at each all-reduce."
         ),
     },
+    "pss_straggler": {
+        "severity": "warning",
+        "thresholds": ("pss_straggler_factor", "pss_straggler_min_steps", "straggler_min_seconds"),
+        "summary": (
+            "Under `ParameterServerStrategy` a worker runs far fewer steps per second than the "
+            "others; in asynchronous training its updates fall behind"
+        ),
+    },
     "slow_replica": {
         "severity": "warning",
-        "thresholds": ("slow_replica_factor", "slow_replica_min_seconds"),
+        "thresholds": (
+            "slow_replica_factor",
+            "slow_replica_min_seconds",
+            "straggler_min_seconds",
+            "pss_straggler_min_steps",
+        ),
         "summary": (
             "A replica's median ready time per step (until its local gradients reach the host) is "
             "above the other replicas' of its worker; they wait for it at each all-reduce."
         ),
     },
 }
+
+
+# A run of ParameterServerStrategy: replica r is worker r (`inputs.rules.PSS`).
+PSS = "ParameterServerStrategy"
 
 
 def _worker_text(worker):
@@ -140,6 +165,90 @@ def find_stragglers(step_time, workers, thresholds=Thresholds()):
     return findings
 
 
+def find_pss_stragglers(series, thresholds=Thresholds()):
+    """Stragglers of a `ParameterServerStrategy` run, from its workers' totals.
+
+    A worker is one when the median steps per second of the other workers is at least
+    `pss_straggler_factor` times its own, they ran (median) at least `pss_straggler_min_steps`
+    more steps, and its seconds per step (`pss_step_seconds`) exceed theirs (median) by
+    `straggler_min_seconds` or more (a worker that ran no step: by the first two alone). The
+    last two keep out a short run whose few steps went to whichever worker was free first.
+
+    Args:
+      series: a `read.StepTimeSeries` (or None); its `pss` totals are judged.
+      thresholds: the `Thresholds` to apply.
+
+    Returns:
+      A list of `Finding` of kind "pss_straggler", one per slow worker.
+
+    Example:
+      >>> [f.replicas for f in find_pss_stragglers(series)]  # 12 steps at 0.9/s, 30 at 3.1/s
+      [[1]]
+    """
+    totals = getattr(series, "pss", None)
+    if totals is None or totals.steps_run.size < 2:
+        return []
+    seconds = pss_step_seconds(series)
+    findings = []
+    for w in range(totals.steps_run.size):
+        others = [v for v in range(totals.steps_run.size) if v != w]
+        rate, base_rate = float(totals.rate[w]), float(np.median(totals.rate[others]))
+        steps, base_steps = int(totals.steps_run[w]), float(np.median(totals.steps_run[others]))
+        if base_rate < thresholds.pss_straggler_factor * rate:
+            continue
+        if base_steps - steps < thresholds.pss_straggler_min_steps:
+            continue
+        own, base = float(seconds[w]), float(np.nanmedian(seconds[others]))
+        if steps and not own - base >= thresholds.straggler_min_seconds:
+            continue
+        findings.append(
+            Finding(
+                kind="pss_straggler",
+                severity="warning",
+                run=series.run,
+                first_step=0,
+                last_step=int(totals.step),
+                count=steps,
+                replicas=[w],
+                name=None,
+                value=round(base_rate / rate, 3) if rate > 0 else float("inf"),
+                threshold=thresholds.pss_straggler_factor,
+                message=pss_straggler_message(w, steps, rate, base_steps, base_rate, own, base),
+                view="step_time",
+            )
+        )
+    return findings
+
+
+def pss_step_seconds(series):
+    """float64 [W]: each worker's seconds per step under ParameterServerStrategy: the median of
+    its written steps' windows (`ready_medians`, the first window left out when it is a single
+    step: each worker's first step sets up its function and iterator) where the run has them,
+    else its mean over every step it ran (`PssWorkerTotals.step_seconds`)."""
+    seconds = series.pss.step_seconds()
+    ready = series.ready
+    if ready is not None and len(ready.replicas) == seconds.size:
+        medians = ready_medians(ready)[0]
+        seconds = np.where(np.isfinite(medians), medians, seconds)
+    return seconds
+
+
+def pss_straggler_message(worker, steps, rate, base_steps, base_rate, own, base):
+    """The message of a `pss_straggler` finding (see `find_pss_stragglers`)."""
+    timing = (
+        f"; its steps take {own:.3f} s against {base:.3f} s (median of the others)" if steps else ""
+    )
+    return (
+        f"Worker {worker} ran {steps} step{'s' if steps != 1 else ''} at {rate:.2f} steps/s while "
+        f"the others ran {base_steps:g} at {base_rate:.2f} steps/s (median){timing}. Under "
+        "ParameterServerStrategy the workers do not wait for each other: in asynchronous "
+        "training its updates fall behind (fewer, computed from older variables: stale "
+        "gradients), and the steps it did not reach are not written as steps of the run. Look "
+        "at its input pipeline (dataset_fn: tf.data prefetch, parallel map), its host's load "
+        "and hardware, and its network to the parameter servers."
+    )
+
+
 def timed_windows(ready):
     """Which logged windows of a `read.ReplicaTimeSeries` the ready-time figures use (bool [S]).
 
@@ -225,6 +334,10 @@ def find_slow_replicas(ready, thresholds=Thresholds()):
     """
     if ready is None or not ready.steps.size:
         return []
+    if ready.strategy == PSS:
+        thresholds = _pss_slow_thresholds(ready, thresholds)
+        if thresholds is None:
+            return []
     median_ready, median_wait, _ = ready_medians(ready)
     findings = []
     for worker, positions in replica_groups(ready):
@@ -242,6 +355,18 @@ def find_slow_replicas(ready, thresholds=Thresholds()):
                 _slow_finding(ready, position, others, own, base, wait, worker, thresholds)
             )
     return findings
+
+
+def _pss_slow_thresholds(ready, thresholds):
+    """Under ParameterServerStrategy (replica r: worker r, other hosts): the thresholds of
+    `slow_replica` with a floor of `straggler_min_seconds`, or None when the timed windows hold
+    fewer than `pss_straggler_min_steps` steps (a worker's first steps set up its function and
+    its iterator: a short run is not judged)."""
+    used = timed_windows(ready)
+    if int(ready.window_steps[used, 0].sum()) < thresholds.pss_straggler_min_steps:
+        return None
+    floor = max(thresholds.slow_replica_min_seconds, thresholds.straggler_min_seconds)
+    return dataclasses.replace(thresholds, slow_replica_min_seconds=floor)
 
 
 def _candidates(median_ready, positions, thresholds):
@@ -307,7 +432,10 @@ def place_text(ready, position):
 
 def slow_message(ready, position, own, base, wait, worker, windows):
     """The message of a `slow_replica` finding: the replica, its device, its ready time against
-    the others', what the others wait for it, and what to look at."""
+    the others', what the others wait for it, and what to look at (under
+    ParameterServerStrategy: `pss_slow_message`)."""
+    if ready.strategy == PSS:
+        return pss_slow_message(ready, position, own, base, windows)
     device = device_text(ready.devices[position])
     where = place_text(ready, position)
     others = f"the other replicas of {worker}" if worker else "the other replicas"
@@ -330,9 +458,26 @@ def slow_message(ready, position, own, base, wait, worker, windows):
     return text
 
 
+def pss_slow_message(ready, position, own, base, windows):
+    """The `slow_replica` message of a ParameterServerStrategy run (replica r: worker r, its
+    times are its step seconds)."""
+    device = ready.devices[position]
+    ratio = f"{own / base:.2f}×" if base > 0 else "while the others take no time"
+    return (
+        f"Worker {ready.replicas[position]}{f' ({device})' if device else ''} is slow: its steps "
+        f"take {own:.3f} s against {base:.3f} s for the other workers (median per step over "
+        f"{windows} logged window{'s' if windows != 1 else ''}; {ratio}), each timed on its "
+        "worker's clock from the scheduled step's start to its end. Under "
+        "ParameterServerStrategy the workers do not wait for each other: it runs fewer steps, and "
+        "its updates fall behind. Look at its input pipeline (dataset_fn), its host's load and "
+        "hardware, and its network to the parameter servers."
+    )
+
+
 def find(run_data, thresholds=Thresholds()):
-    """Stragglers of a multi-worker job (`find_stragglers`) and slow replicas of any run or job
-    (`find_slow_replicas`).
+    """Stragglers of a multi-worker job (`find_stragglers`) or of a ParameterServerStrategy run
+    (`find_pss_stragglers`), and slow replicas of any run or job (`find_slow_replicas`; a
+    worker named as a `pss_straggler` is not named again as slow).
 
     Args:
       run_data: a `reader.RunData`.
@@ -348,4 +493,8 @@ def find(run_data, thresholds=Thresholds()):
     series = run_data.step_time
     workers = run_data.workers
     found = find_stragglers(series, workers, thresholds) if workers else []
-    return found + find_slow_replicas(getattr(series, "ready", None), thresholds)
+    found += find_pss_stragglers(series, thresholds)
+    named = {r for f in found if f.kind == "pss_straggler" for r in f.replicas}
+    slow = find_slow_replicas(getattr(series, "ready", None), thresholds)
+    # Under ParameterServerStrategy a pss_straggler's slow steps are said in its own finding.
+    return found + [f for f in slow if not set(f.replicas) & named]

@@ -21,13 +21,35 @@ TAG_STEP_TIME = "workers/step_time"
 #      at the all-reduce;
 #   3: the number of steps the window holds (the same for every replica).
 # Not written at steps whose ready times were not measured (a probe without a per-step vector).
+# Under ParameterServerStrategy (replica r: worker r, written by the coordinator) a worker's
+# time at a step is its step's seconds on its own clock, from the scheduled function's start to
+# its end (`write/pss.py`); the window holds the written steps (step k: every worker's k-th);
+# row 2 is 0 (no all-reduce: the workers do not wait for each other).
 TAG_REPLICA_TIME = "step_time/replicas"
+
+# ParameterServerStrategy only, written by the coordinator at `flush`/`close` (at the last
+# written step; 0 before any): float64 tensor [4, W] (W: the workers, replica r = worker r),
+# each worker's totals over every step it ran so far, also those beyond the slowest worker that
+# are never written as steps. Rows:
+#   0: the steps it ran;
+#   1: its seconds busy (the sum of its steps' seconds, each from start to end on its clock);
+#   2: the seconds from its first step's start to its last step's end (0 before two stamps);
+#   3: its steps per second (row 0 / row 2; 0 when row 2 is 0).
+TAG_PSS_WORKERS = "step_time/pss_workers"
 
 KIND_STEP_TIME = "step_time"
 KIND_REPLICA_TIME = "replica_time"
+KIND_PSS_WORKERS = "pss_workers"
 
 # Rows of TAG_REPLICA_TIME.
 READY_MEDIAN, READY_MAX, WAIT_MEDIAN, WINDOW_STEPS = range(4)
 REPLICA_TIME_ROWS = 4
+# Rows of TAG_PSS_WORKERS.
+PSS_STEPS_RUN, PSS_BUSY, PSS_SPAN, PSS_RATE = range(4)
+PSS_WORKERS_ROWS = 4
 
-TAGS = {TAG_STEP_TIME: KIND_STEP_TIME, TAG_REPLICA_TIME: KIND_REPLICA_TIME}
+TAGS = {
+    TAG_STEP_TIME: KIND_STEP_TIME,
+    TAG_REPLICA_TIME: KIND_REPLICA_TIME,
+    TAG_PSS_WORKERS: KIND_PSS_WORKERS,
+}
