@@ -423,6 +423,7 @@ def test_thresholds_have_the_status_fields():
         "stopped_without_end",
         "thread_crashed",
         "training_interrupted",
+        "worker_failed",
     }
     assert rules.FINDING_KINDS["stalled"]["thresholds"] == ("stall_seconds",)
 

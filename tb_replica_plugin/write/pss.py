@@ -23,6 +23,8 @@ import threading
 import numpy as np
 import tensorflow as tf
 
+from tb_replica_plugin.write import pss_failures
+
 STRATEGY = "ParameterServerStrategy"
 _REFUSAL = (
     "tb_replica_plugin: under ParameterServerStrategy the probe records only observe_inputs "
@@ -212,6 +214,7 @@ class ParameterServer:
         built = self.pss_build()
         if not built:
             return ScheduledValue(_Plain(coordinator.schedule(fn, args=args, kwargs=kwargs)))
+        pss_failures.watch(self, coordinator)  # the worker failures the coordinator handles
         remote = coordinator.schedule(self._pss_wrapped(fn), args=args, kwargs=kwargs)
         with state.lock:
             state.pending.append(remote)

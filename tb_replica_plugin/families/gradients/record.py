@@ -184,9 +184,13 @@ class Recorder(RecorderBase):
         self.variable("fault", [0, -1, -2, 0, 0, 0], tf.int64)
         self._last_layout = None  # (V, has_loss, scaling) of `last`
         self._document = None  # the fingerprint of the last `gradients/variables` written
-        # The plain steps' fault record on each replica's device (`write.variants`).
+        # The plain steps' fault record on each replica's device (`write.variants`). None under
+        # ParameterServerStrategy: a step's faults travel in its record (`pss.py`), and a
+        # variable on a worker, read at each flush, fails once that worker is lost or restarted.
         self.device_faults = DeviceFaults(self)
-        self.device_faults.create(self.probe.static["devices"], self.probe.step_axis.start)
+        pss = self.probe.static.get("strategy") == "ParameterServerStrategy"
+        devices = [] if pss else self.probe.static["devices"]
+        self.device_faults.create(devices, self.probe.step_axis.start)
 
     def step_set(self, step):
         if self.state:

@@ -10,7 +10,7 @@ import math
 import time
 
 from tb_replica_plugin.analysis import SEVERITY_RANK, Thresholds, replica_list_text
-from tb_replica_plugin.families.status import attribution, rules, schema, states
+from tb_replica_plugin.families.status import attribution, pss_workers, rules, schema, states
 
 ARGS = {}
 
@@ -101,6 +101,13 @@ def event_summary(event):
     if kind == schema.EVENT_EXCEPTION:
         exception = event.get("exception") or {}
         return f"thread `{event.get('thread')}` died: {states.exception_class(exception)}"
+    if kind == schema.EVENT_WORKER_FAILED:
+        what = event.get("error_class") or "an error"
+        retried = event.get("retried")
+        back = f"; {retried} scheduled step(s) put back so far" if retried is not None else ""
+        return f"worker {event.get('worker')} failed{at_step} ({what}){back}"
+    if kind == schema.EVENT_WORKER_RECOVERED:
+        return f"worker {event.get('worker')} came back{at_step}"
     thread = states.training_thread(event) or {}
     frame = attribution.user_frame(thread.get("frames") or [])
     label = states.thread_label(name=None if thread.get("main") else thread.get("name"))
@@ -167,6 +174,25 @@ def earlier_crashes(members):
     return rows
 
 
+def worker_failures(members):
+    """`[{"worker", "device", "wall_time", "step", "error_class", "error", "put_back",
+    "retried", "recovered_wall", "recovered_step", "down_s", "summary"}]`: the outages of
+    workers under `ParameterServerStrategy` (`read.StatusSeries.worker_failures`), with
+    `down_s` (seconds until the worker came back, None while it had not) and the finding's
+    text without advice (`summary`)."""
+    rows = []
+    for member in members:
+        series = member.series
+        if series is None:
+            continue
+        for outage in series.worker_failures:
+            back = outage["recovered_wall"]
+            down = None if back is None else max(0.0, back - outage["wall_time"])
+            summary = pss_workers.outage_text(outage, series.end is not None)
+            rows.append({**outage, "down_s": _number(down), "summary": summary})
+    return rows
+
+
 def status_body(run_data, now, thresholds=Thresholds()):
     """The `/status` response body of a run or job (see `http_api.md`).
 
@@ -177,7 +203,8 @@ def status_body(run_data, now, thresholds=Thresholds()):
 
     Returns:
       `{"run", "state", "age_s", "root_cause", "workers": [row, ...], "events": [...],
-      "earlier_crashes": [...]}`; state None and empty lists for a run without status data.
+      "earlier_crashes": [...], "worker_failures": [...]}`; state None and empty lists for a
+      run without status data.
 
     Example:
       >>> status_body(run_data, now)["workers"][0]["state"]
@@ -193,6 +220,7 @@ def status_body(run_data, now, thresholds=Thresholds()):
             "workers": [],
             "events": [],
             "earlier_crashes": [],
+            "worker_failures": [],
         }
     state = states.run_state(status, now, thresholds)
     members = states.members(status, now, thresholds)
@@ -205,6 +233,7 @@ def status_body(run_data, now, thresholds=Thresholds()):
             "workers": [_worker_row(member, run_data.run) for member in members],
             "events": recent_events(members),
             "earlier_crashes": earlier_crashes(members),
+            "worker_failures": worker_failures(members),
         }
     )
 
@@ -373,7 +402,9 @@ def report_text(run_data, thresholds=Thresholds(), now=None):
       in call)"]`, `["  status: finished"]`; a job whose root cause is another worker's failure
       than the headline's adds "; root cause: worker_1 stopped sending heartbeats ...", and each
       earlier segment of the run that crashed adds a line ("an earlier stretch of this process"
-      when the same process wrote it, e.g. an earlier `fit`, else "an earlier process").
+      when the same process wrote it, e.g. an earlier `fit`, else "an earlier process"); under
+      `ParameterServerStrategy` each worker failure the coordinator handled adds a line
+      ("Worker 1 (/job:worker/replica:0/task:1) failed at ...; it came back after 3 s").
 
     Example:
       >>> report_text(run_data, now=now)
@@ -405,4 +436,5 @@ def report_text(run_data, thresholds=Thresholds(), now=None):
         who = f"{crash['worker']}: " if crash["worker"] else ""
         earlier = "stretch of this process" if crash["same_process"] else "process of this run"
         lines.append(f"    an earlier {earlier}: {who}{crash['summary']}")
+    lines.extend(f"    {row['summary']}" for row in worker_failures(everyone))
     return lines

@@ -83,6 +83,37 @@ class StatusSeries:
         return [e for e in self.segment_events if e["type"] == schema.EVENT_EXCEPTION]
 
     @property
+    def worker_failures(self):
+        """The latest segment's worker failures under `ParameterServerStrategy` (the
+        coordinator's "worker_failed" events), each with the worker's next recovery.
+
+        Returns:
+          `[{"worker", "device", "wall_time", "step", "error_class", "error", "put_back"
+          (scheduled steps the coordinator put back in this outage: one per failure event),
+          "retried" (the running count then), "recovered_wall", "recovered_step" (None while
+          it had not come back)}]`, in time order; a failure event of a worker already down
+          adds to that outage.
+        """
+        outages, down = [], {}
+        for event in self.segment_events:
+            worker = event.get("worker")
+            if not _is_int(worker):
+                continue
+            if event["type"] == schema.EVENT_WORKER_FAILED:
+                outage = down.get(worker)
+                if outage is None:
+                    outage = down[worker] = _outage(event)
+                    outages.append(outage)
+                else:
+                    outage["put_back"] += 1
+                outage["retried"] = event.get("retried")
+            elif event["type"] == schema.EVENT_WORKER_RECOVERED and worker in down:
+                outage = down.pop(worker)
+                outage["recovered_wall"] = event["wall_time"]
+                outage["recovered_step"] = event.get("step")
+        return outages
+
+    @property
     def earlier_crashes(self):
         """The "end" events of earlier segments whose state is crashed (time order)."""
         return [
@@ -129,6 +160,22 @@ class JobStatus:
     run: str
     workers: list
     members: list
+
+
+def _outage(event):
+    """A `worker_failures` entry from its first "worker_failed" event."""
+    return {
+        "worker": event["worker"],
+        "device": event.get("device"),
+        "wall_time": event["wall_time"],
+        "step": event.get("step"),
+        "error_class": event.get("error_class"),
+        "error": event.get("error"),
+        "put_back": 1,
+        "retried": event.get("retried"),
+        "recovered_wall": None,
+        "recovered_step": None,
+    }
 
 
 def _last_of(events, kind):
@@ -230,10 +277,21 @@ _SCALAR_FIELDS = {
     "state": lambda value: isinstance(value, str),
 }
 
+# The fields of the coordinator's events about a worker (`schema.EVENT_WORKER_FAILED`, ...).
+_WORKER_EVENTS = (schema.EVENT_WORKER_FAILED, schema.EVENT_WORKER_RECOVERED)
+_WORKER_FIELDS = {
+    "worker": _is_int,
+    "retried": _is_int,
+    "device": lambda value: isinstance(value, str),
+    "error_class": lambda value: isinstance(value, str),
+    "error": lambda value: isinstance(value, str),
+}
+
 
 def clean_event(document):
     """An event dict whose fields have the schema's types, so that the rules read them without
-    checks: "exception" an EXCEPTION or None, "threads" thread dicts with FRAME lists,
+    checks: "exception" an EXCEPTION or None, a worker event's "worker" and "retried" ints and
+    "device", "error_class" and "error" strs (or None), "threads" thread dicts with FRAME lists,
     "replicas" ints, "findings" dicts, "step" and "pid" ints or None, "heartbeat_secs",
     "stall_secs" and "active_wall" numbers or None, "state" a str or None."""
     document = dict(document)
@@ -254,6 +312,9 @@ def clean_event(document):
     for key, valid in _SCALAR_FIELDS.items():
         if key in document and not valid(document[key]):
             document[key] = None
+    if document.get("type") in _WORKER_EVENTS:
+        for key, valid in _WORKER_FIELDS.items():
+            document[key] = document.get(key) if valid(document.get(key)) else None
     return document
 
 

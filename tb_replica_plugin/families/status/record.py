@@ -107,6 +107,9 @@ class Recorder(RecorderBase):
         self._begin_step = None  # the step the stretch began at (until a heartbeat sees another)
         # What `_on_sigint` saw while the stretch was open: `{"wall", "step", "frames"}`.
         self._sigint = None
+        # Events other threads saw (`note_event`), written at the next `write_noted`.
+        self._noted = []
+        self._noted_lock = threading.Lock()
 
     # ------------------------------------------------------------------ probe hooks
 
@@ -154,6 +157,7 @@ class Recorder(RecorderBase):
         self._plan_first_beats()
 
     def before_flush(self, now):
+        self.write_noted()
         if not self._open:
             self._resume_after_cell()
             return
@@ -170,6 +174,7 @@ class Recorder(RecorderBase):
             self.write_stacks(now, reason, step)
 
     def ended(self, run_end):
+        self.write_noted()  # before the end record
         self._resume_after_cell()  # a loop run again and ended before a heartbeat saw it
         if not self._open:
             return
@@ -195,6 +200,9 @@ class Recorder(RecorderBase):
             exception=error,
             findings=[_finding_json(f) for f in run_end.findings],
         )
+
+    def write_window(self):
+        self.write_noted()
 
     def close(self):
         LIVE.discard(self)
@@ -328,6 +336,28 @@ class Recorder(RecorderBase):
     def request_stacks(self):
         """The next heartbeat writes every thread's stack (`SIGUSR1`)."""
         self._stacks_requested = True
+
+    def note_event(self, event_type, wall, **fields):
+        """Keeps an event seen by another thread (e.g. a `ClusterCoordinator`'s worker thread:
+        `write.pss_failures`), written at the next `write_noted`. Takes no lock of the
+        probe's and runs no TensorFlow: safe from any thread, at any time.
+
+        Args:
+          event_type: one of `schema.EVENT_TYPES`.
+          wall: when it happened (seconds since the epoch): the event's "wall_time".
+          **fields: the event's other fields (JSON values).
+        """
+        with self._noted_lock:
+            self._noted.append((event_type, wall, fields))
+
+    def write_noted(self):
+        """Writes the events `note_event` kept (in the order noted; the probe's host lock is
+        taken for each). Called at each background flush, at `flush`/`close` (`write_window`),
+        before the end record, and by `write.pss_failures` at each `probe.schedule`."""
+        with self._noted_lock:
+            noted, self._noted = self._noted, []
+        for event_type, wall, fields in noted:
+            self._event(event_type, wall, **fields)
 
     # ------------------------------------------------------------------ writing
 

@@ -14,6 +14,9 @@
   exception.
 - `training_interrupted` (warning): in a job whose other workers failed, a worker that ended
   interrupted (KeyboardInterrupt: Ctrl-C, SIGINT).
+- `worker_failed` (error; warning when the worker came back): under `ParameterServerStrategy`,
+  a worker the coordinator saw fail, the steps it put back and when the worker came back
+  (`pss_workers`).
 
 In a job the earliest of the crashes, interruptions, stalls and losses across workers is the
 root cause
@@ -30,7 +33,7 @@ import time
 from typing import NamedTuple
 
 from tb_replica_plugin.analysis import Finding, Thresholds, replica_list_text, sort_findings
-from tb_replica_plugin.families.status import attribution, schema
+from tb_replica_plugin.families.status import attribution, pss_workers, schema
 from tb_replica_plugin.families.status.read import JobStatus
 from tb_replica_plugin.families.status.states import (
     RUNNING,
@@ -107,6 +110,7 @@ FINDING_KINDS = {
             "workers failed without it."
         ),
     },
+    pss_workers.KIND: pss_workers.KIND_META,
 }
 
 
@@ -561,6 +565,32 @@ def thread_findings(run, member):
     return findings
 
 
+def worker_failed_findings(run, member):
+    """`worker_failed` findings of a run under `ParameterServerStrategy`: one per outage of a
+    worker (`read.StatusSeries.worker_failures`)."""
+    series = member.series
+    if series is None:
+        return []
+    findings = []
+    for outage in series.worker_failures:
+        severity, message, value = pss_workers.finding_fields(outage, series.end is not None)
+        step = outage["step"] if isinstance(outage["step"], int) else -1
+        back = outage["recovered_step"]
+        finding = status_finding(
+            pss_workers.KIND,
+            run,
+            step,
+            message,
+            replicas=[outage["worker"]],
+            name=f"worker {outage['worker']}",
+            value=value,
+            last_step=back if isinstance(back, int) else step,
+        )
+        finding.severity = severity
+        findings.append(finding)
+    return findings
+
+
 class _Candidate(NamedTuple):
     """A failure that may be a job's root cause: when it was first observed, and by whom."""
 
@@ -594,6 +624,7 @@ def _evaluate(status, now, thresholds):
         if lost is not None:
             add(lost, last_sign_of_life(member.series, member.heartbeat), step_of(member))
         findings.extend(thread_findings(status.run, member))
+        findings.extend(worker_failed_findings(status.run, member))
     roles = stall_roles(everyone) if isinstance(status, JobStatus) else None
     if roles is not None:
         add(*job_stall(status.run, everyone, roles, thresholds), roles.step)

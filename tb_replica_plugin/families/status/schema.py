@@ -52,6 +52,14 @@ HEARTBEAT_FIELDS = 8
 # - "stacks": {"wall_time", "reason" ("stall" or "signal"), "step", "active_wall" (HB_ACTIVE_WALL
 #   then), "threads": [{"name", "ident", "main", "training" (absent in older runs: the main
 #   one), "daemon", "frames": [FRAME, ...] (outermost first)}]}: every thread's Python stack.
+# - "worker_failed": {"wall_time", "worker" (the worker's index), "device" (its device, e.g.
+#   "/job:worker/replica:0/task:1"), "error_class", "error" (the first line of its message, at most
+#   MESSAGE_CHARS characters), "retried" (closures the coordinator put back after this worker's
+#   failures so far, this one's included), "step" (the next step the coordinator writes then)}:
+#   under `ParameterServerStrategy`, the `ClusterCoordinator` saw a worker fail and put the
+#   scheduled step it ran back in its queue (another worker runs it); written by the coordinator.
+# - "worker_recovered": {"wall_time", "worker", "device", "step"}: that worker came back (the
+#   coordinator reconnected to it).
 # EXCEPTION: {"class", "module" (both null when the type is unknown: a Keras `fit` stopped between
 #   two steps by an exception the script caught), "message" (at most MESSAGE_CHARS characters),
 #   "frames": [FRAME, ...] (the traceback, outermost first), "defined_at": [FRAME, ...]
@@ -65,7 +73,16 @@ EVENT_START = "start"
 EVENT_END = "end"
 EVENT_EXCEPTION = "exception"
 EVENT_STACKS = "stacks"
-EVENT_TYPES = (EVENT_START, EVENT_END, EVENT_EXCEPTION, EVENT_STACKS)
+EVENT_WORKER_FAILED = "worker_failed"
+EVENT_WORKER_RECOVERED = "worker_recovered"
+EVENT_TYPES = (
+    EVENT_START,
+    EVENT_END,
+    EVENT_EXCEPTION,
+    EVENT_STACKS,
+    EVENT_WORKER_FAILED,
+    EVENT_WORKER_RECOVERED,
+)
 
 END_FINISHED = "finished"
 END_CRASHED = "crashed"
