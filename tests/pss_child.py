@@ -252,6 +252,55 @@ def slow_worker(ctx, logdir):
     return {"results": len(fetched)}
 
 
+def rows_dataset_fn(shard):
+    """Batches of 4 rows `[i, i, i]` of `range(10_000)`: every worker's the same (no `shard`),
+    or worker w's every other row from w (`shard`)."""
+
+    def dataset_fn(input_context):
+        del input_context
+        rows = tf.data.Dataset.range(10_000)
+        if shard:
+            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+            rows = rows.shard(2, tf.cast(worker, tf.int64))
+        return rows.map(lambda i: tf.fill([3], tf.cast(i, tf.float32))).batch(4).repeat()
+
+    return dataset_fn
+
+
+def _examples_loop(ctx, logdir, shard, examples_every):
+    strategy, coordinator = ctx["strategy"], ctx["coordinator"]
+    iterator = per_worker_iterator(strategy, coordinator, rows_dataset_fn(shard))
+    probe = tb_replica_plugin.ReplicaProbe(
+        logdir, strategy, update_freq=1, examples_every=examples_every
+    )
+
+    @tf.function
+    def step(iterator):
+        def replica_fn(x):
+            probe.observe_inputs({"x": x})
+            probe.observe_examples({"x": x})
+            return tf.reduce_sum(x)
+
+        return strategy.run(replica_fn, args=(next(iterator),))
+
+    results = [probe.schedule(step, args=(iterator,)) for _ in range(STEPS)]
+    coordinator.join()
+    sums = [float(r.fetch()) for r in results]
+    probe.close()
+    return {"results": len(sums)}
+
+
+def unsharded_examples(ctx, logdir):
+    """Every worker iterates the same pipeline: its k-th batch is every other worker's k-th
+    (batches sampled by content, one in 2)."""
+    return _examples_loop(ctx, logdir, shard=False, examples_every=2)
+
+
+def sharded_examples(ctx, logdir):
+    """The twin sharded by worker (every batch compared)."""
+    return _examples_loop(ctx, logdir, shard=True, examples_every=1)
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
@@ -262,6 +311,8 @@ SCENARIOS = {
         nan_gradients,
         fit_tf_keras,
         slow_worker,
+        unsharded_examples,
+        sharded_examples,
     )
 }
 

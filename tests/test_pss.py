@@ -240,3 +240,39 @@ def test_slow_worker_runs_fewer_steps_and_is_named_a_straggler(cluster_runs):
     assert "asynchronous training its updates fall behind" in finding.message
     text = report.to_text()
     assert "worker 1: ran" in text and "<- pss_straggler" in text
+
+
+def test_unsharded_pipelines_give_duplicate_examples_naming_the_workers(cluster_runs):
+    """Every worker iterates the same pipeline; batches sampled by their content (one in 2), so
+    the workers' identical k-th batches are sampled alike and compared."""
+    run_dir, outcome = _scenario(cluster_runs, "unsharded_examples")
+    assert outcome["warnings"] == [] and outcome["facts"] == {"results": 12}
+    report = tb_replica_plugin.load(run_dir)
+    (run,) = report.runs
+    data = report.runs[run].data
+    written = report.runs[run].inputs.steps.tolist()
+    steps = data.steps.tolist()
+    assert steps and set(steps) <= set(written) and len(steps) < len(written)  # sampled ones
+    assert data.steps_shared.shape == (len(steps), 2, 2)
+    assert data.batch_size.tolist() == [[4, 4]] * len(steps)
+    assert data.window_shared[:, 0, 1].tolist() == [4] * len(steps)  # every example, each step
+    (finding,) = report.findings[run]
+    assert finding.kind == "duplicate_examples" and finding.replicas == [0, 1]
+    assert finding.message.startswith(
+        "Workers 0 and 1 were fed the same examples at the same step (at every sampled step; "
+        "100% of their examples are also on another worker): under ParameterServerStrategy"
+    )
+    assert "experimental_get_current_worker_index()" in finding.message
+
+
+def test_pipelines_sharded_by_worker_share_no_example(cluster_runs):
+    run_dir, outcome = _scenario(cluster_runs, "sharded_examples")
+    assert outcome["warnings"] == []
+    report = tb_replica_plugin.load(run_dir)
+    (run,) = report.runs
+    data = report.runs[run].data
+    steps = data.steps.tolist()
+    assert steps == report.runs[run].inputs.steps.tolist()  # examples_every=1: every step
+    assert data.window_shared[:, 0, 1].tolist() == [0] * len(steps)
+    assert data.window_shared[:, 0, 0].tolist() == [4] * len(steps)
+    assert report.findings[run] == []

@@ -3,7 +3,8 @@
 Its RunData attribute and route are `data`.
 
 Submodules: `schema` (tags, tensor layouts), `read`, `rules`, `present`; `record` is the write side
-(TensorFlow), loaded lazily by the probe only. Importing this package imports no TensorFlow.
+(TensorFlow; with `fingerprints` and `pss`, its `ParameterServerStrategy` path), loaded lazily by
+the probe only. Importing this package imports no TensorFlow.
 """
 
 from tb_replica_plugin.core.family import Family, Presenter, Rules

@@ -25,64 +25,12 @@ from tb_replica_plugin.core.joined import leading_dims, segment_ids
 from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.core.recorder import Recorder as RecorderBase
 from tb_replica_plugin.core.recorder import run_if
-from tb_replica_plugin.families.examples import schema
-
-SKETCH_SIZE = 16
-
-
-def _byte_view(leaf):
-    """`leaf` as the bytes an example row is hashed from: `bool` cast to uint8, numbers bit-cast
-    to uint8 (one more dimension of `dtype.size`), strings and 8-bit integers as they are."""
-    if leaf.dtype == tf.bool:
-        leaf = tf.cast(leaf, tf.uint8)
-    if leaf.dtype not in (tf.string, tf.uint8, tf.int8):
-        leaf = tf.bitcast(leaf, tf.uint8)
-    return leaf
-
-
-def _leaf_digest(leaf, batch):
-    """[B, 8] uint8 farmhash64 of each example row of one leaf."""
-    leaf = _byte_view(leaf)
-    shape = tf.shape(leaf, out_type=tf.int64)
-    rows = tf.reshape(leaf, tf.stack([shape[0], tf.reduce_prod(shape[1:])]))
-    digest = tf.fingerprint(rows)
-    if batch is None:
-        return digest
-    return tf.cond(
-        tf.equal(shape[0], batch),
-        lambda: digest,
-        lambda: tf.zeros(tf.stack([batch, 8]), tf.uint8),
-    )
-
-
-def example_fingerprints(leaves):
-    """int64 [B]: one fingerprint per example of a replica's batch (see the module docstring).
-
-    Args:
-      leaves: the replica's input tensors, in name order.
-
-    Returns:
-      An int64 vector with the batch's leading dimension (empty when no leaf has rank >= 1).
-
-    Example:
-      >>> example_fingerprints([tf.constant([[1.0], [1.0], [2.0]])]).numpy()[0] == _[1]
-      True
-    """
-    tensors = []
-    for leaf in leaves:
-        if isinstance(leaf, tf.SparseTensor):
-            continue  # its dense form may be huge (e.g. [batch, vocabulary]): not fingerprinted
-        # A ragged leaf is fingerprinted padded to its longest row (a row's padding is zeros).
-        tensors.append(leaf.to_tensor() if isinstance(leaf, tf.RaggedTensor) else leaf)
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
-    tensors = [t for t in tensors if t.shape.rank is None or t.shape.rank >= 1]
-    if not tensors:
-        return tf.zeros([0], tf.int64)
-    batch = tf.shape(tensors[0], out_type=tf.int64)[0]
-    digests = [_leaf_digest(tensors[0], None)]
-    digests += [_leaf_digest(t, batch) for t in tensors[1:]]
-    combined = tf.fingerprint(tf.concat(digests, axis=1))
-    return tf.reshape(tf.bitcast(combined, tf.int64), [-1])
+from tb_replica_plugin.families.examples import pss, schema
+from tb_replica_plugin.families.examples.fingerprints import (
+    SKETCH_SIZE,
+    byte_view,
+    example_fingerprints,
+)
 
 
 def _joinable(values):
@@ -123,7 +71,7 @@ def fingerprints_across(per_leaf):
         total = tf.reduce_sum(batch_size)
         digests = []
         for index, values in enumerate(leaves):
-            joined = _byte_view(tf.concat(values, 0) if count > 1 else values[0])
+            joined = byte_view(tf.concat(values, 0) if count > 1 else values[0])
             width = max(joined.shape[1:].num_elements(), 1)
             digest = tf.fingerprint(tf.reshape(joined, [-1, width]))
             if index:
@@ -225,6 +173,7 @@ class Recorder(RecorderBase):
     """State and writes of the examples family (tags `data/*`)."""
 
     name = "examples"
+    pss_window = None  # `pss.Window` under ParameterServerStrategy
 
     def create_state(self):
         num = self.probe.num_replicas
@@ -336,7 +285,19 @@ class Recorder(RecorderBase):
             step,
         )
 
+    def pss_deliver(self, per_worker, step):
+        """`ParameterServerStrategy`: every worker's `step`-th step (see `pss.deliver`)."""
+        if self.pss_window is None:
+            self.pss_window = pss.Window(len(per_worker))
+        pss.deliver(self, per_worker, step)
+
+    def pss_fit_step(self, fit):
+        """tf_keras `fit` under `ParameterServerStrategy` with `examples=True`: each worker's
+        batch, in its step (sampled by its content, `pss.observe`)."""
+        return (self.probe.observe_examples if fit.options.examples else None), None
+
     def write_window(self):
+        pss.write_window(self)  # ParameterServerStrategy: the coordinator's window
         counters = self.state.get("counters")
         if counters is None:
             return
@@ -400,7 +361,17 @@ class Recording:
               probe.observe_examples({"x": x, "y": y})
               ...
           ```
+
+        Under `ParameterServerStrategy`, call it in a step given to `probe.schedule`: a batch is
+        sampled from its content, so workers fed the same batch are compared whatever their
+        steps (docs/parameter-server.md).
         """
+        if self.pss_capturing():  # a step given to `schedule` (ParameterServerStrategy)
+            try:
+                pss.observe(self, batch)
+            except Exception as error:  # noqa: BLE001 - must never break training
+                self.warn_failed("data", error)
+            return
         if not self.build():
             return
         recorder = self.recorder("examples")

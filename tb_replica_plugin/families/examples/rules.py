@@ -177,8 +177,26 @@ def _duplicate_head(series, share, pairs, members, count, value):
     )
 
 
+# Under ParameterServerStrategy (replica r is worker r): what to change instead.
+PSS_ADVICE = (
+    ": under ParameterServerStrategy each worker runs its own input pipeline, so each step's "
+    "update is applied once per worker with the same examples. Shard every worker's pipeline in "
+    "dataset_fn by its worker, e.g. dataset.shard(NUM_WORKERS, "
+    "tf.distribute.coordinator.experimental_get_current_worker_index()) (input_pipeline_id is "
+    "a Python 0 when the function is traced), or shuffle with a seed per worker."
+)
+
+
 def find(run_data, thresholds=Thresholds()):
     """Findings of the examples family of a `reader.RunData` (none without its series)."""
     if run_data.data is None:
         return []
-    return find_data(run_data.data, thresholds)
+    findings = find_data(run_data.data, thresholds)
+    inputs = run_data.inputs
+    if inputs is None or inputs.strategy != "ParameterServerStrategy":
+        return findings
+    for finding in findings:  # the workers' words (replica r is worker r)
+        head = finding.message[: -len(SHARDING_ADVICE)]
+        head = "Workers" + head[len("Replicas") :].replace("another replica", "another worker")
+        finding.message = head + PSS_ADVICE
+    return findings
