@@ -85,6 +85,20 @@ def uneven_dataset_fn(input_context):
     return features.batch(batch).repeat()
 
 
+def uneven_xy_fn(input_context):
+    """`(x, y)` batches for `fit`: worker 0's pipeline batches 8 rows of 3 floats (`i % 5`),
+    worker 1's 2; y = 1."""
+    import tensorflow as tf
+
+    del input_context
+    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+    batch = tf.where(tf.equal(worker, 0), tf.constant(8, tf.int64), tf.constant(2, tf.int64))
+    rows = tf.data.Dataset.range(10_000).map(
+        lambda i: (tf.fill([3], tf.cast(i % 5, tf.float32)), tf.ones([1]))
+    )
+    return rows.batch(batch).repeat()
+
+
 def per_worker_iterator(strategy, coordinator, dataset_fn):
     """An iterator over `dataset_fn`'s per-worker datasets (`create_per_worker_dataset`)."""
     dataset = coordinator.create_per_worker_dataset(

@@ -19,23 +19,36 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 import tb_replica_plugin  # noqa: E402
-from demo.pss import cluster, per_worker_iterator, sum_step, uneven_dataset_fn  # noqa: E402
+from demo.pss import (  # noqa: E402
+    cluster,
+    per_worker_iterator,
+    sum_step,
+    uneven_dataset_fn,
+    uneven_xy_fn,
+)
 
 STEPS = 12
 
 
-def uneven_inputs(ctx, logdir):
-    """Worker 0 fed batches of 8, worker 1 of 2; steps scheduled through `probe.schedule`."""
+def summed_loop(ctx, logdir, dataset_fn, steps=STEPS):
+    """`steps` steps of `sum_step` over `dataset_fn`'s per-worker batches, scheduled through
+    `probe.schedule` (`update_freq=1`), joined, fetched and the probe closed: the results."""
     strategy, coordinator = ctx["strategy"], ctx["coordinator"]
     with strategy.scope():
         weights = tf.Variable(tf.ones([3]))
-    iterator = per_worker_iterator(strategy, coordinator, uneven_dataset_fn)
+    iterator = per_worker_iterator(strategy, coordinator, dataset_fn)
     probe = tb_replica_plugin.ReplicaProbe(logdir, strategy, update_freq=1)
     step = sum_step(strategy, weights, probe)
-    results = [probe.schedule(step, args=(iterator,)) for _ in range(STEPS)]
+    results = [probe.schedule(step, args=(iterator,)) for _ in range(steps)]
     coordinator.join()
     fetched = [float(r.fetch()) for r in results]
     probe.close()
+    return fetched
+
+
+def uneven_inputs(ctx, logdir):
+    """Worker 0 fed batches of 8, worker 1 of 2; steps scheduled through `probe.schedule`."""
+    fetched = summed_loop(ctx, logdir, uneven_dataset_fn)
     return {"results": len(fetched), "finite": all(v == v for v in fetched)}
 
 
@@ -176,17 +189,6 @@ def nan_gradients(ctx, logdir):
     return {"losses": len(losses), "nan_losses": sum(v != v for v in losses)}
 
 
-def xy_uneven_fn(input_context):
-    """`(x, y)` batches: worker 0's pipeline batches 8 rows of 3 floats, worker 1's 2; y = 1."""
-    del input_context
-    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-    batch = tf.where(tf.equal(worker, 0), tf.constant(8, tf.int64), tf.constant(2, tf.int64))
-    rows = tf.data.Dataset.range(10_000).map(
-        lambda i: (tf.fill([3], tf.cast(i % 5, tf.float32)), tf.ones([1]))
-    )
-    return rows.batch(batch).repeat()
-
-
 def fit_tf_keras(ctx, logdir):
     """tf_keras `fit` with a `DatasetCreator` (batches of 8 on worker 0, 2 on worker 1),
     `steps_per_execution=2`, 2 epochs of 6 steps, then a second fit of 1 epoch."""
@@ -196,7 +198,7 @@ def fit_tf_keras(ctx, logdir):
     with strategy.scope():
         model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(3,), name="head")])
         model.compile(tf_keras.optimizers.legacy.SGD(0.01), loss="mse", steps_per_execution=2)
-    data = tf_keras.utils.experimental.DatasetCreator(xy_uneven_fn)
+    data = tf_keras.utils.experimental.DatasetCreator(uneven_xy_fn)
     callback = tb_replica_plugin.ReplicaCallback(logdir, update_freq=1)
     first = model.fit(data, epochs=2, steps_per_epoch=6, callbacks=[callback], verbose=0)
     second = model.fit(data, epochs=1, steps_per_epoch=4, callbacks=[callback], verbose=0)
@@ -239,17 +241,7 @@ def slow_dataset_fn(input_context):
 def slow_worker(ctx, logdir):
     """`SLOW_STEPS` steps scheduled on 2 workers, worker 1 slowed by its input pipeline: it runs
     fewer of them (the coordinator gives each step to a free worker)."""
-    strategy, coordinator = ctx["strategy"], ctx["coordinator"]
-    with strategy.scope():
-        weights = tf.Variable(tf.ones([3]))
-    iterator = per_worker_iterator(strategy, coordinator, slow_dataset_fn)
-    probe = tb_replica_plugin.ReplicaProbe(logdir, strategy, update_freq=1)
-    step = sum_step(strategy, weights, probe)
-    results = [probe.schedule(step, args=(iterator,)) for _ in range(SLOW_STEPS)]
-    coordinator.join()
-    fetched = [float(r.fetch()) for r in results]
-    probe.close()
-    return {"results": len(fetched)}
+    return {"results": len(summed_loop(ctx, logdir, slow_dataset_fn, SLOW_STEPS))}
 
 
 def rows_dataset_fn(shard):

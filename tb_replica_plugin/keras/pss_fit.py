@@ -3,14 +3,13 @@
 tf_keras `fit` (with a `DatasetCreator`) schedules its train function on the workers through the
 `ClusterCoordinator` and hands callbacks `RemoteValue`s. `ReplicaCallback` instruments the model's
 `train_step` as under any strategy, but only with the families that record under this strategy
-(`Recorder.pss_fit_step`: inputs and gradients, captured into the step's record), and gives `fit`
-its own train function: `steps_per_execution` steps of tf_keras's own step (`train_step`, the
-train counter, the outputs reduced as tf_keras reduces them), each recorded
-(`ReplicaProbe.pss_execution`), scheduled as tf_keras schedules its own. What `fit` gets back is a
-`RemoteValue` of the logs alone (`FitLogs`); the records go to the probe (`pss_submit`), which
-writes them on the coordinator as it writes `probe.schedule`'s steps. Where each variable lives is
-handed on at epoch ends (`Recorder.pss_fit_epoch_end`). Keras 3's `fit` does not support this
-strategy.
+(`Recorder.pss_fit_step`: captured into the step's record), and gives `fit` its own train
+function: `steps_per_execution` steps of tf_keras's own step (`train_step`, the train counter,
+the outputs reduced as tf_keras reduces them), each recorded (`ReplicaProbe.pss_execution`),
+scheduled as tf_keras schedules its own. What `fit` gets back is a `RemoteValue` of the logs
+alone (`write.pss.ScheduledValue`); the records go to the probe (`pss_submit`), which writes them
+on the coordinator as it writes `probe.schedule`'s steps. Where each variable lives is handed on
+at epoch ends (`Recorder.pss_fit_epoch_end`). Keras 3's `fit` does not support this strategy.
 """
 
 import contextlib
@@ -19,6 +18,7 @@ import tensorflow as tf
 
 from tb_replica_plugin.core import nest
 from tb_replica_plugin.keras import compat
+from tb_replica_plugin.write.pss import ScheduledValue
 
 # Set on the model by an instrumented fit under this strategy: the next step its next fit's
 # probe writes (a new callback's probe continues the steps).
@@ -34,22 +34,6 @@ def applies(model):
         and type(strategy).__name__.startswith("ParameterServerStrategy")
         and compat.flavour_of(model) == compat.TF_KERAS
     )
-
-
-class FitLogs(tf.distribute.experimental.coordinator.RemoteValue):
-    """The `RemoteValue` `fit` gets from the train function: the logs of a scheduled execution
-    whose `RemoteValue` also holds the steps' records."""
-
-    def __init__(self, remote):
-        self._remote = remote
-
-    def fetch(self):
-        """The logs as numpy values (blocks until the execution ran)."""
-        return self._remote.fetch()[0]
-
-    def get(self):
-        """The logs as tensors (blocks until the execution ran)."""
-        return self._remote.get()[0]
 
 
 def one_step(model):
@@ -104,7 +88,8 @@ def instrumented_step(callback, original, befores):
 
 def train_function(callback, model, key):
     """The train function `fit` calls with the per-worker iterator: schedules one instrumented
-    execution (kept on the callback and reused while `key` holds) and returns its `FitLogs`.
+    execution (kept on the callback and reused while `key` holds) and returns a `RemoteValue` of
+    its logs (`ScheduledValue`).
 
     Args:
       callback: the `ReplicaCallback` (its probe; `_traced` keeps the traced execution).
@@ -123,7 +108,7 @@ def train_function(callback, model, key):
     def scheduled(iterator):
         remote = coordinator.schedule(execution, args=(iterator,))
         probe.pss_submit(remote)
-        return FitLogs(remote)
+        return ScheduledValue(remote)
 
     return scheduled
 

@@ -39,8 +39,9 @@ def is_parameter_server(strategy):
     return type(strategy).__name__.startswith(STRATEGY)
 
 
-class ScheduledValue:
-    """What `ReplicaProbe.schedule` returns: the scheduled function's own result.
+class ScheduledValue(tf.distribute.experimental.coordinator.RemoteValue):
+    """What `ReplicaProbe.schedule` returns: a `RemoteValue` of the scheduled function's own
+    result.
 
     Wraps the `RemoteValue` of the probe's closure (which also carries the step's record).
     """
@@ -307,6 +308,9 @@ class ParameterServer:
         state = self._pss()
         with state.lock:
             state.pending.append(remote)
+        coordinator = getattr(self.strategy, "_cluster_coordinator", None)
+        if coordinator is not None:
+            pss_failures.watch(self, coordinator)  # the worker failures the coordinator handles
         self.pss_harvest(block=False)
 
     def pss_harvest(self, block):
