@@ -25,6 +25,28 @@ def replica_context_of(strategy):
     return context
 
 
+def worker_local(strategy, value):
+    """Under `ParameterServerStrategy`, in a step on a worker: the worker's one local value of
+    `value` (a `PerReplica` of one replica, or `value` itself).
+
+    Args:
+      strategy: the probe's strategy.
+      value: a tensor, composite tensor or `tf.distribute.DistributedValues`.
+
+    Raises:
+      ValueError: if the worker has more than one replica (not supported).
+    """
+    if isinstance(value, tf.distribute.DistributedValues):
+        values = strategy.experimental_local_results(value)
+        if len(values) != 1:
+            raise ValueError(
+                f"got {len(values)} replicas on one worker; under ParameterServerStrategy the "
+                "probe records workers of one replica each"
+            )
+        value = values[0]
+    return value
+
+
 def local_devices(strategy):
     """Device names of this worker's replicas, in replica order (under
     `ParameterServerStrategy`, each worker's: a worker is a replica of the run)."""

@@ -17,6 +17,7 @@ every worker's k-th batch was sampled, and written in the family's tags and layo
 import numpy as np
 import tensorflow as tf
 
+from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.families.examples import schema
 from tb_replica_plugin.families.examples.fingerprints import (
@@ -34,7 +35,8 @@ def observe(probe, batch):
       probe: the `ReplicaProbe` (capturing a scheduled step).
       batch: the (nested) structure of this worker's input tensors.
     """
-    leaves = [_local(probe, leaf) for _, leaf in flatten_with_names(batch)]
+    local = distribute.worker_local
+    leaves = [local(probe.strategy, leaf) for _, leaf in flatten_with_names(batch)]
     leaves = [leaf for leaf in leaves if not isinstance(leaf, tf.SparseTensor)]
     dense = [leaf for leaf in leaves if not isinstance(leaf, tf.RaggedTensor)]
     dense = [tf.convert_to_tensor(leaf) for leaf in dense]
@@ -62,13 +64,6 @@ def _sampled(first, every):
         return tf.equal(tf.math.floormod(tf.reshape(digest, []), every), 0)
 
     return tf.cond(rows > 0, by_hash, lambda: tf.constant(False))
-
-
-def _local(probe, leaf):
-    """The worker's one local value (a `PerReplica` of one replica, or a tensor)."""
-    if isinstance(leaf, tf.distribute.DistributedValues):
-        (leaf,) = probe.strategy.experimental_local_results(leaf)
-    return leaf
 
 
 class Window:

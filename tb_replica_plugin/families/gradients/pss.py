@@ -10,11 +10,13 @@ once per variable list, `gradients/nonfinite` at every step where a worker's cou
 zero, `gradients/norms` at logged steps and of the last step at each window write.
 """
 
+import functools
 import json
 
 import numpy as np
 import tensorflow as tf
 
+from tb_replica_plugin.core import distribute
 from tb_replica_plugin.families.gradients import schema
 
 
@@ -37,7 +39,8 @@ def observe(probe, grads, variables, loss, scale, names_of, shape_of, loss_scale
 
 
 def _observe(probe, grads, variables, loss, scale, names_of, shape_of, loss_scale):
-    pairs = [(_local(probe, g), v) for g, v in zip(grads, variables, strict=True) if g is not None]
+    local = functools.partial(distribute.worker_local, probe.strategy)
+    pairs = [(local(g), v) for g, v in zip(grads, variables, strict=True) if g is not None]
     if not pairs:
         probe.warn_once("no_gradients", "tb_replica_plugin: observe_gradients got no gradients.")
         return
@@ -47,7 +50,7 @@ def _observe(probe, grads, variables, loss, scale, names_of, shape_of, loss_scal
     sq = tf.stack([tf.cast(2.0 * tf.nn.l2_loss(v), tf.float64) for v in values]) / scale**2
     has_loss = loss is not None
     if has_loss:
-        loss = tf.reshape(tf.cast(_local(probe, loss), tf.float64), [1]) / loss_scale
+        loss = tf.reshape(tf.cast(local(loss), tf.float64), [1]) / loss_scale
     else:
         loss = tf.constant([np.nan], tf.float64)
     finite = tf.reduce_all(tf.math.is_finite(sq))
@@ -71,19 +74,6 @@ def _observe(probe, grads, variables, loss, scale, names_of, shape_of, loss_scal
         "faults": faults,
     }
     probe.pss_capture("gradients", meta, tensors)
-
-
-def _local(probe, value):
-    """The worker's one local value (a `PerReplica` of one replica, or a tensor)."""
-    if isinstance(value, tf.distribute.DistributedValues):
-        values = probe.strategy.experimental_local_results(value)
-        if len(values) != 1:
-            raise ValueError(
-                f"got {len(values)} replicas on one worker; under ParameterServerStrategy the "
-                "probe records workers of one replica each"
-            )
-        value = values[0]
-    return value
 
 
 def deliver(recorder, per_worker, step):

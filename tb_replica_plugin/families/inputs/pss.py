@@ -12,6 +12,7 @@ import json
 import numpy as np
 import tensorflow as tf
 
+from tb_replica_plugin.core import distribute
 from tb_replica_plugin.core.nest import flatten_with_names
 from tb_replica_plugin.families.inputs import schema, shapes
 
@@ -39,16 +40,8 @@ def observe(probe, batch):
 
 
 def _local(probe, leaf):
-    """The worker's one local value of `leaf` (a `PerReplica` of one replica, or a tensor)."""
-    if isinstance(leaf, tf.distribute.DistributedValues):
-        values = probe.strategy.experimental_local_results(leaf)
-        if len(values) != 1:
-            raise ValueError(
-                f"got {len(values)} replicas on one worker; under ParameterServerStrategy the "
-                "probe records workers of one replica each"
-            )
-        leaf = values[0]
-    return shapes.as_leaf(leaf)
+    """The worker's one local value of `leaf`, as a shapes leaf."""
+    return shapes.as_leaf(distribute.worker_local(probe.strategy, leaf))
 
 
 class Window:
