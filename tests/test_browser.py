@@ -747,6 +747,11 @@ def test_parameter_server_run_names_workers_and_its_servers(browser, tmp_path):
         assert heads == ["Steps each worker ran", "Step time per worker"]
         first = page.inner_text('[data-view="step_time"] [data-part="replicas"] tbody th')
         assert first == "worker 0"
+        columns = page.eval_on_selector_all(
+            '[data-view="step_time"] [data-part="replicas"] thead th',
+            "els => els.map(e => e.textContent)",
+        )
+        assert columns[:4] == ["worker", "device", "step (median)", "step (max)"]
         heads = page.eval_on_selector_all(
             '[data-view="shapes"] th', "els => els.map(e => e.textContent)"
         )

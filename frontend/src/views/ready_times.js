@@ -34,11 +34,23 @@ export function tableRows(ready, slow) {
   return positions.filter((p) => kept.has(p));
 }
 
+/** "Worker 1 is slow: ..." under ParameterServerStrategy: its step seconds against the others'. */
+function slowWorkerText(ready, p) {
+  const others = ready.replicas.map((_, q) => q).filter((q) => q !== p);
+  const base = median(others.map((q) => ready.median_ready[q]));
+  const place = shortDevice(ready.devices[p]);
+  return `Worker ${ready.replicas[p]}${place ? ` (${place})` : ''} is slow: its steps take ${msText(ready.median_ready[p])} against ${msText(base)} for the other workers.`;
+}
+
 /** "Replica 1 is slow: ..." for each slow replica, against the other replicas of its worker. */
 function slowText(ready, slow) {
   const lines = [];
   ready.replicas.forEach((id, p) => {
     if (!slow.has(id)) return;
+    if (replicaNoun() === 'worker') {
+      lines.push(slowWorkerText(ready, p));
+      return;
+    }
     const worker = ready.workers[p] ?? null;
     const others = ready.replicas.map((_, q) => q).filter((q) => q !== p && (ready.workers[q] ?? null) === worker);
     const base = median(others.map((q) => ready.median_ready[q]));
@@ -63,10 +75,12 @@ function readyTable(ready, slow, workerOf) {
       h('td', { class: 'num' }, msText(ready.median_ready[p])),
       h('td', { class: 'num' }, msText(ready.max_ready[p])),
       h('td', { class: 'num' }, msText(ready.median_wait[p])),
-      h('td', {}, isSlow ? 'slow replica' : ''),
+      h('td', {}, isSlow ? `slow ${replicaNoun()}` : ''),
     ]);
   });
-  const head = [replicaNoun(), 'device', 'ready (median)', 'ready (max)', 'waits for the slowest (median)', ''];
+  const head = replicaNoun() === 'worker'
+    ? ['worker', 'device', 'step (median)', 'step (max)', 'waits (none: asynchronous)', '']
+    : [replicaNoun(), 'device', 'ready (median)', 'ready (max)', 'waits for the slowest (median)', ''];
   return h('div', { class: 'table-scroll' }, h('table', { class: 'ready-times' }, [
     h('thead', {}, h('tr', {}, head.map((t) => h('th', {}, t)))),
     h('tbody', {}, rows),
