@@ -14,7 +14,13 @@ import traceback
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The checkout, for `demo.pss` (and the package, unless the installed copy is under test: the
+# version window's `TB_REPLICA_INSTALLED_COPY`).
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.environ.get("TB_REPLICA_INSTALLED_COPY") == "1":
+    sys.path.append(_REPO)
+else:
+    sys.path.insert(0, _REPO)
 
 import tensorflow as tf  # noqa: E402
 

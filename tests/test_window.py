@@ -7,7 +7,9 @@ dependencies), where `TB_REPLICA_WINDOW_EXPECT` names the versions that venv mus
 
 What it runs: `fit` and a custom loop with every family the write side records on one worker,
 under Keras 3 and tf_keras (`tests/window_child.py`, one process per flavour), read back by
-`load`, by `tb-replica report` and by a real `tensorboard` with each loader.
+`load`, by `tb-replica report` and by a real `tensorboard` with each loader; and, on an
+in-process `ParameterServerStrategy` cluster (`tests/pss_child.py`), tf_keras `fit` and a custom
+loop through `probe.schedule` (TensorFlow's and tf_keras's private names they rely on).
 """
 
 import json
@@ -205,3 +207,25 @@ def test_tensorboard_serves_every_run(window_logs, load_fast):
             assert json.loads(inputs)["batch_size"] == batches
     finally:
         server.stop()
+
+
+def test_parameter_server_fit_and_custom_loop(tmp_path):
+    """tf_keras `fit` and `probe.schedule` on a 2-worker, 2-ps cluster (a child process): each
+    worker recorded, worker 1's batches of 2 named."""
+    done = subprocess.run(
+        [sys.executable, os.path.join(REPO, "tests", "pss_child.py"), str(tmp_path),
+         str(tmp_path / "results.json"), "fit_tf_keras", "uneven_inputs"],
+        cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    for name in ("fit_tf_keras", "uneven_inputs"):
+        assert "error" not in results[name], results[name]["error"]
+        assert results[name]["warnings"] == [], results[name]["warnings"]
+        report = tb_replica_plugin.load(str(tmp_path / name))
+        ((run, data),) = report.runs.items()
+        assert data.inputs.strategy == "ParameterServerStrategy"
+        steps = data.inputs.steps.tolist()
+        assert steps and data.inputs.batch_size.tolist() == [[8, 2]] * len(steps)
+        assert [(f.kind, f.replicas) for f in report.findings[run]] == [("uneven_batch", [1])]
+    assert results["fit_tf_keras"]["facts"]["iterations"] == 16
