@@ -10,6 +10,12 @@ worker 0, 2 on worker 1). Variants:
 - `probe_schedule`: the same step observing its inputs (`probe.observe_inputs`), scheduled by
   `probe.schedule` (`ReplicaProbe(update_freq=100)`, the default).
 
+TensorFlow copies a scheduled function's outputs to the coordinator only while its `RemoteValue`
+is held. The probe holds each step's until it read the record, so its variant pays that copy (the
+step's result and the record); a loop that drops its results does not. `--path loop_kept`
+(recorded as `kept`) times `coordinator_schedule_kept`, the baseline keeping every step's
+`RemoteValue` (as a loop that reads its losses does), against `probe_schedule`.
+
 `--path fit` (recorded as `fit`): tf_keras `fit` of a `Dense(64)`-`Dense(1)` model on
 `demo.pss.uneven_xy_fn` (a `DatasetCreator`; `steps_per_execution=1`, the dearest per step):
 
@@ -50,8 +56,9 @@ CHILD_MARK = "PSS_OVERHEAD "
 VARIANTS = {
     "loop": ("coordinator_schedule", "probe_schedule"),
     "fit": ("fit", "fit_replica_callback"),
+    "loop_kept": ("coordinator_schedule_kept", "probe_schedule"),
 }
-RECORD_KEYS = {"loop": "default", "fit": "fit"}
+RECORD_KEYS = {"loop": "default", "fit": "fit", "loop_kept": "kept"}
 
 
 def _child(args):
@@ -84,9 +91,12 @@ def _time_loop(args, strategy, coordinator):
     for _ in range(args.warmup):
         schedule(step, args=(iterator,))
     coordinator.join()
+    kept = []  # `coordinator_schedule_kept`: the loop keeps every step's RemoteValue
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(args.steps):
-        schedule(step, args=(iterator,))
+        result = schedule(step, args=(iterator,))
+        if args.variant == "coordinator_schedule_kept":
+            kept.append(result)
     coordinator.join()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     if probe is not None:
