@@ -250,13 +250,13 @@ def slow_worker(ctx, logdir):
     return {"results": len(summed_loop(ctx, logdir, slow_dataset_fn, SLOW_STEPS))}
 
 
-def rows_dataset_fn(shard):
-    """Batches of 4 rows `[i, i, i]` of `range(10_000)`: every worker's the same (no `shard`),
-    or worker w's every other row from w (`shard`)."""
+def rows_dataset_fn(shard, offset=0):
+    """Batches of 4 rows `[i, i, i]` of `range(offset, offset + 10_000)`: every worker's the
+    same (no `shard`), or worker w's every other row from w (`shard`)."""
 
     def dataset_fn(input_context):
         del input_context
-        rows = tf.data.Dataset.range(10_000)
+        rows = tf.data.Dataset.range(offset, offset + 10_000)
         if shard:
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
             rows = rows.shard(2, tf.cast(worker, tf.int64))
@@ -265,9 +265,19 @@ def rows_dataset_fn(shard):
     return dataset_fn
 
 
-def _examples_loop(ctx, logdir, shard, examples_every):
+def sampled_by_content(row, every):
+    """Whether `observe_examples` samples a batch whose first example is `row` (floats), as
+    families/examples/pss.py decides on the worker."""
+    from tb_replica_plugin.families.examples.fingerprints import byte_view
+
+    first = tf.constant([row], tf.float32)
+    digest = tf.bitcast(tf.fingerprint(tf.reshape(byte_view(first), [1, -1])), tf.int64)
+    return int(digest.numpy().reshape(-1)[0]) % every == 0
+
+
+def _examples_loop(ctx, logdir, shard, examples_every, offset=0):
     strategy, coordinator = ctx["strategy"], ctx["coordinator"]
-    iterator = per_worker_iterator(strategy, coordinator, rows_dataset_fn(shard))
+    iterator = per_worker_iterator(strategy, coordinator, rows_dataset_fn(shard, offset))
     probe = tb_replica_plugin.ReplicaProbe(
         logdir, strategy, update_freq=1, examples_every=examples_every
     )
@@ -290,8 +300,14 @@ def _examples_loop(ctx, logdir, shard, examples_every):
 
 def unsharded_examples(ctx, logdir):
     """Every worker iterates the same pipeline: its k-th batch is every other worker's k-th
-    (batches sampled by content, one in 2)."""
-    return _examples_loop(ctx, logdir, shard=False, examples_every=2)
+    (batches sampled by content, one in 2). The rows start where the first batch is sampled;
+    the facts list the steps whose batch is sampled."""
+    every = 2
+    offset = next(o for o in range(64) if sampled_by_content([o] * 3, every))
+    facts = _examples_loop(ctx, logdir, shard=False, examples_every=every, offset=offset)
+    first_rows = [offset + 4 * k for k in range(STEPS)]
+    facts["sampled"] = [k for k, r in enumerate(first_rows) if sampled_by_content([r] * 3, every)]
+    return facts
 
 
 def sharded_examples(ctx, logdir):
