@@ -199,6 +199,73 @@ def test_toy_family_merged_over_a_job_judged_and_presented(toy_registered):
     assert body["replicas"] == [0, 1, 4, 5] and body["counts"][1] == [2, 2, 1, 1]
 
 
+def _run_toy_job(logdir, timeout=240):
+    """Runs tests/toy_job_child.py as a real 2-worker job on localhost (`TF_CONFIG`), bounded by
+    `timeout` s; every worker started here is stopped by its pid whatever happens."""
+    import subprocess
+    import sys
+    import time
+
+    from demo import multiworker
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    ports = multiworker.free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    processes = []
+    try:
+        for index in range(2):
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+            env["TF_CONFIG"] = json.dumps(
+                {"cluster": cluster, "task": {"type": "worker", "index": index}}
+            )
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (multiworker.REPO, env.get("PYTHONPATH")) if p
+            )
+            command = [sys.executable, os.path.join(here, "toy_job_child.py"), logdir]
+            processes.append(
+                subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            )
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        codes = [p.poll() for p in processes]
+    finally:
+        for process in processes:
+            multiworker.stop_worker(process)
+    outputs = [p.stdout.read().decode(errors="replace")[-3000:] for p in processes]
+    assert codes == [0, 0], f"exit codes {codes}\n" + "\n".join(outputs)
+    return outputs
+
+
+def test_toy_family_job_of_two_real_workers_merged_judged_and_served(toy_registered, tmp_path):
+    """A real 2-worker MultiWorkerMirroredStrategy job whose workers record the toy family in a
+    custom loop (tests/toy_job_child.py): the served job puts worker 1's counts on global replica
+    1 and its rule names that replica; the report says the same."""
+    from bad_logs import wsgi_app
+
+    logdir = str(tmp_path)
+    outputs = _run_toy_job(logdir)
+    assert all("the probe was closed" in output for output in outputs), outputs
+
+    app, _ = wsgi_app(logdir)
+    status, body = get_json(app, "/toy?run=toy_job")
+    assert status == 200, body
+    assert body == {
+        "run": "toy_job",
+        "replicas": [0, 1],
+        "steps": [0, 1, 2],
+        "counts": [[3, 1], [2, 0], [5, 4]],
+    }
+    status, body = get_json(app, "/runs")
+    (entry,) = [e for e in body["runs"] if e["run"] == "toy_job"]
+    assert entry["families"] == ["status", "toy"]
+    status, body = get_json(app, "/findings?run=toy_job")
+    toy = [f for f in body["findings"] if f["kind"] == "toy_zero"]
+    assert [(f["replicas"], f["first_step"], f["count"]) for f in toy] == [([1], 1, 1)]
+    report = report_lib.load(logdir, "toy_job")
+    assert report.to_json()["runs"][0]["toy"] == [[3, 1], [2, 0], [5, 4]]
+
+
 def test_toy_series_is_skipped_when_not_registered(tmp_path):
     import toy_family
 

@@ -38,8 +38,9 @@ def from_samples(run, samples, notes, needed):
 
 def merge(job, member_runs, workers, notes):
     """A job's counts: every worker's at the steps all of them logged, on the global replica
-    axis in worker order (`member_runs`: the workers' `RunData`, in worker order), or None when
-    some worker has no toy series (noted)."""
+    axis in worker order (`member_runs`: the workers' `RunData`; `workers`: the job's worker
+    dicts with their global replica ids, from the job's identity, which a worker that observed
+    no inputs has too), or None when some worker has no toy series (noted)."""
     series = [member.toy for member in member_runs]
     if not series or any(s is None for s in series):
         if any(s is not None for s in series):
@@ -49,5 +50,5 @@ def merge(job, member_runs, workers, notes):
     for other in series[1:]:
         steps = np.intersect1d(steps, other.steps)
     counts = np.concatenate([s.counts[np.searchsorted(s.steps, steps)] for s in series], axis=1)
-    replicas = [replica for s in series for replica in s.replicas]
+    replicas = [replica for worker in workers for replica in worker["replicas"]]
     return ToySeries(run=job, replicas=replicas, steps=steps, counts=counts)
