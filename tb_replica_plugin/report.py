@@ -151,7 +151,8 @@ def _header_lines(name, run_data):
     steps = seen["steps"]
     span = f"steps {int(steps[0])}–{int(steps[-1])} ({steps.size})" if steps.size else "no steps"
     replicas, devices = seen["replicas"], seen["devices"]
-    pss = getattr(getattr(run_data, "inputs", None), "strategy", "") == "ParameterServerStrategy"
+    inputs = run_data.inputs
+    pss = inputs is not None and inputs.strategy == "ParameterServerStrategy"
     unit = "worker" if pss else "replica"  # under ParameterServerStrategy replica r is worker r
     lines = [
         f"run {name}  [{seen['source'] or 'unknown source'}]",
