@@ -11,8 +11,8 @@ browser). With `--live_steps N`, every worker then appends N logged steps and a 
 (`benchmarks.live_job`, as a running job does) and the run view is timed again once TensorBoard
 has reloaded. With `--live_period S`, every worker then keeps appending a step every S seconds
 (a job that never settles) while the run view is opened afresh and reloaded. Then
-`tb-replica report --json` on the same log dir. Prints one JSON line (and each loader's figures
-on stderr as they come).
+`tb-replica report --json` on the job as written (the appended steps cut off again).
+Prints one JSON line (and each loader's figures on stderr as they come).
 
 The job: worker 0 is written by the real write path, a Keras `fit` with `ReplicaCallback`
 (every family: inputs, step time, gradients, rng from a Dropout layer, examples, variables; the
@@ -627,8 +627,9 @@ def main(argv=None):
             "logdir_mb": round(sum(common.file_sizes(logdir).values()) / 2**20, 1),
         }
         known = {}  # the workers' last steps, parsed once (`live_job.append_steps`)
-        with _appends_undone(job_dir):  # the job as written, for the next run's reuse
-            _measure(args, logdir, known, result)
+        with _appends_undone(job_dir):  # the job as written, for the report and the next run
+            _measure_tensorboard(args, logdir, known, result)
+        result.update(measure_report(logdir))
     print(json.dumps(result))
     if args.record:
         runs = {record_key(args, n): recorded_figures(result, n) for n in args.loaders}
@@ -636,8 +637,8 @@ def main(argv=None):
     return result
 
 
-def _measure(args, logdir, known, result):
-    """Each loader's TensorBoard figures, then the report's, into `result`."""
+def _measure_tensorboard(args, logdir, known, result):
+    """Each loader's TensorBoard figures into `result`."""
     for loader in args.loaders:  # none: the report alone
         figures = measure_tensorboard(
             logdir,
@@ -653,7 +654,6 @@ def _measure(args, logdir, known, result):
         )
         result[loader] = figures
         print(json.dumps({loader: figures}), file=sys.stderr, flush=True)  # kept if later fails
-    result.update(measure_report(logdir))
 
 
 @contextlib.contextmanager

@@ -255,7 +255,8 @@ def test_a_target_is_met_or_a_known_gap_as_its_figure_says():
     rows = {what: met for what, _, _, met, _ in readme + more}
     assert rows["refresh after 10 new steps per worker"] is True
     assert rows["the same, opened before the plugin's first read (`--cold`)"] is False
-    first = "first load of a 256 × 8 × 1,000 job (1.6 GB)"
+    gb = results["job_scale"]["runs"]["default_rust"]["figures"]["logdir_gb"]
+    first = f"first load of a 256 × 8 × 1,000 job ({gb} GB)"
     assert rows[first] is True
     cold["first_load_s"] = {"median": 2.9, "min": 2.7, "max": 3.2}  # one run above 3 s
     assert {w: m for w, _, _, m, _ in tables.targets(results)[0]}[first] is False
