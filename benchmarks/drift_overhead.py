@@ -100,7 +100,7 @@ def _ratios(cpu, best):
     return median_cpu, best_ratios
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps-per-epoch", type=int, default=50)
     parser.add_argument("--epochs", type=int, default=2, help="timed epochs per round")
@@ -108,7 +108,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=12, help="timed checks per variant")
     parser.add_argument("--replicas", type=int, default=4)
     common.add_record_argument(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import numpy as np
     import tensorflow as tf
@@ -166,7 +166,7 @@ def main():
     if args.record:
         keys = ("mlp_variables", "mlp_elements", "bytes_off_device_per_copy", "check_ms")
         figures = {k: result[k] for k in (*keys, "fit_ratio_median_cpu")}
-        common.record_results("drift_overhead", {"default": figures})
+        common.record_results("drift_overhead", {"default": figures}, argv)
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ def ops_alone(repeats, iterations=100):
     return result
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps-per-epoch", type=int, default=50)
     parser.add_argument("--epochs", type=int, default=2, help="timed epochs per round")
@@ -135,7 +135,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=9, help="timed calls of the ops alone")
     parser.add_argument("--skip-fit", action="store_true", help="measure the ops alone only")
     common.add_record_argument(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import tensorflow as tf
 
@@ -152,7 +152,7 @@ def main():
     print(json.dumps(result, indent=1))
     if args.record:
         figures = {k: result[k] for k in ("fit", "ops_alone_by_batch")}
-        common.record_results("fingerprint_overhead", {"default": figures})
+        common.record_results("fingerprint_overhead", {"default": figures}, argv)
 
 
 if __name__ == "__main__":

@@ -78,13 +78,13 @@ def write_job(logdir, workers, replicas, steps):
     return sizes
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--steps", type=int, default=1000)
     common.add_record_argument(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from tb_replica_plugin import reader, store
     from tb_replica_plugin.read import judge
@@ -126,7 +126,7 @@ def main():
             "bytes": {k: result[k] for k in ("replicas_per_worker", "bytes_per_worker_per_step")},
             "load": {k: result[k] for k in (*size, "load_seconds", "read_and_findings_seconds")},
         }
-        common.record_results("multiworker_load", runs)
+        common.record_results("multiworker_load", runs, argv)
 
 
 if __name__ == "__main__":
