@@ -456,6 +456,59 @@ def test_cross_replica_fault_of_a_worker_with_two_replicas_is_a_job_fault(tmp_pa
     probe.close()
 
 
+def test_stop_flag_leaves_out_an_empty_batch_s_nan_loss_with_finite_gradients():
+    """`sync_faults`' per-replica flag: a NaN loss stops the job unless the replica's batch was
+    empty and its gradients finite (the inputs family's `empty_shard`, as the device fault record
+    and the rules judge it); NaN gradients stop it whatever the batch."""
+    from tb_replica_plugin.families.gradients import replica
+
+    nan = tf.constant(float("nan"))
+    empty, full = [tf.zeros([0, 3])], [tf.zeros([2, 3])]
+    clean = replica.replica_values([tf.zeros([2])], nan)
+    broken = replica.replica_values([tf.constant([np.nan, 0.0])], nan)
+    flags = [
+        replica.stop_flag(clean, True, False, empty),
+        replica.stop_flag(clean, True, False, full),
+        replica.stop_flag(clean, True, False),  # no batch given: the loss alone decides
+        replica.stop_flag(clean, True, True, empty),  # loss-scaled: the loss alone stops
+        replica.stop_flag(clean, True, False, [tf.constant(1.0), *empty]),  # a scalar leaf skipped
+        replica.stop_flag(broken, True, False, empty),
+        replica.stop_flag(broken, False, False, empty),
+    ]
+    assert [float(flag) for flag in flags] == [0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+
+
+def test_an_empty_batch_s_nan_loss_is_no_job_fault_in_replica_context(tmp_path):
+    """Replica context with `sync_faults` (a worker of a job): replica 1's batch is empty and
+    its loss NaN, its gradients zero. The job's all-reduced count stays 0: no job fault, so
+    `halt_on` does not stop every worker for what the rules call `empty_shard`."""
+    from tb_replica_plugin.families.gradients import record
+
+    strategy = mirrored(2)
+    with strategy.scope():
+        variable = tf.Variable([1.0, 2.0])
+    probe = ReplicaProbe(str(tmp_path), strategy, update_freq=1, halt_on="error")
+    probe.build()
+    probe.recorder("gradients").sync_faults = True  # what `build` sets on a worker of a job
+
+    @tf.function
+    def step():
+        def replica_fn():
+            replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
+            rows = tf.where(replica_id > 0, 0, 2)
+            batch = tf.zeros(tf.stack([rows, 3]))
+            loss = tf.reduce_mean(batch)  # NaN for the empty batch
+            probe.observe_gradients([tf.zeros([2])], [variable], loss=loss, batch=batch, step=4)
+
+        strategy.run(replica_fn)
+
+    step()
+    state = probe.recorder("gradients").fault_slots()
+    assert int(state[record.FAULT_JOB]) == 0
+    assert probe.faults() == []
+    probe.close()
+
+
 # A plain step (`write.variants`): after the fit's first 16 steps, neither sampled (16, 32) nor
 # logged, nor the epoch's last.
 PLAIN_NAN_STEP = 21

@@ -388,7 +388,7 @@ class Recorder(RecorderBase):
         values = replica_values(call.grads, call.loss, call.grad_scale, call.loss_scale)
         bad = None
         if self.sync_faults:
-            flag = replica.stop_flag(values, call.has_loss, call.loss_only)
+            flag = replica.stop_flag(values, call.has_loss, call.loss_only, call.batch_leaves)
             bad = context.all_reduce(tf.distribute.ReduceOp.SUM, flag)
         # The first replica's `call` (the same on every replica) rides with the function.
         merge = functools.partial(self._merge, call=call)
@@ -433,14 +433,6 @@ class Recorder(RecorderBase):
         # gives one tensor to every replica.
         losses = [None] * count if call.loss is None else probe.local_values(strategy, call.loss)
         devices = probe.static["devices"]
-        per_replica, flags = [], []
-        for index in range(count):
-            with tf.device(devices[index]):
-                grads = [g[index] for g in per_grad]
-                values = replica_values(grads, losses[index], call.grad_scale, call.loss_scale)
-                per_replica.append(values)
-                if self.sync_faults:
-                    flags.append(replica.stop_flag(values, call.has_loss, call.loss_only))
         per_leaf = [strategy.experimental_local_results(leaf) for leaf in call.batch_leaves]
         if any(len(leaf) != count for leaf in per_leaf):
             probe.warn_once(
@@ -451,6 +443,15 @@ class Recorder(RecorderBase):
             )
             per_leaf = []
         batch = [list(r) for r in zip(*per_leaf, strict=True)] if per_leaf else None
+        per_replica, flags = [], []
+        for index in range(count):
+            with tf.device(devices[index]):
+                grads = [g[index] for g in per_grad]
+                values = replica_values(grads, losses[index], call.grad_scale, call.loss_scale)
+                per_replica.append(values)
+                if self.sync_faults:
+                    leaves = batch[index] if batch else ()
+                    flags.append(replica.stop_flag(values, call.has_loss, call.loss_only, leaves))
         bad = self._job_count(strategy, flags) if self.sync_faults else None
         self._send(call, per_replica, batch, bad)
 

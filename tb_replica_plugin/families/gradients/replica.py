@@ -200,19 +200,34 @@ def scaled_rows(floats, count, has_loss, scaling):
     return sq, loss / divisor
 
 
-def stop_flag(gradients, has_loss, loss_only):
+def stop_flag(gradients, has_loss, loss_only, batch_leaves=()):
     """float32 1.0 when a replica has a fault that stops the job (`Recorder.sync_faults`), else 0.
+
+    An empty batch's NaN/Inf loss with finite gradients does not stop the job, as the device
+    fault record leaves it out (`device_faults`): the inputs family's `empty_shard` is its cause.
 
     Args:
       gradients: the replica's `ReplicaGradients`.
       has_loss: whether a loss was given.
       loss_only: under a loss-scale optimizer (with a loss) only a NaN/Inf loss stops: its
         gradient overflows are expected. Otherwise any NaN/Inf in gradients or loss.
+      batch_leaves: the replica's batch leaves (tensors), if known: the first one with a batch
+        dimension tells an empty batch.
+
+    Example:
+      >>> values = replica_values([tf.zeros([2])], tf.constant(float("nan")))
+      >>> stop_flag(values, True, False, [tf.zeros([0, 3])]).numpy()
+      0.0
     """
-    total = tf.add_n(gradients.sq)
-    if has_loss:
-        total = gradients.loss if loss_only else total + gradients.loss
-    return tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32)
+    grads_bad = tf.logical_not(tf.math.is_finite(tf.add_n(gradients.sq)))
+    if not has_loss:
+        return tf.cast(grads_bad, tf.float32)
+    loss_bad = tf.logical_not(tf.math.is_finite(gradients.loss))
+    sized = [leaf for leaf in batch_leaves if leaf.shape.rank != 0][:1]
+    if sized:
+        loss_bad = tf.logical_and(loss_bad, tf.shape(sized[0], out_type=tf.int64)[0] > 0)
+    bad = loss_bad if loss_only else tf.logical_or(grads_bad, loss_bad)
+    return tf.cast(bad, tf.float32)
 
 
 def nonfinite_counts(values, loss_value, has_loss):
