@@ -49,8 +49,8 @@ DEFAULT_EXAMPLES_EVERY = 16
 # process is killed (SIGKILL, OOM killer) without running any Python.
 DEFAULT_FLUSH_SECS = 5.0
 # The writer never flushes from inside the step's graph (where an I/O error would fail the step):
-# the queue is emptied by host-side flushes only. The queue bound is a memory guard reached only if
-# the host stops flushing (about 100 bytes per event).
+# the queue is emptied by host-side flushes only. The queue bound (events, whatever their size) is
+# a memory guard reached only if the host stops flushing.
 _MAX_QUEUE = 1_000_000
 _NEVER_FLUSH_MILLIS = 2**31 - 1
 # The sampled and fault branches as functional `If`s (`core.recorder.run_if(as_function=...)`):
