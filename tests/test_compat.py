@@ -131,8 +131,9 @@ def test_keras3_and_tf_keras_record_the_same(request, scenario):
     assert _inputs(keras3) == _inputs(tf_keras)
     # Inputs findings only: gradient and output findings depend on each flavour's numbers (e.g.
     # which replica's float16 gradients overflow under a loss-scale optimizer, and when; Keras
-    # 3.15's loss-scale optimizer lets a NaN reach the weights, so its outputs turn Inf).
-    numeric = ("gradients", "watch")
+    # 3.15's loss-scale optimizer lets a NaN reach the weights, so its outputs turn Inf); step
+    # time findings depend on the machine's load (a `slow_replica` seen once under load).
+    numeric = ("gradients", "watch", "step_time")
     assert [
         (f.kind, f.replicas, f.first_step) for f in keras3_findings if f.view not in numeric
     ] == [(f.kind, f.replicas, f.first_step) for f in tf_keras_findings if f.view not in numeric]

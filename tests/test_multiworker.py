@@ -199,7 +199,8 @@ def test_custom_loop_step_scopes_time_each_worker_s_replicas(report):
     assert (ready.window_steps == 1).all() and ready.ready_median.shape == (8, 2)
     # Worker 1 sleeps on the host before each step, outside the block: not in its ready time.
     medians = np.median(ready.ready_median, axis=0)
-    assert (medians > 0).all() and (medians < multiworker.STRAGGLER_SLEEP / 4).all()
+    # (At least 0: a replica can be ready as the block ends, seen once under load.)
+    assert (medians >= 0).all() and (medians < multiworker.STRAGGLER_SLEEP / 4).all()
     # One replica per worker: no replica of a worker waits for another of its worker.
     assert (ready.wait_median == 0).all()
     assert not [f for f in report.findings["mw_straggler/replicas"] if f.kind == "slow_replica"]
