@@ -4,8 +4,9 @@
 workers of a running job do: each worker's values of its last logged step (the tags it writes at
 most steps, not its one-off documents) written again at the next steps, its step-time arrival
 moved on by its period, and a heartbeat of the status family at the new last step. Records are
-appended to each run's newest event file with TensorBoard's record writer, the way TensorFlow's
-writer appends them, so TensorBoard's loaders and the plugin read them on from where they were.
+appended to each run's newest event file with TensorBoard's record writer, one summary value per
+event as TensorFlow's writer appends them, so TensorBoard's loaders and the plugin read them on
+from where they were, as they would a running job's.
 
 Used by `benchmarks.job_scale` (the live job) and the tests of the incremental read. No
 TensorFlow.
@@ -82,8 +83,8 @@ def append_steps(job_dir, count, heartbeat=True, now=None, known=None):
         with open(event_files(run_dir)[-1], "ab") as handle:
             writer = record_writer.RecordWriter(handle)
             for offset in range(1, count + 1):
-                event = event_pb2.Event(step=step + offset, wall_time=now + offset * 1e-3)
                 for value in values:
+                    event = event_pb2.Event(step=step + offset, wall_time=now + offset * 1e-3)
                     copied = event.summary.value.add()
                     copied.CopyFrom(value)
                     copied.ClearField("metadata")  # written with the tag's first value only
@@ -92,7 +93,7 @@ def append_steps(job_dir, count, heartbeat=True, now=None, known=None):
                         period = float(arrival[1]) if float(arrival[1]) > 0 else 1e-3
                         arrival[0] += offset * period
                         copied.tensor.CopyFrom(tensor_util.make_tensor_proto(arrival))
-                writer.write(event.SerializeToString())
+                    writer.write(event.SerializeToString())
                 appended += len(values)
                 if heartbeat and beat is not None:
                     writer.write(_heartbeat(beat, step + offset, now + offset * 1e-3))
