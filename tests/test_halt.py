@@ -432,6 +432,19 @@ def test_cross_replica_capture_and_a_batch_that_is_not_per_replica(tmp_path):
     assert series.nonfinite_steps.tolist() == [3] and series.batches == []
 
 
+def _job_worker_probe(tmp_path):
+    """`(strategy, variable, probe)` of a worker of 2 replicas in a job with `halt_on`:
+    MirroredStrategy(2), a mirrored variable, a probe with `sync_faults` on (what `build` sets on
+    a worker of a job)."""
+    strategy = mirrored(2)
+    with strategy.scope():
+        variable = tf.Variable([1.0, 2.0])
+    probe = ReplicaProbe(str(tmp_path), strategy, update_freq=1, halt_on="error")
+    probe.build()
+    probe.recorder("gradients").sync_faults = True
+    return strategy, variable, probe
+
+
 def test_cross_replica_fault_of_a_worker_with_two_replicas_is_a_job_fault(tmp_path):
     """The cross-replica branch with `sync_faults` (set in a job) on a worker of 2 replicas:
     MirroredStrategy(2) stands for that worker (tests/test_multiworker.py runs the 2-worker
@@ -439,12 +452,7 @@ def test_cross_replica_fault_of_a_worker_with_two_replicas_is_a_job_fault(tmp_pa
     so the job fault slot is set and `faults()` names replica 1 at that step."""
     from tb_replica_plugin.families.gradients import record
 
-    strategy = mirrored(2)
-    with strategy.scope():
-        variable = tf.Variable([1.0, 2.0])
-    probe = ReplicaProbe(str(tmp_path), strategy, update_freq=1, halt_on="error")
-    probe.build()
-    probe.recorder("gradients").sync_faults = True  # what `build` sets on a worker of a job
+    strategy, variable, probe = _job_worker_probe(tmp_path)
     bad = strategy.experimental_distribute_values_from_function(
         lambda ctx: tf.constant([np.inf, 0.0]) if ctx.replica_id_in_sync_group else tf.ones(2)
     )
@@ -484,12 +492,7 @@ def test_an_empty_batch_s_nan_loss_is_no_job_fault_in_replica_context(tmp_path):
     `halt_on` does not stop every worker for what the rules call `empty_shard`."""
     from tb_replica_plugin.families.gradients import record
 
-    strategy = mirrored(2)
-    with strategy.scope():
-        variable = tf.Variable([1.0, 2.0])
-    probe = ReplicaProbe(str(tmp_path), strategy, update_freq=1, halt_on="error")
-    probe.build()
-    probe.recorder("gradients").sync_faults = True  # what `build` sets on a worker of a job
+    strategy, variable, probe = _job_worker_probe(tmp_path)
 
     @tf.function
     def step():
